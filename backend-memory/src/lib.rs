@@ -1,0 +1,1 @@
+//! A bounded, sharded, in-process store for the limiter workspace

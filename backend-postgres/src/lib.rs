@@ -1,0 +1,1 @@
+//! A PostgreSQL store for the limiter workspace: one statement per decision

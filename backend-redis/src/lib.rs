@@ -1,0 +1,1 @@
+//! A Redis store for the limiter workspace: one script call per decision

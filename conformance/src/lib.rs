@@ -1,0 +1,1 @@
+//! Adversarial conformance scenarios that any limiter store must pass

@@ -1,0 +1,3 @@
+//! Demo server: three rate-limited endpoints on the limiter crate.
+
+fn main() {}

@@ -1,0 +1,444 @@
+//! The four algorithms as pure state transitions: the normative semantics
+//! every backend must reproduce exactly.
+//!
+//! All arithmetic is on integer microseconds (`W` is the window, `L` the
+//! limit, `c` the cost, `now` the caller's time). Every algorithm obeys the
+//! same three rules, which the conformance suite attacks:
+//!
+//! * **A refused request changes nothing.** Hammering after a refusal never
+//!   moves the moment access returns.
+//! * **Expiry is fixed when a window opens**, never moved by later hits.
+//! * **Time that goes backwards is clamped**, per key, to the latest time the
+//!   key has seen, so a skewed clock can make a decision stricter but never
+//!   admit more than the limit.
+//!
+//! Backends written in another language (Lua, SQL) transcribe these
+//! functions; products are bounded by [`MAX_EXACT`](crate::policy::MAX_EXACT)
+//! by [`Policy`]'s validation so doubles compute them exactly.
+//!
+//! | algorithm | state | admitted when |
+//! |---|---|---|
+//! | sliding log | timestamps `t` of admitted units, oldest first | `#{t : t + W > now} + c ≤ L` |
+//! | fixed window | `(start, count)`, reopened at `now` once `now ≥ start + W` | `count + c ≤ L` |
+//! | sliding window | `(start, current, previous)` with `start = now − now mod W` | `previous·(W − (now − start)) + (current + c)·W ≤ L·W` |
+//! | GCRA | theoretical arrival time `tat`, `T = ⌊W / L⌋` | `max(tat, now) + c·T − now ≤ L·T` |
+
+use std::collections::VecDeque;
+
+use crate::policy::{Algorithm, Policy};
+
+/// The outcome of one request, in microseconds; see
+/// [`Decision`](crate::Decision) for the meaning of each field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The request is admitted.
+    pub allowed: bool,
+    /// Units still admissible now.
+    pub remaining: u32,
+    /// Microseconds until the key holds no counted units.
+    pub reset_after_us: u64,
+    /// Zero when admitted; otherwise microseconds until the same request
+    /// would be admitted.
+    pub retry_after_us: u64,
+}
+
+/// The state one key holds under one algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyState {
+    /// Timestamps of admitted units, oldest first, at most `limit` of them.
+    SlidingLog(VecDeque<u64>),
+    /// The window's opening time and the units admitted in it.
+    FixedWindow {
+        /// When the window opened; it closes at `start + W`.
+        start: u64,
+        /// Units admitted in this window.
+        count: u64,
+    },
+    /// The current epoch-aligned window and the counts of it and the one
+    /// before it.
+    SlidingWindow {
+        /// Start of the current window, a multiple of `W`.
+        start: u64,
+        /// Units admitted in the current window.
+        current: u64,
+        /// Units admitted in the window before it.
+        previous: u64,
+    },
+    /// GCRA's theoretical arrival time.
+    Gcra {
+        /// The time at which the bucket would be full again.
+        tat: u64,
+    },
+}
+
+impl KeyState {
+    /// The moment after which this state is equivalent to no state at all,
+    /// so a store may forget it: garbage collection, never a decision.
+    pub fn expires_at(&self, policy: &Policy) -> u64 {
+        let w = policy.window_micros();
+        match self {
+            KeyState::SlidingLog(log) => log.back().map_or(0, |t| t.saturating_add(w)),
+            KeyState::FixedWindow { start, .. } => start.saturating_add(w),
+            KeyState::SlidingWindow { start, .. } => start.saturating_add(2 * w),
+            KeyState::Gcra { tat } => *tat,
+        }
+    }
+
+    /// Which algorithm this state belongs to.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            KeyState::SlidingLog(_) => Algorithm::SlidingLog,
+            KeyState::FixedWindow { .. } => Algorithm::FixedWindow,
+            KeyState::SlidingWindow { .. } => Algorithm::SlidingWindow,
+            KeyState::Gcra { .. } => Algorithm::Gcra,
+        }
+    }
+}
+
+/// Applies `policy` to one key's `state` for a request of `cost` units at
+/// `now` (µs). `None` means the key holds nothing; state of another
+/// algorithm is discarded. The caller must have checked `cost` with
+/// [`Policy::check_cost`]; an invalid cost is refused here rather than
+/// panicking.
+pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> Verdict {
+    if policy.check_cost(cost).is_err() {
+        return Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_after_us: 0,
+            retry_after_us: u64::MAX,
+        };
+    }
+    if state
+        .as_ref()
+        .is_some_and(|s| s.algorithm() != policy.algorithm())
+    {
+        *state = None;
+    }
+    let l = u64::from(policy.limit());
+    let w = policy.window_micros();
+    let c = u64::from(cost);
+    match policy.algorithm() {
+        Algorithm::SlidingLog => sliding_log(state, l, w, c, now),
+        Algorithm::FixedWindow => fixed_window(state, l, w, c, now),
+        Algorithm::SlidingWindow => sliding_window(state, l, w, c, now),
+        Algorithm::Gcra => gcra(state, l, policy.emission_interval_micros(), c, now),
+    }
+}
+
+fn to_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+fn sliding_log(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -> Verdict {
+    let log = match state.get_or_insert_with(|| KeyState::SlidingLog(VecDeque::new())) {
+        KeyState::SlidingLog(log) => log,
+        _ => unreachable!("state was reset to this algorithm above"),
+    };
+    // Clamp a clock that went backwards to the newest entry: the log stays
+    // sorted and nothing admitted can expire early.
+    let t = now.max(log.back().copied().unwrap_or(0));
+    while log.front().is_some_and(|&e| e.saturating_add(w) <= t) {
+        log.pop_front();
+    }
+    let count = log.len() as u64;
+    if count + c <= l {
+        log.extend(std::iter::repeat_n(t, c as usize));
+        Verdict {
+            allowed: true,
+            remaining: to_u32(l - count - c),
+            reset_after_us: (t + w).saturating_sub(now),
+            retry_after_us: 0,
+        }
+    } else {
+        // The (count + c - l)-th oldest entry must expire first.
+        let freeing = log[(count + c - l - 1) as usize];
+        let newest = log.back().copied().unwrap_or(t);
+        Verdict {
+            allowed: false,
+            remaining: to_u32(l.saturating_sub(count)),
+            reset_after_us: newest.saturating_add(w).saturating_sub(now),
+            retry_after_us: freeing.saturating_add(w).saturating_sub(now),
+        }
+    }
+}
+
+fn fixed_window(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -> Verdict {
+    let (start, count) = match *state {
+        // A clock behind `start` stays inside the open window.
+        Some(KeyState::FixedWindow { start, count }) if now < start.saturating_add(w) => {
+            (start, count)
+        }
+        _ => (now, 0),
+    };
+    let end = start.saturating_add(w);
+    if count + c <= l {
+        *state = Some(KeyState::FixedWindow {
+            start,
+            count: count + c,
+        });
+        Verdict {
+            allowed: true,
+            remaining: to_u32(l - count - c),
+            reset_after_us: end.saturating_sub(now),
+            retry_after_us: 0,
+        }
+    } else {
+        Verdict {
+            allowed: false,
+            remaining: to_u32(l.saturating_sub(count)),
+            reset_after_us: end.saturating_sub(now),
+            retry_after_us: end.saturating_sub(now),
+        }
+    }
+}
+
+fn sliding_window(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -> Verdict {
+    let aligned = now - now % w;
+    let (start, current, previous) = match *state {
+        // A clock behind the stored window is clamped to its start.
+        Some(KeyState::SlidingWindow {
+            start,
+            current,
+            previous,
+        }) if start >= aligned => (start, current, previous),
+        Some(KeyState::SlidingWindow { start, current, .. }) if start + w == aligned => {
+            (aligned, 0, current)
+        }
+        _ => (aligned, 0, 0),
+    };
+    let t = now.max(start);
+    let elapsed = t - start;
+    let weighted = previous * (w - elapsed);
+    let allowed = weighted + (current + c) * w <= l * w;
+    let current = if allowed { current + c } else { current };
+    let remaining = (l * w).saturating_sub(weighted + current * w) / w;
+    let end_of_current = start + w;
+    let reset_at = if current > 0 {
+        end_of_current + w
+    } else if previous > 0 {
+        end_of_current
+    } else {
+        t
+    };
+    let retry_at = if allowed {
+        now
+    } else {
+        sliding_window_retry_at(l, w, c, start, elapsed, current, previous)
+    };
+    // A refusal writes nothing, not even the roll-over to a new window: the
+    // stored state and `now` determine that again on the next call.
+    if allowed {
+        *state = Some(KeyState::SlidingWindow {
+            start,
+            current,
+            previous,
+        });
+    }
+    Verdict {
+        allowed,
+        remaining: to_u32(remaining),
+        reset_after_us: reset_at.saturating_sub(now),
+        retry_after_us: retry_at.saturating_sub(now),
+    }
+}
+
+/// The earliest time at which a request of `c` units would pass, given that
+/// nothing else is admitted meanwhile.
+fn sliding_window_retry_at(
+    l: u64,
+    w: u64,
+    c: u64,
+    start: u64,
+    elapsed: u64,
+    current: u64,
+    previous: u64,
+) -> u64 {
+    // Later in this window, as the previous window's weight decays:
+    // previous·(W − e) ≤ (L − current − c)·W.
+    if previous > 0 && current + c <= l {
+        let e = w - ((l - current - c) * w / previous).min(w);
+        if e < w {
+            return start + e.max(elapsed);
+        }
+    }
+    // In the next window, the current count becomes the previous one:
+    // current·(W − e) ≤ (L − c)·W.
+    let e = if current == 0 {
+        0
+    } else {
+        w - ((l - c) * w / current).min(w)
+    };
+    start + w + e
+}
+
+fn gcra(state: &mut Option<KeyState>, l: u64, t: u64, c: u64, now: u64) -> Verdict {
+    let tat = match *state {
+        Some(KeyState::Gcra { tat }) => tat.max(now),
+        _ => now,
+    };
+    let burst = l * t;
+    let new_tat = tat + c * t;
+    if new_tat - now <= burst {
+        *state = Some(KeyState::Gcra { tat: new_tat });
+        Verdict {
+            allowed: true,
+            remaining: to_u32((burst - (new_tat - now)) / t),
+            reset_after_us: new_tat - now,
+            retry_after_us: 0,
+        }
+    } else {
+        Verdict {
+            allowed: false,
+            remaining: to_u32(burst.saturating_sub(tat - now) / t),
+            reset_after_us: tat - now,
+            retry_after_us: new_tat - burst - now,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const S: u64 = 1_000_000;
+    const T0: u64 = 1_767_225_600 * S;
+
+    fn run(policy: &Policy, state: &mut Option<KeyState>, cost: u32, now: u64) -> Verdict {
+        apply(state, policy, cost, now)
+    }
+
+    #[test]
+    fn sliding_log_boundaries() {
+        let p = Policy::sliding_log(3, Duration::from_secs(10)).unwrap();
+        let mut s = None;
+        for (i, at) in [0, 1, 2].iter().enumerate() {
+            let v = run(&p, &mut s, 1, T0 + at * S);
+            assert!(v.allowed);
+            assert_eq!(v.remaining, 2 - i as u32);
+            assert_eq!(v.reset_after_us, 10 * S);
+        }
+        let v = run(&p, &mut s, 1, T0 + 5 * S);
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 0);
+        assert_eq!(v.retry_after_us, 5 * S);
+        assert_eq!(v.reset_after_us, 7 * S);
+        assert!(!run(&p, &mut s, 1, T0 + 10 * S - 1).allowed);
+        assert!(run(&p, &mut s, 1, T0 + 10 * S).allowed);
+        // Cost 2 needs the two oldest of (1, 2, 10) gone: at 12 s.
+        let v = run(&p, &mut s, 2, T0 + 10 * S);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, 2 * S);
+        assert!(run(&p, &mut s, 2, T0 + 12 * S).allowed);
+        match &s {
+            Some(KeyState::SlidingLog(log)) => assert_eq!(log.len(), 3),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn fixed_window_expiry_is_fixed_at_open() {
+        let p = Policy::fixed_window(2, Duration::from_secs(10)).unwrap();
+        let mut s = None;
+        assert!(run(&p, &mut s, 1, T0).allowed);
+        let v = run(&p, &mut s, 1, T0 + 9 * S);
+        assert!(v.allowed);
+        assert_eq!(v.reset_after_us, S);
+        let v = run(&p, &mut s, 1, T0 + 9 * S + 1);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, S - 1);
+        let v = run(&p, &mut s, 1, T0 + 10 * S);
+        assert!(v.allowed);
+        assert_eq!(v.reset_after_us, 10 * S);
+    }
+
+    #[test]
+    fn sliding_window_weights_previous_window() {
+        let p = Policy::sliding_window(10, Duration::from_secs(10)).unwrap();
+        let mut s = None;
+        assert!(run(&p, &mut s, 10, T0).allowed);
+        let v = run(&p, &mut s, 1, T0 + 5 * S);
+        assert!(!v.allowed);
+        // Next window at T0+10 s: previous = 10, weight must drop to 9/10.
+        assert_eq!(v.retry_after_us, 6 * S);
+        assert!(!run(&p, &mut s, 1, T0 + 11 * S - 1).allowed);
+        let v = run(&p, &mut s, 1, T0 + 11 * S);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 0);
+        // At 15 s: 10·5/10 + 1 = 6, so 4 remain.
+        let v = run(&p, &mut s, 4, T0 + 15 * S);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 0);
+        let v = run(&p, &mut s, 1, T0 + 15 * S);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, S);
+    }
+
+    #[test]
+    fn gcra_bursts_then_refills_evenly() {
+        let p = Policy::gcra(4, Duration::from_secs(8)).unwrap();
+        let mut s = None;
+        for left in (0..4).rev() {
+            let v = run(&p, &mut s, 1, T0);
+            assert!(v.allowed);
+            assert_eq!(v.remaining, left);
+        }
+        let v = run(&p, &mut s, 1, T0);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_us, 2 * S);
+        assert_eq!(v.reset_after_us, 8 * S);
+        assert!(!run(&p, &mut s, 1, T0 + 2 * S - 1).allowed);
+        assert!(run(&p, &mut s, 1, T0 + 2 * S).allowed);
+    }
+
+    #[test]
+    fn gcra_never_bursts_past_limit_with_uneven_interval() {
+        // 11 µs / 10 rounds the interval down to 1 µs; the burst is 10, not 11.
+        let p = Policy::gcra(10, Duration::from_micros(1_000 * 11)).unwrap();
+        let mut s = None;
+        let admitted = (0..20).filter(|_| run(&p, &mut s, 1, T0).allowed).count();
+        assert_eq!(admitted, 10);
+    }
+
+    #[test]
+    fn refusals_change_nothing() {
+        for algorithm in Algorithm::ALL {
+            let p = Policy::new(algorithm, 3, Duration::from_secs(10)).unwrap();
+            let mut s = None;
+            while run(&p, &mut s, 1, T0).allowed {}
+            let snapshot = s.clone();
+            let first = run(&p, &mut s, 1, T0 + 1);
+            for i in 0..100 {
+                run(&p, &mut s, 1, T0 + 1 + i * 1000);
+            }
+            assert_eq!(s, snapshot, "{algorithm}");
+            let again = run(&p, &mut s, 1, T0 + 1);
+            assert_eq!(first, again, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn clock_regression_never_over_admits() {
+        for algorithm in Algorithm::ALL {
+            let p = Policy::new(algorithm, 5, Duration::from_secs(10)).unwrap();
+            let mut s = None;
+            let mut admitted = 0;
+            for i in 0..50u64 {
+                // Alternate between a clock 9 s ahead and the true one.
+                let now = if i % 2 == 0 { T0 + 9 * S } else { T0 };
+                admitted += u32::from(run(&p, &mut s, 1, now).allowed);
+            }
+            assert!(admitted <= 5, "{algorithm} admitted {admitted}");
+        }
+    }
+
+    #[test]
+    fn invalid_cost_is_refused_without_panicking() {
+        let p = Policy::gcra(2, Duration::from_secs(1)).unwrap();
+        let mut s = None;
+        assert!(!run(&p, &mut s, 0, T0).allowed);
+        assert!(!run(&p, &mut s, 3, T0).allowed);
+        assert_eq!(s, None);
+    }
+}

@@ -1,0 +1,96 @@
+//! The answer to one request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Verdict;
+use crate::policy::Policy;
+
+/// Who answered a [`Decision`], and whether it was the store the rule names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// The [`Store::name`](crate::Store::name) of the store that decided, or
+    /// of the store that failed when the failure policy decided instead.
+    pub store: &'static str,
+    /// The rule of a [`Limiter`](crate::Limiter) that produced this decision,
+    /// if it came through one.
+    pub rule: Option<Arc<str>>,
+    /// The authoritative store failed and a fallback store answered.
+    pub fallback: bool,
+    /// No store answered: the failure policy (open or closed) decided.
+    pub degraded: bool,
+}
+
+impl Source {
+    /// A plain answer from `store`.
+    pub fn store(store: &'static str) -> Self {
+        Source {
+            store,
+            rule: None,
+            fallback: false,
+            degraded: false,
+        }
+    }
+}
+
+/// Whether a request is admitted, and everything an HTTP layer needs to say
+/// so: the limit, what remains, when the key resets and when to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The request is admitted (and was counted).
+    pub allowed: bool,
+    /// The policy's limit.
+    pub limit: u32,
+    /// Units that could still be admitted now, after this request.
+    pub remaining: u32,
+    /// Time until the key is back to its full quota if no further request
+    /// is admitted.
+    pub reset_after: Duration,
+    /// Zero when admitted; when refused, the shortest wait after which the
+    /// same request would be admitted (one microsecond earlier it would not).
+    pub retry_after: Duration,
+    /// Who answered.
+    pub source: Source,
+}
+
+impl Decision {
+    /// A decision from an algorithm's verdict, answered by `store`.
+    pub fn from_verdict(verdict: Verdict, policy: &Policy, store: &'static str) -> Self {
+        Decision {
+            allowed: verdict.allowed,
+            limit: policy.limit(),
+            remaining: verdict.remaining,
+            reset_after: Duration::from_micros(verdict.reset_after_us),
+            retry_after: Duration::from_micros(verdict.retry_after_us),
+            source: Source::store(store),
+        }
+    }
+
+    /// `retry_after` in whole seconds, rounded up, as HTTP `Retry-After`
+    /// wants: a client that waits exactly that long is admitted.
+    pub fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.retry_after)
+    }
+
+    /// `reset_after` in whole seconds, rounded up.
+    pub fn reset_after_secs(&self) -> u64 {
+        ceil_secs(self.reset_after)
+    }
+}
+
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+    }
+}

@@ -1,0 +1,40 @@
+//! The core of the limiter workspace: the [`Store`] contract every backend
+//! implements, the [`Policy`] and [`algorithm`] semantics they must match,
+//! the [`Decision`] they return, the [`Clock`]s that drive them, and the
+//! [`Limiter`] that composes stores into tiers.
+//!
+//! Backends live in their own crates (`limiter-memory`, `limiter-redis`,
+//! `limiter-postgres`) and prove themselves against `limiter-conformance`,
+//! whose scenarios are named in the [`Store`] contract.
+//!
+//! ```
+//! use limiter_core::{algorithm, Policy};
+//! use std::time::Duration;
+//!
+//! // 5 feedback posts per hour, exact.
+//! let policy = Policy::sliding_log(5, Duration::from_secs(3600))?;
+//! let mut state = None;
+//! let now = 1_767_225_600_000_000;
+//! for _ in 0..5 {
+//!     assert!(algorithm::apply(&mut state, &policy, 1, now).allowed);
+//! }
+//! let refused = algorithm::apply(&mut state, &policy, 1, now + 1);
+//! assert!(!refused.allowed);
+//! assert_eq!(refused.retry_after_us, 3600 * 1_000_000 - 1);
+//! # Ok::<(), limiter_core::ConfigError>(())
+//! ```
+
+pub mod algorithm;
+mod decision;
+mod error;
+mod limiter;
+mod policy;
+mod store;
+mod time;
+
+pub use decision::{Decision, Source};
+pub use error::{ConfigError, ErrorKind, StoreError};
+pub use limiter::{DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, Rule};
+pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
+pub use store::{Capabilities, Store};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -1,0 +1,138 @@
+//! The storage contract every backend implements.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::policy::{Algorithm, Policy};
+use crate::time::Timestamp;
+
+/// What a store can do, declared so that composition and the conformance
+/// suite can adapt to it instead of guessing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The algorithms the store implements.
+    pub algorithms: &'static [Algorithm],
+    /// The most keys the store holds at once, if it is bounded in keys
+    /// (an in-process store); `None` for a store whose keys expire on their
+    /// own (Redis TTLs, Postgres sweeps).
+    pub key_capacity: Option<usize>,
+    /// Several processes share the store's state (Redis, Postgres), so one
+    /// limit holds across a fleet.
+    pub shared: bool,
+    /// The store decides with its own server's clock and ignores the `now`
+    /// passed to it, so that hosts with skewed clocks agree. A store in this
+    /// mode cannot be driven by a manual clock.
+    pub server_clock: bool,
+}
+
+/// A place that holds rate-limit state and applies a [`Policy`] to a key
+/// atomically.
+///
+/// The one operation, [`decide`](Store::decide), runs the whole algorithm
+/// inside the store — under a lock, in one Lua script, in one SQL statement —
+/// never as a read followed by a write from the client. A limiter that makes
+/// several round trips per request multiplies the load it exists to shed.
+///
+/// The trait is object safe and meant to be shared as `Arc<dyn Store>`.
+///
+/// # Contract
+///
+/// Each item is the name of a scenario in `limiter-conformance`, which checks
+/// it against any implementation:
+///
+/// * `policy_semantics` — every supported algorithm matches
+///   [`algorithm`](crate::algorithm) at its boundaries: `remaining`,
+///   `reset_after` and `retry_after` are exact, and a request retried after
+///   `retry_after` is admitted while one a microsecond earlier is not.
+/// * `cost_accounting` — a request of cost `c` consumes `c` units, is
+///   admitted only if all `c` fit, and consumes nothing when refused.
+/// * `key_independence` — one key's traffic never changes another's
+///   decisions.
+/// * `refused_hammering` — refused requests are not recorded: a client that
+///   keeps hammering regains access exactly when its admitted requests say,
+///   never later and never earlier.
+/// * `distinct_key_flood` — an offender at its limit stays limited while an
+///   attacker floods fresh keys (three times the store's key capacity, if it
+///   has one); a bounded store evicts least-recently-*touched* keys, a
+///   refusal touches its key, and the store never holds more than its
+///   capacity.
+/// * `window_renewal` — a window's expiry is fixed when it opens; hits inside
+///   it never move it, and the count resets when it ends.
+/// * `concurrent_exactness` — concurrent callers on one key are admitted
+///   exactly `limit` times: no lost updates, no over-admission.
+/// * `hostile_keys` — any byte string is a valid, distinct key: empty, 10 KB,
+///   newlines, quotes, SQL and Lua syntax, invalid UTF-8.
+/// * `clock_regression` — a `now` earlier than one already seen never
+///   panics and never admits more than the limit.
+/// * `bad_configuration` — policies a store cannot represent are refused by
+///   [`check_policy`](Store::check_policy) at construction, and an invalid
+///   cost is an error, never a panic.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// A short, stable name (`"memory"`, `"redis"`, …), reported in every
+    /// [`Decision`] and in metrics.
+    fn name(&self) -> &'static str;
+
+    /// What the store can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Refuses a policy the store cannot apply. Called when a rule is built,
+    /// so a bad combination fails at start-up rather than at the first
+    /// request. The default checks the algorithm against
+    /// [`Capabilities::algorithms`].
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        if self.capabilities().algorithms.contains(&policy.algorithm()) {
+            Ok(())
+        } else {
+            Err(ConfigError::UnsupportedAlgorithm {
+                store: self.name(),
+                algorithm: policy.algorithm(),
+            })
+        }
+    }
+
+    /// Atomically applies `policy` to `key` for a request of `cost` units at
+    /// `now`, counting it only if it is admitted.
+    ///
+    /// State is kept per (algorithm, key): callers that apply several
+    /// policies of one algorithm to the same key must namespace the key (a
+    /// [`Limiter`](crate::Limiter) prefixes it with the rule's name).
+    /// A cost of zero or above the limit is an
+    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError>;
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        (**self).check_policy(policy)
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        (**self).decide(key, policy, cost, now).await
+    }
+}

@@ -1,0 +1,1 @@
+//! Rate limiting with pluggable stores, tower middleware and client identity
