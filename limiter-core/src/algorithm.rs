@@ -264,11 +264,9 @@ fn sliding_window_retry_at(
     }
     // In the next window, the current count becomes the previous one:
     // current·(W − e) ≤ (L − c)·W.
-    let e = if current == 0 {
-        0
-    } else {
-        w - ((l - c) * w / current).min(w)
-    };
+    let e = ((l - c) * w)
+        .checked_div(current)
+        .map_or(0, |fits| w - fits.min(w));
     start + w + e
 }
 
