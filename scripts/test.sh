@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole test suite, containers included: the command the README gives
+# and the one CI runs.
+#
+#   scripts/test.sh            build missing test images, then run every test
+#   scripts/test.sh -E 'package(limiter-memory)'   extra arguments go to nextest
+#
+# Redis and Postgres tests start their own containers with testcontainers
+# from locally built images (no registry is needed). Point them elsewhere
+# with LIMITER_REDIS_URL / LIMITER_POSTGRES_URL (an existing server) or
+# LIMITER_REDIS_IMAGE / LIMITER_POSTGRES_IMAGE (another image).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! docker info >/dev/null 2>&1; then
+    echo "error: the Docker engine is not reachable; the Redis and Postgres suites need it." >&2
+    echo "       Start Docker (e.g. 'systemctl start docker' or 'dockerd &') and run this again." >&2
+    exit 1
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "error: cargo-nextest is missing: install it with 'cargo install cargo-nextest --locked'." >&2
+    exit 1
+fi
+
+scripts/build-test-images.sh
+
+# testcontainers removes a container when its handle drops; a handle held in
+# a static for a whole test process never drops, so sweep what the run leaves.
+cleanup() {
+    local ids
+    ids=$(docker ps -aq --filter label=org.testcontainers=true 2>/dev/null || true)
+    for image in limiter-test-redis:7 limiter-test-postgres:15; do
+        ids="$ids $(docker ps -aq --filter ancestor=$image 2>/dev/null || true)"
+    done
+    # shellcheck disable=SC2086
+    [ -n "${ids// /}" ] && docker rm -f $ids >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+cargo nextest run --workspace --all-features --no-fail-fast "$@"
+cargo test --workspace --all-features --doc
