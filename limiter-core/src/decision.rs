@@ -19,6 +19,8 @@ pub struct Source {
     pub fallback: bool,
     /// No store answered: the failure policy (open or closed) decided.
     pub degraded: bool,
+    /// An escalating rule consulted its durable store for this request.
+    pub escalated: bool,
 }
 
 impl Source {
@@ -29,6 +31,7 @@ impl Source {
             rule: None,
             fallback: false,
             degraded: false,
+            escalated: false,
         }
     }
 }

@@ -25,6 +25,7 @@
 //! ```
 
 pub mod algorithm;
+mod breaker;
 mod decision;
 mod error;
 mod limiter;
@@ -32,9 +33,12 @@ mod policy;
 mod store;
 mod time;
 
+pub use breaker::{BreakerConfig, BreakerState};
 pub use decision::{Decision, Source};
 pub use error::{ConfigError, ErrorKind, StoreError};
-pub use limiter::{DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, Rule};
+pub use limiter::{
+    AbuseEvent, AbuseSink, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, Rule, RuleStats,
+};
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use store::{Capabilities, Store};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

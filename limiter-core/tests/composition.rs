@@ -1,0 +1,379 @@
+//! Tiers, fallback, breaker, failure policy and escalation, against stores
+//! whose health the test controls. Time is virtual: `start_paused` makes
+//! tokio's timers jump, so a 250 ms timeout costs no wall-clock time.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use limiter_core::algorithm::{self, KeyState};
+use limiter_core::{
+    AbuseEvent, AbuseSink, Algorithm, BreakerConfig, BreakerState, Capabilities, Decision,
+    ErrorKind, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store, StoreError, Timestamp,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    Up,
+    Failing,
+    Hanging,
+}
+
+/// A correct store whose health can be switched, counting the calls it gets.
+#[derive(Debug)]
+struct Switchable {
+    name: &'static str,
+    health: Mutex<Health>,
+    state: Mutex<HashMap<Vec<u8>, Option<KeyState>>>,
+    calls: AtomicU64,
+}
+
+impl Switchable {
+    fn new(name: &'static str) -> Arc<Self> {
+        Arc::new(Switchable {
+            name,
+            health: Mutex::new(Health::Up),
+            state: Mutex::default(),
+            calls: AtomicU64::new(0),
+        })
+    }
+
+    fn set(&self, health: Health) {
+        *self.health.lock().unwrap() = health;
+    }
+
+    fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Store for Switchable {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: None,
+            shared: true,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let health = *self.health.lock().unwrap();
+        match health {
+            Health::Up => {}
+            Health::Failing => {
+                return Err(StoreError::new(
+                    ErrorKind::Unavailable,
+                    self.name,
+                    "connection refused",
+                ));
+            }
+            Health::Hanging => std::future::pending::<()>().await,
+        }
+        policy
+            .check_cost(cost)
+            .map_err(|e| StoreError::invalid_request(self.name, e))?;
+        let mut map = self.state.lock().unwrap();
+        let state = map.entry(key.to_vec()).or_default();
+        let verdict = algorithm::apply(state, policy, cost, now.as_micros());
+        Ok(Decision::from_verdict(verdict, policy, self.name))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Events(Mutex<Vec<AbuseEvent>>);
+
+#[async_trait]
+impl AbuseSink for Events {
+    async fn record(&self, event: AbuseEvent) -> Result<(), StoreError> {
+        self.0.lock().unwrap().push(event);
+        Ok(())
+    }
+}
+
+fn per_minute(limit: u32) -> Policy {
+    Policy::sliding_log(limit, Duration::from_secs(60)).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_refusal_wins_and_later_tiers_are_not_called() {
+    let local = Switchable::new("local");
+    let shared = Switchable::new("shared");
+    let limiter = Limiter::builder()
+        .clock(ManualClock::new())
+        .rule(Rule::new("burst", local.clone(), per_minute(3)).unwrap())
+        .rule(Rule::new("hourly", shared.clone(), per_minute(40)).unwrap())
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let d = limiter.check(b"client").await;
+        assert!(d.allowed);
+        assert_eq!(
+            d.source.rule.as_deref(),
+            Some("burst"),
+            "tightest rule shown"
+        );
+    }
+    for _ in 0..10 {
+        let d = limiter.check(b"client").await;
+        assert!(!d.allowed);
+        assert_eq!(d.source.rule.as_deref(), Some("burst"));
+    }
+    assert_eq!(local.calls(), 13);
+    assert_eq!(
+        shared.calls(),
+        3,
+        "refused requests never reach the second tier"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn fallback_answers_while_authoritative_store_fails_and_never_both() {
+    let shared = Switchable::new("shared");
+    let local = Switchable::new("local");
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new("search", shared.clone(), per_minute(10))
+                .unwrap()
+                .with_fallback(local.clone())
+                .unwrap()
+                // Four failures in a row must not open the breaker here, so
+                // that the shared store answers again as soon as it is up.
+                .with_breaker(BreakerConfig::new(10, Duration::from_secs(5)).unwrap())
+                .on_failure(FailurePolicy::Closed),
+        )
+        .build()
+        .unwrap();
+    // An honest client at exactly its limit, with the shared store failing
+    // for part of the window: never refused, each request counted once.
+    for i in 0..10 {
+        shared.set(if (3..7).contains(&i) {
+            Health::Failing
+        } else {
+            Health::Up
+        });
+        let d = limiter.check(b"honest").await;
+        assert!(d.allowed, "request {i} refused: {d:?}");
+        assert_eq!(d.source.fallback, (3..7).contains(&i), "request {i}");
+    }
+    assert_eq!(
+        local.calls(),
+        4,
+        "fallback consulted only when shared failed"
+    );
+    let stats = &limiter.stats()[0];
+    assert_eq!(stats.fallbacks, 4);
+    assert_eq!(stats.allowed, 10);
+    assert_eq!(stats.degraded, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hanging_store_costs_one_timeout_then_breaker_answers_at_once() {
+    let shared = Switchable::new("shared");
+    shared.set(Health::Hanging);
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new("search", shared.clone(), per_minute(10))
+                .unwrap()
+                .with_timeout(Duration::from_millis(100))
+                .unwrap()
+                .with_breaker(BreakerConfig::new(2, Duration::from_secs(5)).unwrap())
+                .on_failure(FailurePolicy::Open),
+        )
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let started = tokio::time::Instant::now();
+        let d = limiter.check(b"k").await;
+        assert!(d.allowed && d.source.degraded);
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(100),
+            "virtual time"
+        );
+    }
+    assert_eq!(limiter.stats()[0].breaker, BreakerState::Open);
+    for _ in 0..100 {
+        let started = tokio::time::Instant::now();
+        let d = limiter.check(b"k").await;
+        assert!(d.allowed && d.source.degraded);
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "open breaker never waits"
+        );
+    }
+    assert_eq!(shared.calls(), 2, "no calls while open");
+    let stats = &limiter.stats()[0];
+    assert_eq!((stats.store_errors, stats.short_circuited), (2, 100));
+    assert_eq!(stats.breaker_opened, 1);
+
+    // After the cool-down one probe goes through; the store is back, so the
+    // breaker closes and the store answers again.
+    shared.set(Health::Up);
+    clock.advance(Duration::from_secs(5));
+    let d = limiter.check(b"k").await;
+    assert!(d.allowed && !d.source.degraded);
+    assert_eq!(limiter.stats()[0].breaker, BreakerState::Closed);
+    assert_eq!(shared.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_probe_reopens_for_another_cool_down() {
+    let shared = Switchable::new("shared");
+    shared.set(Health::Failing);
+    let clock = ManualClock::new();
+    let rule = Rule::new("r", shared.clone(), per_minute(1))
+        .unwrap()
+        .with_breaker(BreakerConfig::new(1, Duration::from_secs(5)).unwrap())
+        .on_failure(FailurePolicy::Closed);
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(rule)
+        .build()
+        .unwrap();
+    let d = limiter.check(b"k").await;
+    assert!(!d.allowed && d.source.degraded);
+    assert_eq!(d.retry_after, Duration::from_secs(1));
+    clock.advance(Duration::from_secs(5));
+    limiter.check(b"k").await;
+    assert_eq!(shared.calls(), 2, "one probe");
+    clock.advance(Duration::from_secs(4));
+    limiter.check(b"k").await;
+    assert_eq!(shared.calls(), 2, "still open after a failed probe");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_policy_decides_without_fallback() {
+    for (policy, allowed) in [(FailurePolicy::Open, true), (FailurePolicy::Closed, false)] {
+        let shared = Switchable::new("shared");
+        shared.set(Health::Failing);
+        let limiter = Limiter::builder()
+            .rule(
+                Rule::new("r", shared, per_minute(5))
+                    .unwrap()
+                    .on_failure(policy),
+            )
+            .build()
+            .unwrap();
+        let d = limiter.check(b"k").await;
+        assert_eq!(d.allowed, allowed, "{policy:?}");
+        assert!(d.source.degraded);
+        assert_eq!(d.source.store, "shared");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn escalation_samples_admitted_requests_and_records_refusals() {
+    let local = Switchable::new("memory");
+    let durable = Switchable::new("postgres");
+    let events = Arc::new(Events::default());
+    let limiter = Limiter::builder()
+        .clock(ManualClock::new())
+        .rule(
+            Rule::new("feedback", local.clone(), per_minute(20))
+                .unwrap()
+                .with_escalation(durable.clone(), per_minute(2), 5, Some(events.clone()))
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..16 {
+        let d = limiter.check(b"bot").await;
+        outcomes.push((d.allowed, d.source.store, d.source.escalated));
+    }
+    // Requests 5 and 10 are sampled and admitted by the durable store; the
+    // 15th is sampled and refused there (its limit is 2), the 16th is
+    // admitted locally again (count 15 -> 16 crosses no multiple of 5).
+    assert_eq!(durable.calls(), 3);
+    assert_eq!(outcomes[4], (true, "memory", true));
+    assert_eq!(outcomes[9], (true, "memory", true));
+    assert_eq!(outcomes[14], (false, "postgres", true));
+    assert_eq!(outcomes[15], (true, "memory", false));
+    assert_eq!(outcomes.iter().filter(|o| !o.0).count(), 1);
+    let recorded = events.0.lock().unwrap().clone();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].key, b"bot");
+    assert_eq!(recorded[0].refused_by, "postgres");
+
+    // Requests 17 to 20 fill the local window; the 20th is sampled again.
+    for _ in 0..4 {
+        limiter.check(b"bot").await;
+    }
+    assert_eq!(durable.calls(), 4);
+    // Local refusals are recorded too, and never counted by the durable store.
+    for _ in 0..10 {
+        assert!(!limiter.check(b"bot").await.allowed);
+    }
+    assert_eq!(
+        durable.calls(),
+        4,
+        "refusals never reach the durable counter"
+    );
+    let stats = &limiter.stats()[0];
+    assert_eq!(stats.abuse_events as usize, events.0.lock().unwrap().len());
+    assert!(stats.abuse_events > 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn durable_failure_never_refuses_an_escalating_rule() {
+    let local = Switchable::new("memory");
+    let durable = Switchable::new("postgres");
+    durable.set(Health::Failing);
+    let limiter = Limiter::builder()
+        .rule(
+            Rule::new("r", local, per_minute(10))
+                .unwrap()
+                .with_escalation(durable, per_minute(1), 1, None)
+                .unwrap()
+                .on_failure(FailurePolicy::Closed),
+        )
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        assert!(limiter.check(b"k").await.allowed);
+    }
+}
+
+#[test]
+fn bad_compositions_are_refused_at_construction() {
+    let s = Switchable::new("s");
+    assert!(Rule::new("", s.clone(), per_minute(1)).is_err());
+    assert!(Rule::new("a\0b", s.clone(), per_minute(1)).is_err());
+    let rule = Rule::new("r", s.clone(), per_minute(3)).unwrap();
+    assert!(rule.clone().with_cost(4).is_err());
+    assert!(rule.clone().with_timeout(Duration::ZERO).is_err());
+    assert!(
+        rule.clone()
+            .with_escalation(s.clone(), per_minute(3), 0, None)
+            .is_err()
+    );
+    assert!(Limiter::builder().build().is_err());
+    assert!(
+        Limiter::builder()
+            .rule(rule.clone())
+            .rule(rule)
+            .build()
+            .is_err(),
+        "duplicate names would share state"
+    );
+}
