@@ -1,1 +1,699 @@
-//! A bounded, sharded, in-process store for the limiter workspace
+//! A bounded, sharded, in-process [`Store`] for the limiter workspace.
+//!
+//! [`MemoryStore`] keeps each key's state in process memory and applies
+//! [`limiter_core::algorithm::apply`] to it under a short lock: no I/O, no
+//! `.await` inside, so a decision costs about a hash-map lookup under a
+//! mutex. It implements all four algorithms.
+//!
+//! ```
+//! use std::time::Duration;
+//! use limiter_core::{Policy, Store, Timestamp};
+//! use limiter_memory::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::builder().capacity(100_000).shards(16).build()?;
+//! let policy = Policy::gcra(5, Duration::from_secs(60))?;
+//! let now = Timestamp::from_micros(1_767_225_600_000_000);
+//!
+//! for _ in 0..5 {
+//!     assert!(store.decide(b"client:42", &policy, 1, now).await?.allowed);
+//! }
+//! let refused = store.decide(b"client:42", &policy, 1, now).await?;
+//! assert!(!refused.allowed);
+//! // GCRA refills one unit every 60 s / 5 = 12 s.
+//! assert_eq!(refused.retry_after, Duration::from_secs(12));
+//! assert_eq!(store.len(), 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Bounds
+//!
+//! The store holds at most [`capacity`](MemoryStore::capacity) keys, ever.
+//! The keys are spread over `N` shards, each a mutex around its own LRU list;
+//! shard `i` holds at most `cᵢ` keys, where every `cᵢ` is `⌊capacity / N⌋` or
+//! `⌈capacity / N⌉` and the `cᵢ` sum to `capacity` exactly. When a key that
+//! is not held arrives at a full shard, that shard's least recently touched
+//! key is evicted, in O(1). Nothing on the request path ever scans the keys.
+//!
+//! Memory is bounded by the key count: per key, its bytes plus about 100
+//! bytes of bookkeeping, plus 8 bytes per admitted unit in a sliding-log
+//! window (at most the policy's limit, itself at most
+//! [`MAX_LOG_LIMIT`](limiter_core::MAX_LOG_LIMIT)).
+//!
+//! # Eviction guarantee
+//!
+//! Every [`decide`](Store::decide) touches its key — admitted *or refused* —
+//! making it the most recently touched key of its shard. A key `K` in a shard
+//! of capacity `c` can only be evicted once `c` other distinct keys of that
+//! shard have been decided since `K`'s last touch (all `c - 1` others held
+//! must be newer than `K`, and one more key must arrive). So:
+//!
+//! * **One shard** (`shards(1)`) is an exact LRU over the whole store: a key
+//!   touched within the last `capacity - 1` distinct other keys is never
+//!   evicted.
+//! * **`N` shards**: a key touched within the last `⌊capacity / N⌋ - 1`
+//!   distinct other keys is never evicted, whatever the hash does. Beyond
+//!   that it depends on how many of those keys share its shard; the shard is
+//!   chosen by a hash keyed with a secret random per store, so an attacker
+//!   cannot aim a flood at the offender's shard, and `D` flood keys put about
+//!   `D / N` keys in each shard.
+//!
+//! An active offender is one that keeps sending requests, and each of them,
+//! refused or not, renews its place; a flood of distinct keys cannot reset its
+//! count unless it outpaces it by a whole shard's capacity.
+//!
+//! # Conformance
+//!
+//! This crate runs the whole `limiter-conformance` suite with two lines in
+//! `tests/conformance.rs`:
+//!
+//! ```ignore
+//! async fn store() -> Arc<dyn Store> { Arc::new(MemoryStore::new(1_000)) }
+//! limiter_conformance::conformance_tests!(store);
+//! ```
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use async_trait::async_trait;
+use hashlink::LinkedHashMap;
+use hashlink::linked_hash_map::RawEntryMut;
+use limiter_core::algorithm::{self, KeyState, Verdict};
+use limiter_core::{
+    Algorithm, Capabilities, ConfigError, Decision, Policy, Store, StoreError, Timestamp,
+};
+
+/// The name this store reports in every [`Decision`].
+pub const NAME: &str = "memory";
+
+/// The key capacity of [`MemoryStore::default`] and of a builder that is
+/// not given one.
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// The most shards a store may have.
+pub const MAX_SHARDS: usize = 1 << 16;
+
+/// When choosing the shard count itself, the store keeps at least this many
+/// keys per shard: many tiny shards would make the per-shard LRU guarantee
+/// (see the crate docs) much weaker than a global one for little gain.
+const MIN_DEFAULT_SHARD_KEYS: usize = 64;
+
+/// Up to this many keys per shard are allocated up front, so a flood does not
+/// pay for table growth; bigger shards grow on demand.
+const MAX_PREALLOCATED_KEYS: usize = 1 << 20;
+
+/// A bounded, sharded, in-process [`Store`] implementing every algorithm.
+///
+/// See the [crate docs](crate) for its bounds and eviction guarantee.
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    capacity: usize,
+    /// Chooses the shard and the slot in it. A keyed hash (SipHash-1-3 with
+    /// 128 random bits per store), not a fixed one: with a predictable hash
+    /// an attacker could compute keys that all land in the offender's shard
+    /// and evict it with a flood of one shard's capacity instead of the whole
+    /// store's, or pile keys into one bucket chain (HashDoS).
+    hasher: RandomState,
+    evictions: AtomicU64,
+}
+
+/// Builds a [`MemoryStore`]; see [`MemoryStore::builder`].
+#[derive(Debug, Clone)]
+pub struct MemoryStoreBuilder {
+    capacity: usize,
+    shards: Option<usize>,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        MemoryStoreBuilder {
+            capacity: DEFAULT_CAPACITY,
+            shards: None,
+        }
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The most keys the store holds at once (default [`DEFAULT_CAPACITY`]).
+    /// Each (algorithm, key) pair counts as one key.
+    pub fn capacity(mut self, keys: usize) -> Self {
+        self.capacity = keys;
+        self
+    }
+
+    /// The number of shards, each with its own lock and LRU list. The
+    /// default is the smallest power of two at least twice the available
+    /// parallelism and at least 16, halved while a shard would hold fewer
+    /// than 64 keys.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// Builds the store, refusing a capacity of zero (a store that holds no
+    /// key would forget every offender at once), a shard count of zero or
+    /// above [`MAX_SHARDS`], and more shards than keys (a shard that holds no
+    /// key could limit nobody).
+    ///
+    /// ```
+    /// use limiter_memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::builder().capacity(100_000).shards(16).build()?;
+    /// assert_eq!(store.capacity(), 100_000);
+    /// assert_eq!(store.shards(), 16);
+    ///
+    /// let err = MemoryStore::builder().capacity(0).build().unwrap_err();
+    /// assert!(err.to_string().contains("capacity must be at least 1"));
+    /// # Ok::<(), limiter_core::ConfigError>(())
+    /// ```
+    pub fn build(self) -> Result<MemoryStore, ConfigError> {
+        let capacity = self.capacity;
+        if capacity == 0 {
+            return Err(ConfigError::Invalid(
+                "memory store capacity must be at least 1 key".into(),
+            ));
+        }
+        let shards = match self.shards {
+            Some(0) => {
+                return Err(ConfigError::Invalid(
+                    "memory store needs at least 1 shard".into(),
+                ));
+            }
+            Some(n) if n > MAX_SHARDS => {
+                return Err(ConfigError::Invalid(format!(
+                    "memory store shards must be at most {MAX_SHARDS}, got {n}"
+                )));
+            }
+            Some(n) if n > capacity => {
+                return Err(ConfigError::Invalid(format!(
+                    "memory store has {n} shards but a capacity of only {capacity} keys; \
+                     every shard must hold at least one key"
+                )));
+            }
+            Some(n) => n,
+            None => default_shards(capacity, std::thread::available_parallelism().ok()),
+        };
+        Ok(MemoryStore::with_shards(capacity, shards))
+    }
+}
+
+/// The smallest power of two at least twice `parallelism` and at least 16,
+/// halved while a shard would hold fewer than [`MIN_DEFAULT_SHARD_KEYS`].
+fn default_shards(capacity: usize, parallelism: Option<NonZeroUsize>) -> usize {
+    let parallelism = parallelism.map_or(1, NonZeroUsize::get);
+    let mut shards = parallelism
+        .saturating_mul(2)
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_SHARDS)
+        .clamp(16, MAX_SHARDS);
+    while shards > 1 && capacity / shards < MIN_DEFAULT_SHARD_KEYS {
+        shards /= 2;
+    }
+    shards
+}
+
+/// Per-shard capacities that differ by at most one and sum to `capacity`
+/// exactly: the first `capacity % shards` shards take one key more.
+fn shard_capacities(capacity: usize, shards: usize) -> impl Iterator<Item = usize> {
+    let base = capacity / shards;
+    let extra = capacity % shards;
+    (0..shards).map(move |i| base + usize::from(i < extra))
+}
+
+impl MemoryStore {
+    /// A store holding at most `capacity` keys, with the default shard count
+    /// (see [`MemoryStoreBuilder::shards`]).
+    ///
+    /// A capacity of 0 is raised to 1 key, the strictest store there is;
+    /// use [`builder`](Self::builder) to have it refused instead.
+    ///
+    /// ```
+    /// use limiter_memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::new(1_000);
+    /// assert_eq!(store.capacity(), 1_000);
+    /// assert!(store.is_empty());
+    /// ```
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        MemoryStore::with_shards(
+            capacity,
+            default_shards(capacity, std::thread::available_parallelism().ok()),
+        )
+    }
+
+    /// A store of `capacity` keys over `shards` shards, both already checked:
+    /// at least 1, and `shards <= capacity`.
+    fn with_shards(capacity: usize, shards: usize) -> Self {
+        MemoryStore {
+            shards: shard_capacities(capacity, shards)
+                .map(|cap| Mutex::new(Shard::new(cap)))
+                .collect(),
+            capacity,
+            hasher: RandomState::new(),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// A builder, to choose the capacity and the number of shards.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// The most keys the store holds at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The number of shards.
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The number of keys held now. Locks each shard in turn, so it is meant
+    /// for monitoring and tests, not the request path.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many keys have been evicted to stay within the capacity, since
+    /// the store was built.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// The same as [`Store::decide`], without the future: for synchronous
+    /// callers, which it spares the boxed future of an `async_trait` call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use limiter_core::{ErrorKind, Policy, Timestamp};
+    /// use limiter_memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::new(1_000);
+    /// let policy = Policy::fixed_window(2, Duration::from_secs(1))?;
+    /// let now = Timestamp::from_micros(1_000_000);
+    /// assert!(store.decide_sync(b"k", &policy, 2, now).unwrap().allowed);
+    /// assert!(!store.decide_sync(b"k", &policy, 1, now).unwrap().allowed);
+    /// // A cost above the limit could never be admitted: an error, not a refusal.
+    /// let err = store.decide_sync(b"k", &policy, 3, now).unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    /// # Ok::<(), limiter_core::ConfigError>(())
+    /// ```
+    pub fn decide_sync(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        policy
+            .check_cost(cost)
+            .map_err(|e| StoreError::invalid_request(NAME, e))?;
+        let tag = algorithm_tag(policy.algorithm());
+        let hash = self.hash(tag, key);
+        let verdict = {
+            let mut shard = lock(&self.shards[self.shard_index(hash)]);
+            let (verdict, evicted) = shard.decide(hash, tag, key, policy, cost, now.as_micros());
+            if evicted {
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            verdict
+        };
+        Ok(Decision::from_verdict(verdict, policy, NAME))
+    }
+
+    fn hash(&self, tag: u8, key: &[u8]) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        // The tag has a fixed width and the key is the only variable-length
+        // part, so no length prefix is needed to keep (tag, key) unambiguous.
+        hasher.write_u8(tag);
+        hasher.write(key);
+        hasher.finish()
+    }
+
+    /// Maps bits 20..52 of the hash onto the shards by multiply-shift. The
+    /// shard's table indexes by the low bits and tags slots with the top 7,
+    /// so taking the shard from those would cluster every shard's keys.
+    fn shard_index(&self, hash: u64) -> usize {
+        let bits = (hash >> 20) & 0xFFFF_FFFF;
+        // Shard counts are at most MAX_SHARDS, so the product fits in u64 and
+        // the result is below the shard count.
+        ((bits * self.shards.len() as u64) >> 32) as usize
+    }
+}
+
+impl Default for MemoryStore {
+    /// A store of [`DEFAULT_CAPACITY`] keys with the default shard count.
+    fn default() -> Self {
+        MemoryStore::new(DEFAULT_CAPACITY)
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("capacity", &self.capacity)
+            .field("shards", &self.shards.len())
+            .field("evictions", &self.evictions())
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: Some(self.capacity),
+            shared: false,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        // Entirely synchronous: the shard lock is taken and released inside,
+        // never held across an await point.
+        self.decide_sync(key, policy, cost, now)
+    }
+}
+
+/// A shard's lock, recovering from poison. A panic while the lock is held
+/// can only come from inside `algorithm::apply` on one key's state; the
+/// LRU structure itself is only changed by hashlink calls that do not panic
+/// (allocation failure aborts), so the map is still consistent and every
+/// other key must keep being limited.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The storage key's first byte, so that the same key under two algorithms
+/// holds two independent states (see [`Store::decide`]).
+const fn algorithm_tag(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::SlidingLog => 0,
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::Gcra => 3,
+    }
+}
+
+/// One shard: an LRU list of at most `capacity` keys.
+///
+/// The LRU is a `hashlink::LinkedHashMap`: a hash map whose entries are
+/// threaded on a doubly linked list, so "move to most recent" and "evict
+/// least recent" are O(1). hashlink over `lru` because its raw-entry API
+/// looks up, touches and inserts by a precomputed hash with a custom match
+/// (our key is a tag plus borrowed bytes, which no `Borrow` impl can express
+/// without allocating on every lookup), it reuses freed nodes (a flood
+/// churns entries without churning the allocator for them), and it is the
+/// maintained successor of `linked-hash-map`, used by rusqlite among others.
+struct Shard {
+    map: LinkedHashMap<StoredKey, Option<KeyState>, BuildHasherDefault<StoredHash>>,
+    capacity: usize,
+}
+
+impl Shard {
+    fn new(capacity: usize) -> Self {
+        let mut map = LinkedHashMap::with_hasher(BuildHasherDefault::default());
+        // Best effort: if this much cannot be reserved now, the table grows
+        // on demand like any map.
+        let _ = map.try_reserve(capacity.min(MAX_PREALLOCATED_KEYS));
+        Shard { map, capacity }
+    }
+
+    /// Applies the policy to the key, touching it; returns the verdict and
+    /// whether another key was evicted to make room.
+    fn decide(
+        &mut self,
+        hash: u64,
+        tag: u8,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: u64,
+    ) -> (Verdict, bool) {
+        let held = match self
+            .map
+            .raw_entry_mut()
+            .from_hash(hash, |k| k.is(hash, tag, key))
+        {
+            RawEntryMut::Occupied(mut entry) => {
+                // Touched whatever the outcome: a refused request keeps its
+                // key as recent as an admitted one, so an offender that keeps
+                // hammering cannot be flooded out of the store.
+                entry.to_back();
+                Some(algorithm::apply(entry.get_mut(), policy, cost, now))
+            }
+            RawEntryMut::Vacant(_) => None,
+        };
+        if let Some(verdict) = held {
+            return (verdict, false);
+        }
+        let mut state = None;
+        let verdict = algorithm::apply(&mut state, policy, cost, now);
+        if state.is_none() {
+            // Nothing to remember (a refusal on an empty state records
+            // nothing), so nothing is inserted and nothing evicted.
+            return (verdict, false);
+        }
+        let evicted = self.map.len() >= self.capacity && self.map.pop_front().is_some();
+        self.map.insert(StoredKey::new(hash, tag, key), state);
+        (verdict, evicted)
+    }
+}
+
+/// A stored key: the algorithm tag followed by the caller's bytes, with the
+/// store's keyed hash of them computed once, on the way in.
+#[derive(PartialEq, Eq)]
+struct StoredKey {
+    hash: u64,
+    bytes: Box<[u8]>,
+}
+
+impl StoredKey {
+    fn new(hash: u64, tag: u8, key: &[u8]) -> Self {
+        let mut bytes = Vec::with_capacity(key.len() + 1);
+        bytes.push(tag);
+        bytes.extend_from_slice(key);
+        StoredKey {
+            hash,
+            bytes: bytes.into_boxed_slice(),
+        }
+    }
+
+    fn is(&self, hash: u64, tag: u8, key: &[u8]) -> bool {
+        self.hash == hash && self.bytes.split_first() == Some((&tag, key))
+    }
+}
+
+impl Hash for StoredKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// The shard maps' hasher: it passes through the keyed hash stored in each
+/// [`StoredKey`], so the key bytes are hashed once per decision and never
+/// again when a table grows or the LRU key is popped. The keyed hash already
+/// is the DoS-resistant part; this adds nothing an attacker could aim at.
+#[derive(Default)]
+struct StoredHash(u64);
+
+impl Hasher for StoredHash {
+    fn write(&mut self, bytes: &[u8]) {
+        // Unused: StoredKey writes one u64. Kept a proper (if weak) hash so
+        // that any other use would still spread keys.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use limiter_core::ErrorKind;
+    use std::time::Duration;
+
+    const T0: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+
+    #[test]
+    fn shard_capacities_sum_to_capacity_exactly() {
+        for capacity in [1, 2, 7, 15, 16, 17, 1_000, 100_001] {
+            for shards in [1, 2, 3, 7, 16].into_iter().filter(|&s| s <= capacity) {
+                let caps: Vec<usize> = shard_capacities(capacity, shards).collect();
+                assert_eq!(caps.len(), shards);
+                assert_eq!(caps.iter().sum::<usize>(), capacity, "{capacity}/{shards}");
+                let (min, max) = (caps.iter().min().unwrap(), caps.iter().max().unwrap());
+                assert!(max - min <= 1, "{capacity}/{shards}: {caps:?}");
+                assert_eq!(*max, capacity.div_ceil(shards));
+            }
+        }
+    }
+
+    #[test]
+    fn default_shards_follow_parallelism_and_capacity() {
+        let par = NonZeroUsize::new;
+        assert_eq!(default_shards(100_000, par(2)), 16);
+        assert_eq!(default_shards(100_000, par(12)), 32);
+        assert_eq!(default_shards(100_000, None), 16);
+        // 1_000 keys: 16 shards would hold 62 each, so 8 shards of 125.
+        assert_eq!(default_shards(1_000, par(2)), 8);
+        assert_eq!(default_shards(1, par(64)), 1);
+        assert_eq!(default_shards(usize::MAX, par(usize::MAX)), MAX_SHARDS);
+    }
+
+    #[test]
+    fn bad_configuration_is_refused() {
+        let err = |b: MemoryStoreBuilder| b.build().unwrap_err().to_string();
+        assert!(err(MemoryStore::builder().capacity(0)).contains("capacity must be at least 1"));
+        assert!(err(MemoryStore::builder().shards(0)).contains("at least 1 shard"));
+        assert!(err(MemoryStore::builder().shards(MAX_SHARDS + 1)).contains("at most"));
+        assert!(
+            err(MemoryStore::builder().capacity(4).shards(5)).contains("at least one key"),
+            "more shards than keys"
+        );
+        assert_eq!(MemoryStore::new(0).capacity(), 1);
+        let store = MemoryStore::builder()
+            .capacity(5)
+            .shards(5)
+            .build()
+            .unwrap();
+        assert_eq!((store.capacity(), store.shards()), (5, 5));
+    }
+
+    #[test]
+    fn capabilities_declare_everything() {
+        let store = MemoryStore::new(1_234);
+        assert_eq!(
+            store.capabilities(),
+            Capabilities {
+                algorithms: &Algorithm::ALL,
+                key_capacity: Some(1_234),
+                shared: false,
+                server_clock: false,
+            }
+        );
+        assert_eq!(store.name(), "memory");
+        assert_eq!(MemoryStore::default().capacity(), DEFAULT_CAPACITY);
+        for algorithm in Algorithm::ALL {
+            let policy = Policy::new(algorithm, 1, Duration::from_secs(1)).unwrap();
+            assert!(store.check_policy(&policy).is_ok());
+        }
+    }
+
+    #[test]
+    fn invalid_cost_is_an_error_and_records_nothing() {
+        let store = MemoryStore::new(10);
+        let policy = Policy::gcra(3, Duration::from_secs(3)).unwrap();
+        for cost in [0, 4, u32::MAX] {
+            let err = store.decide_sync(b"k", &policy, cost, T0).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "cost {cost}");
+            assert_eq!(err.store(), "memory");
+        }
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn algorithms_on_one_key_do_not_collide() {
+        let store = MemoryStore::builder()
+            .capacity(8)
+            .shards(1)
+            .build()
+            .unwrap();
+        let window = Duration::from_secs(60);
+        for algorithm in Algorithm::ALL {
+            let policy = Policy::new(algorithm, 2, window).unwrap();
+            let first = store.decide_sync(b"same", &policy, 2, T0).unwrap();
+            assert!(
+                first.allowed,
+                "{algorithm}: another algorithm's state leaked"
+            );
+            assert!(!store.decide_sync(b"same", &policy, 1, T0).unwrap().allowed);
+        }
+        assert_eq!(store.len(), 4);
+        // The empty key and a key equal to another key's tagged bytes are
+        // distinct keys too.
+        let policy = Policy::fixed_window(1, window).unwrap();
+        assert!(store.decide_sync(b"", &policy, 1, T0).unwrap().allowed);
+        assert!(store.decide_sync(&[1], &policy, 1, T0).unwrap().allowed);
+        assert!(!store.decide_sync(b"", &policy, 1, T0).unwrap().allowed);
+    }
+
+    #[test]
+    fn a_poisoned_shard_keeps_limiting() {
+        let store = MemoryStore::builder()
+            .capacity(10)
+            .shards(1)
+            .build()
+            .unwrap();
+        let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+        assert!(
+            store
+                .decide_sync(b"offender", &policy, 1, T0)
+                .unwrap()
+                .allowed
+        );
+        std::thread::scope(|scope| {
+            let poisoner = scope.spawn(|| {
+                let _guard = store.shards[0].lock();
+                panic!("deliberate panic while holding the shard lock");
+            });
+            assert!(poisoner.join().is_err());
+        });
+        assert!(store.shards[0].is_poisoned());
+        // Same state as before the panic: still refused, others still admitted.
+        assert!(
+            !store
+                .decide_sync(b"offender", &policy, 1, T0)
+                .unwrap()
+                .allowed
+        );
+        assert!(store.decide_sync(b"other", &policy, 1, T0).unwrap().allowed);
+        assert_eq!(store.len(), 2);
+    }
+
+    #[test]
+    fn stored_hash_passes_the_keyed_hash_through() {
+        let store = MemoryStore::new(10);
+        let key = StoredKey::new(store.hash(3, b"abc"), 3, b"abc");
+        let mut h = StoredHash::default();
+        key.hash(&mut h);
+        assert_eq!(h.finish(), store.hash(3, b"abc"));
+        assert!(key.is(store.hash(3, b"abc"), 3, b"abc"));
+        assert!(!key.is(store.hash(2, b"abc"), 2, b"abc"));
+        // A second store draws other keys, so its hashes differ.
+        let other = MemoryStore::new(10);
+        assert_ne!(store.hash(3, b"abc"), other.hash(3, b"abc"));
+    }
+}
