@@ -1,0 +1,26 @@
+//! The reference store through the macro, exactly as a third-party backend
+//! would run the suite.
+
+use std::sync::Arc;
+
+use limiter_conformance::broken::ReferenceStore;
+use limiter_conformance::limiter_core::Store;
+
+async fn store() -> Arc<dyn Store> {
+    Arc::new(ReferenceStore::new(1_000))
+}
+
+limiter_conformance::conformance_tests!(store);
+
+/// The macro accepts a closure too, and can be used in several modules.
+mod two_algorithms {
+    use super::*;
+    use limiter_conformance::limiter_core::Algorithm;
+
+    limiter_conformance::conformance_tests!(|| async {
+        Arc::new(ReferenceStore::with_algorithms(
+            &[Algorithm::FixedWindow, Algorithm::Gcra],
+            64,
+        )) as Arc<dyn Store>
+    });
+}
