@@ -1,0 +1,44 @@
+-- Sliding log: a list of admitted units' timestamps, oldest first, at most
+-- `limit` long. A refusal reads only: expired entries are skipped by a
+-- binary search, and trimmed by the next admitted request.
+local n = redis.call('LLEN', key)
+local newest = nil
+if n > 0 then
+  newest = tonumber(redis.call('LINDEX', key, -1))
+end
+-- Clamp a clock that went backwards to the newest entry.
+local t = now
+if newest ~= nil and newest > t then t = newest end
+local lo, hi = 0, n
+while lo < hi do
+  local mid = math.floor((lo + hi) / 2)
+  if tonumber(redis.call('LINDEX', key, mid)) + w <= t then
+    lo = mid + 1
+  else
+    hi = mid
+  end
+end
+local expired = lo
+local count = n - expired
+if count + c <= l then
+  if expired > 0 then
+    redis.call('LTRIM', key, expired, -1)
+  end
+  local ts = num(t)
+  local left = c
+  -- unpack() is bounded by Lua's C stack, so push in chunks.
+  while left > 0 do
+    local k = math.min(left, 1000)
+    local args = {}
+    for i = 1, k do args[i] = ts end
+    redis.call('RPUSH', key, unpack(args))
+    left = left - k
+  end
+  -- The key lives exactly as long as its newest entry.
+  redis.call('PEXPIRE', key, ttl(t + w - now))
+  return {1, l - count - c, sat(t + w - now), 0}
+end
+-- The (count + c - l)-th oldest live entry must expire first.
+local freeing = tonumber(redis.call('LINDEX', key, expired + count + c - l - 1))
+if newest == nil then newest = t end
+return {0, sat(l - count), sat(newest + w - now), sat(freeing + w - now)}
