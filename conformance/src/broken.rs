@@ -236,7 +236,8 @@ impl Core {
     }
 
     fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
-        if self.has(Defect::AcceptsUnsupportedAlgorithms) || self.algorithms.contains(&policy.algorithm())
+        if self.has(Defect::AcceptsUnsupportedAlgorithms)
+            || self.algorithms.contains(&policy.algorithm())
         {
             Ok(())
         } else {
@@ -277,12 +278,24 @@ impl Core {
                 panic!("time went backwards: {now} µs < {last} µs");
             }
         }
-        let effective = if self.has(Defect::OffByOne) {
-            Policy::new(policy.algorithm(), policy.limit() + 1, policy.window()).unwrap_or(*policy)
-        } else {
-            *policy
-        };
-        let verdict = algorithm::apply(state, &effective, cost, now);
+        let before = self.has(Defect::OffByOne).then(|| state.clone());
+        let mut verdict = algorithm::apply(state, policy, cost, now);
+        if let Some(mut lenient) = before.filter(|_| !verdict.allowed) {
+            // `count + cost <= limit + 1`: the classic `<=` for `<`.
+            let one_more = Policy::new(policy.algorithm(), policy.limit() + 1, policy.window());
+            if let Ok(one_more) = one_more {
+                let v = algorithm::apply(&mut lenient, &one_more, cost, now);
+                if v.allowed {
+                    *state = lenient;
+                    verdict = Verdict {
+                        allowed: true,
+                        remaining: 0,
+                        reset_after_us: v.reset_after_us,
+                        retry_after_us: 0,
+                    };
+                }
+            }
+        }
         if !verdict.allowed && self.has(Defect::RefusalsRecorded) {
             record_refusal(state, policy, cost, now);
         }
@@ -296,7 +309,14 @@ impl Core {
 
     /// Writes `state` back and decides whether the key's eviction position
     /// moves.
-    fn store(&self, keys: &mut Keys, key: MapKey, state: Option<KeyState>, now: u64, allowed: bool) {
+    fn store(
+        &self,
+        keys: &mut Keys,
+        key: MapKey,
+        state: Option<KeyState>,
+        now: u64,
+        allowed: bool,
+    ) {
         keys.tick += 1;
         let tick = keys.tick;
         if let Some(entry) = keys.map.get_mut(&key) {
@@ -448,7 +468,10 @@ mod tests {
         assert!(store.decide(b"d", &p, 1, t).await.unwrap().allowed);
         assert_eq!(store.len(), 3);
         assert!(!store.decide(b"a", &p, 1, t).await.unwrap().allowed);
-        assert!(store.decide(b"b", &p, 1, t).await.unwrap().allowed, "b was evicted");
+        assert!(
+            store.decide(b"b", &p, 1, t).await.unwrap().allowed,
+            "b was evicted"
+        );
         assert_eq!(store.high_water(), 3);
     }
 
@@ -456,7 +479,10 @@ mod tests {
     async fn invalid_cost_is_an_error() {
         let store = ReferenceStore::new(3);
         let p = Policy::gcra(2, Duration::from_secs(1)).unwrap();
-        let err = store.decide(b"k", &p, 3, Timestamp::EPOCH).await.unwrap_err();
+        let err = store
+            .decide(b"k", &p, 3, Timestamp::EPOCH)
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), limiter_core::ErrorKind::InvalidRequest);
         assert!(store.is_empty());
     }

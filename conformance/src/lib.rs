@@ -92,9 +92,8 @@ mod scenarios;
 mod support;
 
 pub use scenarios::{
-    bad_configuration, clock_regression, concurrent_exactness, cost_accounting,
-    distinct_key_flood, hostile_keys, key_independence, policy_semantics, refused_hammering,
-    window_renewal,
+    bad_configuration, clock_regression, concurrent_exactness, cost_accounting, distinct_key_flood,
+    hostile_keys, key_independence, policy_semantics, refused_hammering, window_renewal,
 };
 
 /// Makes the stores the scenarios attack.
@@ -312,7 +311,11 @@ mod tests {
     #[test]
     fn every_scenario_says_what_it_attacks_in_one_line() {
         for s in SCENARIOS {
-            assert!(!s.attacks.is_empty() && !s.attacks.contains('\n'), "{}", s.name);
+            assert!(
+                !s.attacks.is_empty() && !s.attacks.contains('\n'),
+                "{}",
+                s.name
+            );
         }
     }
 }

@@ -96,9 +96,8 @@ impl Probe {
     /// naming those it skips (empty if none).
     pub(crate) fn supported(&self, wanted: &[Algorithm]) -> (Vec<Algorithm>, Option<String>) {
         let caps = self.store.capabilities();
-        let (yes, no): (Vec<Algorithm>, Vec<Algorithm>) = wanted
-            .iter()
-            .partition(|a| caps.algorithms.contains(a));
+        let (yes, no): (Vec<Algorithm>, Vec<Algorithm>) =
+            wanted.iter().partition(|a| caps.algorithms.contains(a));
         let note = (!no.is_empty()).then(|| {
             format!(
                 "skipped {} (not supported by the {} store)",
@@ -230,7 +229,9 @@ pub(crate) fn dur(us: u64) -> String {
 
 /// A time relative to `T0`: `t0+9 s`, `t0−25 s`.
 pub(crate) fn rel(micros: u64) -> String {
-    if micros >= T0 {
+    if micros == 0 {
+        "the epoch".to_string()
+    } else if micros >= T0 {
         format!("t0+{}", dur(micros - T0))
     } else {
         format!("t0−{}", dur(T0 - micros))

@@ -61,7 +61,10 @@ pub(super) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioRes
     parts.push(if unsupported.is_empty() {
         "all 4 algorithms supported: none to refuse".to_string()
     } else {
-        format!("check_policy refused {} with UnsupportedAlgorithm", list(&unsupported))
+        format!(
+            "check_policy refused {} with UnsupportedAlgorithm",
+            list(&unsupported)
+        )
     });
 
     let mut extremes = Vec::new();
@@ -77,7 +80,10 @@ pub(super) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioRes
         probe.at(0);
         let key = format!("configuration/{algorithm}");
         for cost in [0, 11] {
-            match store.decide(key.as_bytes(), &p, cost, probe.clock.now()).await {
+            match store
+                .decide(key.as_bytes(), &p, cost, probe.clock.now())
+                .await
+            {
                 Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
                 Err(e) => {
                     return fail(format!(
@@ -130,7 +136,10 @@ pub(super) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioRes
                 "{algorithm}: {big}: a request after the whole limit was taken was admitted"
             ));
         }
-        extremes.push(format!("{algorithm} {} per 366 days works", num(u64::from(limit))));
+        extremes.push(format!(
+            "{algorithm} {} per 366 days works",
+            num(u64::from(limit))
+        ));
     }
     if !supported.is_empty() {
         parts.push(format!(

@@ -70,7 +70,12 @@ pub(super) async fn key_independence(factory: &dyn StoreFactory) -> ScenarioResu
         exhaust(&probe, alice.as_bytes(), &p, "alice").await?;
         probe.at(S);
         let d = probe.hit(alice.as_bytes(), &p, 1).await?;
-        check(&d, exhausted_refusal(algorithm, 1), &p, "alice, exhausted at t0, at t0+1 s")?;
+        check(
+            &d,
+            exhausted_refusal(algorithm, 1),
+            &p,
+            "alice, exhausted at t0, at t0+1 s",
+        )?;
         // Keys that a store bucketing keys by a short hash would put with
         // alice: 64 of them leave almost no bucket empty.
         probe.at(2 * S);
@@ -114,7 +119,10 @@ fn hostile() -> Vec<(&'static str, Vec<u8>)> {
         ("SQL", b"'; DROP TABLE x; --".to_vec()),
         ("Lua", b"]]..redis.call('FLUSHALL')..[[".to_vec()),
         ("a {hash} tag", b"{hash}tag".to_vec()),
-        ("another key with the same {hash} tag", b"{hash}other".to_vec()),
+        (
+            "another key with the same {hash} tag",
+            b"{hash}other".to_vec(),
+        ),
         ("a NUL byte", b"a\0b".to_vec()),
         ("the part before the NUL byte", b"a".to_vec()),
         ("a lone NUL byte", b"\0".to_vec()),

@@ -1,8 +1,8 @@
 //! The scenarios. Each public function takes a factory, makes its own fresh
 //! stores, and never panics: a panicking store fails the scenario.
 
-mod configuration;
 mod concurrency;
+mod configuration;
 mod flood;
 mod keys;
 mod semantics;

@@ -64,8 +64,7 @@ pub(super) async fn refused_hammering(factory: &dyn StoreFactory) -> ScenarioRes
             ));
         }
         let access = t1 + r;
-        if matches!(algorithm, Algorithm::SlidingLog | Algorithm::FixedWindow) && access != 10 * S
-        {
+        if matches!(algorithm, Algorithm::SlidingLog | Algorithm::FixedWindow) && access != 10 * S {
             return fail(format!(
                 "{algorithm}: access must return at t0 + window = t0+10 s, the store says {}",
                 rel(T0 + access)
@@ -103,8 +102,8 @@ pub(super) async fn refused_hammering(factory: &dyn StoreFactory) -> ScenarioRes
         if !d.allowed {
             return fail(format!(
                 "{algorithm}: refused at {} after {} refused requests every 3 ms, although the \
-                 first refusal said retry_after {} (at {}): refused requests were recorded and \
-                 pushed the window forward; now it says retry_after {}",
+                 first refusal said retry_after {} (at {}): refused requests were recorded, or \
+                 renewed the window, and pushed access later; now it says retry_after {}",
                 rel(T0 + access),
                 num(hammered + 1),
                 dur(r),
@@ -126,8 +125,7 @@ pub(super) async fn refused_hammering(factory: &dyn StoreFactory) -> ScenarioRes
 
 pub(super) async fn window_renewal(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
-    let (algorithms, skipped) =
-        probe.supported(&[Algorithm::FixedWindow, Algorithm::SlidingLog]);
+    let (algorithms, skipped) = probe.supported(&[Algorithm::FixedWindow, Algorithm::SlidingLog]);
     let mut parts = Vec::new();
     for algorithm in algorithms {
         // L = 5, W = 10 s, one hit every second from t0 to t0+15 s.
@@ -220,7 +218,9 @@ pub(super) async fn clock_regression(factory: &dyn StoreFactory) -> ScenarioResu
             probe.set(now);
             let d = probe.hit(key, &p, 1).await?;
             if i == 0 && !d.allowed {
-                return fail(format!("{algorithm}: the first request on a fresh key was refused"));
+                return fail(format!(
+                    "{algorithm}: the first request on a fresh key was refused"
+                ));
             }
             admitted += usize::from(d.allowed);
             if admitted > bound {
