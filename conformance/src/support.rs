@@ -25,7 +25,7 @@ pub(crate) async fn guarded(fut: impl Future<Output = ScenarioResult>) -> Scenar
     match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(result) => result,
         Err(payload) => Err(Failure(format!(
-            "the store panicked: {}",
+            "the store (or its factory) panicked: {}",
             panic_message(payload.as_ref())
         ))),
     }
