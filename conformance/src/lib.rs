@@ -1,7 +1,8 @@
 //! Adversarial conformance scenarios that any limiter [`Store`] must pass.
 //!
 //! Each scenario attacks one way a rate limiter fails under deliberate abuse
-//! (the failures the `limiter` design documents list), against a fresh store
+//! (refusals that extend a ban, floods that evict an offender, windows that
+//! never close, lost updates, keys treated as code), against a fresh store
 //! from a [`StoreFactory`], with time driven by a
 //! [`ManualClock`](limiter_core::ManualClock): deterministic, independent,
 //! and fast even for one-hour windows. The expected numbers in every
@@ -13,12 +14,14 @@
 //!
 //! In a backend crate's `tests/conformance.rs`, two lines (plus imports):
 //!
-//! ```ignore
+//! ```
 //! use std::sync::Arc;
 //! use limiter_conformance::limiter_core::Store;
+//! # use limiter_conformance::broken::ReferenceStore as MyStore;
 //!
-//! async fn store() -> Arc<dyn Store> { Arc::new(MyStore::connect_fresh().await) }
+//! async fn store() -> Arc<dyn Store> { Arc::new(MyStore::new(10_000)) }
 //! limiter_conformance::conformance_tests!(store);
+//! # fn main() {}
 //! ```
 //!
 //! The macro generates one test per scenario, named after it, each on its own
@@ -217,9 +220,23 @@ pub async fn run_all(factory: Arc<dyn StoreFactory>) -> Vec<(&'static Scenario, 
 /// (an `async fn() -> Arc<dyn Store>`, a closure returning an `async` block,
 /// or any [`StoreFactory`] value).
 ///
-/// ```ignore
-/// async fn store() -> Arc<dyn Store> { /* a fresh, isolated store */ }
+/// ```
+/// use std::sync::Arc;
+/// use limiter_conformance::limiter_core::Store;
+/// # use limiter_conformance::broken::ReferenceStore;
+///
+/// // A fresh, isolated store per call.
+/// async fn store() -> Arc<dyn Store> { Arc::new(ReferenceStore::new(10_000)) }
 /// limiter_conformance::conformance_tests!(store);
+///
+/// // A closure works too, for example to configure the store.
+/// mod small {
+///     # use super::*;
+///     limiter_conformance::conformance_tests!(|| async {
+///         Arc::new(ReferenceStore::new(64)) as Arc<dyn Store>
+///     });
+/// }
+/// # fn main() {}
 /// ```
 ///
 /// Each test runs on a fresh multi-thread tokio runtime with two workers,
