@@ -1,0 +1,249 @@
+//! Shared test helpers: small stores and an HTTP client over a real socket.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use limiter::algorithm::{self, KeyState};
+use limiter::{Algorithm, Capabilities, Decision, ErrorKind, Policy, Store, StoreError, Timestamp};
+
+/// An exact, unbounded store applying the normative algorithm under a lock:
+/// the reference behaviour, independent of any backend crate.
+#[derive(Debug, Default)]
+pub struct MapStore {
+    state: Mutex<Table>,
+}
+
+type Table = HashMap<(Algorithm, Vec<u8>), Option<KeyState>>;
+
+#[async_trait]
+impl Store for MapStore {
+    fn name(&self) -> &'static str {
+        "map"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: None,
+            shared: false,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        policy
+            .check_cost(cost)
+            .map_err(|e| StoreError::invalid_request("map", e))?;
+        let mut map = self.state.lock().unwrap();
+        let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
+        let verdict = algorithm::apply(state, policy, cost, now.as_micros());
+        Ok(Decision::from_verdict(verdict, policy, "map"))
+    }
+}
+
+/// Wraps a store and records every key it is asked about.
+#[derive(Debug)]
+pub struct Recording<S> {
+    pub inner: S,
+    pub keys: Mutex<Vec<Vec<u8>>>,
+}
+
+impl<S> Recording<S> {
+    pub fn new(inner: S) -> Self {
+        Recording {
+            inner,
+            keys: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        self.keys.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for Recording<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.keys.lock().unwrap().push(key.to_vec());
+        self.inner.decide(key, policy, cost, now).await
+    }
+}
+
+/// A store whose every call fails, as a dead Redis would.
+#[derive(Debug, Default)]
+pub struct Failing;
+
+#[async_trait]
+impl Store for Failing {
+    fn name(&self) -> &'static str {
+        "failing"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: None,
+            shared: true,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        Err(StoreError::new(
+            ErrorKind::Unavailable,
+            "failing",
+            "connection refused",
+        ))
+    }
+}
+
+/// Serves `app` on a fresh port of 127.0.0.1 with peer addresses available
+/// to the layer.
+pub async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} header in {self:?}"))
+            .to_str()
+            .unwrap()
+    }
+
+    pub fn header_u64(&self, name: &str) -> u64 {
+        self.header(name).parse().unwrap()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+
+    /// Checks that every rate-limit header says the same as the others.
+    pub fn assert_consistent(&self, policy: &str, window: u64) {
+        let limit = self.header_u64("x-ratelimit-limit");
+        let remaining = self.header_u64("x-ratelimit-remaining");
+        let reset = self.header_u64("x-ratelimit-reset");
+        assert_eq!(
+            self.header("ratelimit-policy"),
+            format!("\"{policy}\";q={limit};w={window}")
+        );
+        assert_eq!(
+            self.header("ratelimit"),
+            format!("\"{policy}\";r={remaining};t={reset}")
+        );
+        assert!(remaining <= limit);
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            let json = self.json();
+            assert_eq!(json["error"], "rate_limited");
+            assert_eq!(json["retry_after"], self.header_u64("retry-after"));
+            assert_eq!(json["limit"], limit);
+            assert_eq!(json["remaining"], remaining);
+            assert_eq!(json["reset"], reset);
+            assert_eq!(json["policy"], policy);
+            assert_eq!(self.header("content-type"), "application/json");
+        } else {
+            assert!(self.headers.get("retry-after").is_none());
+        }
+    }
+}
+
+/// An HTTP/1 client, optionally bound to a local address (127.0.0.2 is
+/// another client on the same machine).
+#[derive(Clone)]
+pub struct TestClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl TestClient {
+    pub fn new(server: SocketAddr, local: Option<IpAddr>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_local_address(local);
+        TestClient {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            base: format!("http://{server}"),
+        }
+    }
+
+    pub async fn send(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = self
+            .client
+            .request(request.body(Full::new(Bytes::new())).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Reply {
+            status,
+            headers,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path, &[]).await
+    }
+}
