@@ -1,3 +1,121 @@
 //! Demo server: three rate-limited endpoints on the limiter crate.
+//!
+//! `cargo run -p limiter-demo -- --help` lists the flags.
 
-fn main() {}
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use limiter::SystemClock;
+use limiter_demo::{Config, Settings, app, cli};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("limiter-demo: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let config = Config::from_matches(&cli().get_matches())?;
+    let mut random = [0u8; 32];
+    if config.secret.is_none() {
+        getrandom::fill(&mut random).map_err(|e| format!("no random secret available: {e}"))?;
+    }
+    let settings = Settings {
+        limits: config.limits,
+        stores: config.stores().await?,
+        identity: config.identity(&random)?,
+        clock: Arc::new(SystemClock),
+        on_failure: config.on_failure,
+    };
+    let router = app(&settings)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+
+    println!("limiter-demo listening on http://{addr}");
+    let store = limiter::store::redact(&config.store);
+    if settings.stores.local_tier.is_some() {
+        println!("  store: memory:// in front of {store}");
+    } else {
+        println!("  store: {store}");
+    }
+    println!("  client address: {}", config.address_source);
+    for e in settings.limits.endpoints() {
+        println!(
+            "  {:<5}{:<15}{:>4} per {}",
+            e.method, e.path, e.limit, e.per
+        );
+    }
+    if config.secret.is_none() {
+        println!(
+            "  secret: none given (--secret / LIMITER_SECRET), so a random one was generated \
+             for this session; client keys change on restart"
+        );
+    }
+    let base = format!("http://{}", reachable(addr));
+    println!("Try:");
+    println!(
+        "  for i in $(seq 1 {}); do curl -s -o /dev/null -w '%{{http_code}}\\n' '{base}/api/search?q=rust'; done",
+        settings.limits.search_per_minute.saturating_add(5)
+    );
+    println!("  curl -i '{base}/api/search?q=rust'");
+    println!("Ctrl-C stops the server.");
+
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        shutdown_signal().await;
+        println!("shutting down");
+    })
+    .await?;
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (as sent by `docker stop` and service managers).
+/// A signal whose handler cannot be installed is waited on forever, so the
+/// server then runs until killed rather than stopping at once.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// An address a local curl can reach: loopback instead of "any".
+fn reachable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), addr.port())
+        }
+        _ => addr,
+    }
+}

@@ -243,17 +243,18 @@ impl Shared {
     fn refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
         let (rule, _, window) = self.rule(decision);
         let retry_after = decision.retry_after_secs();
-        let body = serde_json::json!({
-            "error": "rate_limited",
-            "message": format!("Too many requests. Retry in {retry_after} s."),
-            "retry_after": retry_after,
-            "limit": decision.limit,
-            "remaining": decision.remaining,
-            "reset": decision.reset_after_secs(),
-            "policy": rule,
-            "window": window,
-        });
-        let mut response = Response::new(RateLimitBody::full(Bytes::from(body.to_string())));
+        // Written by hand to keep the documented field order (`error`
+        // first); only the rule name needs JSON escaping.
+        let body = format!(
+            "{{\"error\":\"rate_limited\",\"retry_after\":{retry_after},\"limit\":{},\
+             \"remaining\":{},\"reset\":{},\"policy\":{},\"window\":{window},\
+             \"message\":\"Too many requests. Retry in {retry_after} s.\"}}",
+            decision.limit,
+            decision.remaining,
+            decision.reset_after_secs(),
+            serde_json::Value::from(rule),
+        );
+        let mut response = Response::new(RateLimitBody::full(Bytes::from(body)));
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -1,0 +1,335 @@
+//! The demo server of the limiter workspace: the three endpoints of the
+//! first seed article, each limited per client.
+//!
+//! | endpoint | limit |
+//! |---|---|
+//! | `POST /api/feedback` | 5 per hour |
+//! | `POST /api/contact` | 10 per day |
+//! | `GET /api/search` | 60 per minute |
+//!
+//! The binary (`cargo run -p limiter-demo -- --help`) parses its flags with
+//! [`cli`] into a [`Config`] and serves [`app`]. Tests build [`app`]
+//! directly with a manual clock and their own stores.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::{MethodRouter, get, post};
+use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use limiter::{
+    AddressSource, ClientIdentity, Clock, ConfigError, FailurePolicy, Limiter, Policy,
+    RateLimitLayer, Rule, Store,
+};
+
+/// The limits of the three endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `POST /api/feedback` requests per hour.
+    pub feedback_per_hour: u32,
+    /// `POST /api/contact` requests per day.
+    pub contact_per_day: u32,
+    /// `GET /api/search` requests per minute.
+    pub search_per_minute: u32,
+}
+
+impl Default for Limits {
+    /// The article's limits: 5 per hour, 10 per day, 60 per minute.
+    fn default() -> Self {
+        Limits {
+            feedback_per_hour: 5,
+            contact_per_day: 10,
+            search_per_minute: 60,
+        }
+    }
+}
+
+/// One limited endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The rule name, shown in the `RateLimit-Policy` header.
+    pub name: &'static str,
+    /// The HTTP method.
+    pub method: &'static str,
+    /// The path.
+    pub path: &'static str,
+    /// Requests admitted per window.
+    pub limit: u32,
+    /// The window.
+    pub window: Duration,
+    /// The window in words.
+    pub per: &'static str,
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
+const MINUTE: Duration = Duration::from_secs(60);
+
+impl Limits {
+    /// The three endpoints with these limits.
+    pub fn endpoints(&self) -> [Endpoint; 3] {
+        [
+            Endpoint {
+                name: "feedback",
+                method: "POST",
+                path: "/api/feedback",
+                limit: self.feedback_per_hour,
+                window: HOUR,
+                per: "hour",
+            },
+            Endpoint {
+                name: "contact",
+                method: "POST",
+                path: "/api/contact",
+                limit: self.contact_per_day,
+                window: DAY,
+                per: "day",
+            },
+            Endpoint {
+                name: "search",
+                method: "GET",
+                path: "/api/search",
+                limit: self.search_per_minute,
+                window: MINUTE,
+                per: "minute",
+            },
+        ]
+    }
+}
+
+/// Where the counters live.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// The store every decision goes to (memory by default, or a shared
+    /// Redis/Postgres store).
+    pub primary: Arc<dyn Store>,
+    /// With `--tiered`: an in-process store consulted first. It refuses an
+    /// over-limit client without a network call; only requests it admits
+    /// reach the shared store, which holds the limit across processes.
+    pub local_tier: Option<Arc<dyn Store>>,
+}
+
+/// Everything [`app`] needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Per-endpoint limits.
+    pub limits: Limits,
+    /// The stores.
+    pub stores: Stores,
+    /// How clients are identified.
+    pub identity: ClientIdentity,
+    /// The clock every decision reads (a `ManualClock` in tests).
+    pub clock: Arc<dyn Clock>,
+    /// What a failing store answers.
+    pub on_failure: FailurePolicy,
+}
+
+/// The demo's router: the three endpoints, each with its own rate limit
+/// (one [`RateLimitLayer`] per route), and an unlimited `GET /health`.
+///
+/// Policies are sliding-window logs, the exact algorithm of the article.
+/// Refuses limits the policy cannot represent (zero, or above the log's
+/// maximum).
+pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
+    let mut router = Router::new().route("/health", get(|| async { "ok\n" }));
+    for endpoint in settings.limits.endpoints() {
+        let layer = RateLimitLayer::new(limiter(settings, &endpoint)?, settings.identity.clone());
+        let handler: MethodRouter = match endpoint.name {
+            "feedback" => post(|| async { json(r#"{"status":"received"}"#) }),
+            "contact" => post(|| async { json(r#"{"status":"sent"}"#) }),
+            _ => get(|| async { json(r#"{"results":[]}"#) }),
+        };
+        router = router.route(endpoint.path, handler.layer(layer));
+    }
+    Ok(router)
+}
+
+fn json(body: &'static str) -> impl IntoResponse {
+    ([(CONTENT_TYPE, "application/json")], body)
+}
+
+fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigError> {
+    let policy = Policy::sliding_log(endpoint.limit, endpoint.window)?;
+    let mut builder = Limiter::builder().shared_clock(settings.clock.clone());
+    if let Some(local) = &settings.stores.local_tier {
+        let name = format!("{}-local", endpoint.name);
+        builder =
+            builder.rule(Rule::new(name, local.clone(), policy)?.on_failure(settings.on_failure));
+    }
+    builder
+        .rule(
+            Rule::new(endpoint.name, settings.stores.primary.clone(), policy)?
+                .on_failure(settings.on_failure),
+        )
+        .build()
+}
+
+/// The command line. Every flag can also come from the environment
+/// variable named in its help.
+pub fn cli() -> Command {
+    let defaults = Limits::default();
+    Command::new("limiter-demo")
+        .about("Three rate-limited endpoints: POST /api/feedback, POST /api/contact, GET /api/search")
+        .arg(
+            Arg::new("listen")
+                .long("listen")
+                .env("LIMITER_LISTEN")
+                .value_name("ADDR")
+                .default_value("127.0.0.1:3000")
+                .value_parser(value_parser!(SocketAddr))
+                .help("Address to listen on"),
+        )
+        .arg(
+            Arg::new("store")
+                .long("store")
+                .env("LIMITER_STORE")
+                .value_name("URL")
+                .default_value("memory://")
+                .help("Store URL: memory://[?capacity=N], redis://…, postgres://… (the last two need the demo's redis/postgres features)"),
+        )
+        .arg(
+            Arg::new("tiered")
+                .long("tiered")
+                .env("LIMITER_TIERED")
+                .action(ArgAction::SetTrue)
+                .help("Put an in-process memory tier in front of the shared --store"),
+        )
+        .arg(
+            Arg::new("secret")
+                .long("secret")
+                .env("LIMITER_SECRET")
+                .value_name("SECRET")
+                .hide_env_values(true)
+                .help("Secret for client keys, at least 32 bytes (default: random for this session)"),
+        )
+        .arg(
+            Arg::new("client-address")
+                .long("client-address")
+                .env("LIMITER_CLIENT_ADDRESS")
+                .value_name("SOURCE")
+                .default_value("peer")
+                .help("Where client addresses come from: peer, x-forwarded-for:N, forwarded:N (N trusted proxy hops) or header:NAME"),
+        )
+        .arg(
+            Arg::new("ipv6-prefix")
+                .long("ipv6-prefix")
+                .env("LIMITER_IPV6_PREFIX")
+                .value_name("BITS")
+                .default_value("64")
+                .value_parser(value_parser!(u8))
+                .help("Group IPv6 clients by this prefix length (1-128)"),
+        )
+        .arg(
+            Arg::new("fail-closed")
+                .long("fail-closed")
+                .env("LIMITER_FAIL_CLOSED")
+                .action(ArgAction::SetTrue)
+                .help("Refuse requests when the store fails (default: admit them)"),
+        )
+        .arg(limit_arg("feedback-per-hour", "LIMITER_FEEDBACK_PER_HOUR", defaults.feedback_per_hour))
+        .arg(limit_arg("contact-per-day", "LIMITER_CONTACT_PER_DAY", defaults.contact_per_day))
+        .arg(limit_arg("search-per-minute", "LIMITER_SEARCH_PER_MINUTE", defaults.search_per_minute))
+}
+
+fn limit_arg(name: &'static str, env: &'static str, default: u32) -> Arg {
+    Arg::new(name)
+        .long(name)
+        .env(env)
+        .value_name("N")
+        .value_parser(value_parser!(u32))
+        .help(format!(
+            "Limit: {} [default: {default}]",
+            name.replace('-', " ")
+        ))
+}
+
+/// The parsed command line.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The store URL.
+    pub store: String,
+    /// Put memory in front of the store.
+    pub tiered: bool,
+    /// The secret, if one was given.
+    pub secret: Option<String>,
+    /// The client address source.
+    pub address_source: AddressSource,
+    /// The IPv6 grouping prefix.
+    pub ipv6_prefix: u8,
+    /// What a failing store answers.
+    pub on_failure: FailurePolicy,
+    /// The limits.
+    pub limits: Limits,
+}
+
+impl Config {
+    /// Reads parsed arguments. Refuses an invalid address source.
+    pub fn from_matches(m: &ArgMatches) -> Result<Self, ConfigError> {
+        let get = |name: &str| m.get_one::<String>(name).cloned();
+        let defaults = Limits::default();
+        let limit = |name: &str, default: u32| m.get_one::<u32>(name).copied().unwrap_or(default);
+        Ok(Config {
+            listen: m
+                .get_one::<SocketAddr>("listen")
+                .copied()
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000))),
+            store: get("store").unwrap_or_else(|| "memory://".into()),
+            tiered: m.get_flag("tiered"),
+            secret: get("secret"),
+            address_source: get("client-address")
+                .unwrap_or_else(|| "peer".into())
+                .parse()?,
+            ipv6_prefix: m.get_one::<u8>("ipv6-prefix").copied().unwrap_or(64),
+            on_failure: if m.get_flag("fail-closed") {
+                FailurePolicy::Closed
+            } else {
+                FailurePolicy::Open
+            },
+            limits: Limits {
+                feedback_per_hour: limit("feedback-per-hour", defaults.feedback_per_hour),
+                contact_per_day: limit("contact-per-day", defaults.contact_per_day),
+                search_per_minute: limit("search-per-minute", defaults.search_per_minute),
+            },
+        })
+    }
+
+    /// The client identity, with the given secret or `random` when none was
+    /// given. Refuses a short secret and a bad prefix.
+    pub fn identity(&self, random: &[u8]) -> Result<ClientIdentity, ConfigError> {
+        let secret = match &self.secret {
+            Some(s) => s.as_bytes(),
+            None => random,
+        };
+        ClientIdentity::new(secret)?
+            .with_source(self.address_source.clone())
+            .with_ipv6_prefix(self.ipv6_prefix)
+    }
+
+    /// Opens the stores: `--store`, and with `--tiered` a memory tier in
+    /// front of it. Refuses `--tiered` over a memory store, which would
+    /// only count every request twice in the same process.
+    pub async fn stores(&self) -> Result<Stores, ConfigError> {
+        let primary = limiter::store::from_url(&self.store).await?;
+        let local_tier = if self.tiered {
+            if !primary.capabilities().shared {
+                return Err(ConfigError::Invalid(format!(
+                    "--tiered puts memory in front of a shared store, but {} is not shared \
+                     (use --store redis://… or postgres://…)",
+                    limiter::store::redact(&self.store)
+                )));
+            }
+            Some(limiter::store::from_url("memory://").await?)
+        } else {
+            None
+        };
+        Ok(Stores {
+            primary,
+            local_tier,
+        })
+    }
+}
