@@ -1,0 +1,11 @@
+//! The whole `limiter-conformance` suite against the memory store.
+
+use std::sync::Arc;
+
+use limiter_core::Store;
+use limiter_memory::MemoryStore;
+
+async fn store() -> Arc<dyn Store> {
+    Arc::new(MemoryStore::new(1_000))
+}
+limiter_conformance::conformance_tests!(store);
