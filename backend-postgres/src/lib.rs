@@ -185,7 +185,7 @@ pub struct PostgresStoreBuilder {
     statement_timeout: Option<Duration>,
     connect_timeout: Duration,
     unlogged: bool,
-    synchronous_commit: bool,
+    synchronous_commit: Option<bool>,
     server_clock: bool,
     gc_slack: Duration,
     record_refusals: bool,
@@ -266,13 +266,14 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// Sets `synchronous_commit` on the store's own connections (default
-    /// `true`). With `false` a decision returns before its commit record is
-    /// flushed to disk: a server crash may lose the last few hundred
-    /// milliseconds of counts (`wal_writer_delay` × 3 at most), never
-    /// corrupt them, and other sessions are unaffected.
+    /// Sets `synchronous_commit` on the store's own connections (default:
+    /// the server's setting, untouched). With `false` a decision returns
+    /// before its commit record is flushed to disk: a server crash may lose
+    /// the last few hundred milliseconds of counts (at most three times
+    /// `wal_writer_delay`), never corrupt them, and other sessions are
+    /// unaffected. `true` forces `on` where the server default is weaker.
     pub fn synchronous_commit(mut self, on: bool) -> Self {
-        self.synchronous_commit = on;
+        self.synchronous_commit = Some(on);
         self
     }
 
@@ -408,8 +409,9 @@ impl PostgresStoreBuilder {
             "statement_timeout",
             format!("{}ms", statement_timeout.as_millis().max(1)),
         )];
-        if !self.synchronous_commit {
-            settings.push(("synchronous_commit", "off".to_string()));
+        if let Some(on) = self.synchronous_commit {
+            let value = if on { "on" } else { "off" };
+            settings.push(("synchronous_commit", value.to_string()));
         }
         let pool_options = base.clone().options(settings);
 
@@ -485,8 +487,10 @@ impl Shared {
             )
         });
         // ctid = ANY(ARRAY(...)) is a TID scan of at most $2 rows found via
-        // the expires_at index; the repeated predicate re-checks rows updated
-        // meanwhile.
+        // the expires_at index (the bound is an init-plan so that a volatile
+        // server clock still yields an index condition). A row updated meanwhile has a new ctid, which
+        // the re-check of READ COMMITTED no longer matches, so it is left for
+        // the next sweep rather than deleted while live.
         let sweep_sql = SWEPT_TABLES
             .iter()
             .map(|t| {
@@ -495,8 +499,8 @@ impl Shared {
                     format!(
                         "DELETE FROM {s}.{t} WHERE ctid = ANY(ARRAY(\
                            SELECT ctid FROM {s}.{t} \
-                           WHERE expires_at < coalesce($1, {s}.decision_now(NULL)) LIMIT $2)) \
-                         AND expires_at < coalesce($1, {s}.decision_now(NULL))"
+                           WHERE expires_at < (SELECT coalesce($1, {s}.decision_now(NULL))) \
+                           LIMIT $2))"
                     ),
                 )
             })
@@ -694,7 +698,7 @@ impl PostgresStore {
             statement_timeout: None,
             connect_timeout: Duration::from_secs(10),
             unlogged: false,
-            synchronous_commit: true,
+            synchronous_commit: None,
             server_clock: false,
             gc_slack: DEFAULT_GC_SLACK,
             record_refusals: false,
@@ -747,6 +751,17 @@ impl PostgresStore {
             Some(to_i64(now)?)
         };
         shared.sweep(now, batch).await
+    }
+
+    /// The `DELETE` statements a sweep runs, one per table, with `$1` the
+    /// time in µs (`NULL` for the server's clock) and `$2` the batch size:
+    /// for inspection, for example with `EXPLAIN`.
+    pub fn sweep_statements(&self) -> impl Iterator<Item = &str> {
+        self.inner
+            .shared
+            .sweep_sql
+            .iter()
+            .map(|(_, sql)| sql.as_str())
     }
 
     /// Deletes every expired row as of the sweep clock (or the server's

@@ -1,0 +1,622 @@
+//! The PostgreSQL store against a real server: one statement per decision,
+//! exactness over a pool, bounded sweeps, schema versions, abuse events,
+//! server clock and construction errors.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use limiter_core::{
+    AbuseEvent, AbuseSink, Algorithm, ConfigError, ManualClock, Policy, Store, Timestamp,
+};
+use limiter_postgres::{BuildError, PostgresStore, SCHEMA_VERSION};
+use sqlx::{Connection, PgConnection};
+
+const S: u64 = 1_000_000;
+const T0: Timestamp = Timestamp::from_micros(1_767_225_600 * S);
+
+fn at(offset_us: u64) -> Timestamp {
+    Timestamp::from_micros(T0.as_micros() + offset_us)
+}
+
+async fn admin() -> PgConnection {
+    PgConnection::connect(&common::server_url())
+        .await
+        .expect("admin connection")
+}
+
+async fn count_rows(store: &PostgresStore, table: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{}\".{table}",
+        store.schema()
+    ))
+    .fetch_one(store.pool())
+    .await
+    .expect("count")
+}
+
+/// pg_stat_statements (track = top) counts every statement a client sends,
+/// and not those the decide functions run inside. Counting every statement
+/// in a database of this test's own proves that N decisions are N
+/// statements, whatever they are; a transaction counter would not be exact,
+/// since backends flush those stats lazily.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_per_decision() {
+    let mut admin = admin().await;
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut admin)
+        .await
+        .expect("pg_stat_statements must be in shared_preload_libraries");
+    let track: String = sqlx::query_scalar("SHOW pg_stat_statements.track")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(track, "top");
+    let db = common::unique_schema("stmts");
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let base = common::server_url();
+    let (server, _) = base.rsplit_once('/').expect("url with a database");
+    let url = format!("{server}/{db}");
+    let store = PostgresStore::builder(&url)
+        .schema("counted")
+        .sweep_interval(None)
+        .record_refusals(true)
+        .build()
+        .await
+        .unwrap();
+    let policies: Vec<Policy> = Algorithm::ALL
+        .iter()
+        .map(|&a| Policy::new(a, 3, Duration::from_secs(60)).unwrap())
+        .collect();
+    // Warm up: connections opened and statements prepared.
+    for p in &policies {
+        store.decide(b"warm", p, 1, T0).await.unwrap();
+    }
+    let calls = |db: String| async move {
+        let mut admin = PgConnection::connect(&common::server_url()).await.unwrap();
+        let n: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
+        )
+        .bind(db)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        n
+    };
+    let before = calls(db.clone()).await;
+    let mut refused = 0;
+    let n = 40;
+    for i in 0..n {
+        let p = &policies[i % 4];
+        let d = store
+            .decide(b"counted key", p, 1, at(i as u64))
+            .await
+            .unwrap();
+        refused += usize::from(!d.allowed);
+    }
+    let after = calls(db.clone()).await;
+    assert!(refused > 0, "the run must include refusals (abuse events)");
+    assert_eq!(after - before, n as i64, "statements for {n} decisions");
+    assert_eq!(
+        store.abuse_events(b"counted key").await.unwrap().len(),
+        refused
+    );
+    drop(store);
+}
+
+/// 64 tasks over 16 pooled connections, one key, released together: exactly
+/// `limit` admitted under every algorithm, including the race to create the
+/// key's row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_over_a_pool_are_exact() {
+    let store = common::builder("concurrent")
+        .pool_size(16)
+        .build()
+        .await
+        .unwrap();
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new(algorithm, 10, Duration::from_secs(60)).unwrap();
+        for round in 0..2u64 {
+            let barrier = Arc::new(tokio::sync::Barrier::new(64));
+            let tasks: Vec<_> = (0..64)
+                .map(|_| {
+                    let store = store.clone();
+                    let barrier = Arc::clone(&barrier);
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        store
+                            .decide(b"hot", &policy, 1, at(round * 3600 * S))
+                            .await
+                            .unwrap()
+                            .allowed
+                    })
+                })
+                .collect();
+            let mut admitted = 0;
+            for t in tasks {
+                admitted += usize::from(t.await.unwrap());
+            }
+            assert_eq!(admitted, 10, "{algorithm}, round {round}");
+        }
+    }
+}
+
+/// Expired rows go in batches never larger than asked; live rows stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeps_remove_expired_rows_in_bounded_batches() {
+    let clock = ManualClock::starting_at(T0);
+    let store = common::builder("sweep")
+        .gc_slack(Duration::from_millis(1))
+        .sweep_batch(40)
+        .sweep_clock(Arc::new(clock.clone()))
+        .build()
+        .await
+        .unwrap();
+    let short = Policy::fixed_window(5, Duration::from_secs(1)).unwrap();
+    let log = Policy::sliding_log(5, Duration::from_secs(1)).unwrap();
+    let long = Policy::gcra(5, Duration::from_secs(3600)).unwrap();
+    for i in 0..250u32 {
+        let key = format!("short-{i}");
+        store.decide(key.as_bytes(), &short, 1, T0).await.unwrap();
+        if i % 5 == 0 {
+            store.decide(key.as_bytes(), &log, 1, T0).await.unwrap();
+        }
+    }
+    for i in 0..30u32 {
+        let key = format!("long-{i}");
+        store.decide(key.as_bytes(), &long, 1, T0).await.unwrap();
+    }
+    // Nothing has expired yet.
+    let report = store.sweep(at(S / 2), 100).await.unwrap();
+    assert_eq!(report.deleted, 0);
+
+    let mut deleted = 0;
+    let mut rounds = 0;
+    loop {
+        let report = store.sweep(at(10 * S), 100).await.unwrap();
+        assert!(report.largest_batch <= 100, "{report:?}");
+        deleted += report.state_rows;
+        rounds += 1;
+        if report.deleted == 0 {
+            break;
+        }
+    }
+    assert_eq!(deleted, 300);
+    assert!(rounds >= 4, "250 rows in batches of 100 take 3 full rounds");
+    assert_eq!(count_rows(&store, "fixed_window").await, 0);
+    assert_eq!(count_rows(&store, "sliding_log").await, 0);
+    assert_eq!(count_rows(&store, "gcra").await, 30);
+    // A swept key starts afresh, as its expired state said it would.
+    let d = store
+        .decide(b"short-0", &short, 1, at(10 * S))
+        .await
+        .unwrap();
+    assert_eq!(d.remaining, 4);
+
+    // maintenance() reads the sweep clock and loops its configured batches.
+    clock.set(at(2 * 3600 * S));
+    let report = store.maintenance().await.unwrap();
+    assert_eq!(report.state_rows, 31);
+    assert!(report.largest_batch <= 40, "{report:?}");
+    assert_eq!(count_rows(&store, "gcra").await, 0);
+}
+
+/// The sweep statement finds its rows through the expires_at index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeps_never_scan_the_table() {
+    let store = common::fresh_store("plan").await;
+    let s = store.schema();
+    let mut conn = store.pool().acquire().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO \"{s}\".gcra SELECT sha256(i::text::bytea), i, i \
+         FROM generate_series(1, 20000) i"
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query(&format!("ANALYZE \"{s}\".gcra"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // The generic plan, as a prepared statement gets after a few runs, and
+    // with the server's clock.
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let statements: Vec<String> = store.sweep_statements().map(String::from).collect();
+    assert_eq!(statements.len(), 5);
+    // Only the gcra table has rows (and statistics): on an empty table a
+    // sequential scan is the planner's right choice.
+    let mut checked = 0;
+    for (i, statement) in statements.iter().enumerate() {
+        if !statement.contains(".gcra ") {
+            continue;
+        }
+        checked += 1;
+        sqlx::query(&format!("PREPARE sweep{i}(bigint, bigint) AS {statement}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for now in ["100", "NULL"] {
+            let plan: Vec<String> =
+                sqlx::query_scalar(&format!("EXPLAIN EXECUTE sweep{i}({now}, 10)"))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .unwrap();
+            let plan = plan.join("\n");
+            assert!(!plan.contains("Seq Scan"), "{statement}\n{plan}");
+            assert!(plan.contains("Tid Scan"), "{plan}");
+            assert!(plan.contains("_expires_at"), "{plan}");
+        }
+    }
+    assert_eq!(checked, 1);
+    drop(conn);
+    let report = store
+        .sweep(Timestamp::from_micros(101), 1000)
+        .await
+        .unwrap();
+    assert_eq!(report.state_rows, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_schema_versions_are_refused() {
+    let store = common::fresh_store("version").await;
+    let schema = store.schema().to_string();
+    // Built again on the same schema: accepted, even without migrations.
+    common::builder("unused")
+        .schema(&schema)
+        .migrate(false)
+        .build()
+        .await
+        .expect("a current schema is accepted");
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\"._sqlx_migrations \
+         (version, description, success, checksum, execution_time) \
+         VALUES ($1, 'from the future', true, '\\x00', 0)"
+    ))
+    .bind(SCHEMA_VERSION + 1)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let err = common::builder("unused")
+        .schema(&schema)
+        .build()
+        .await
+        .unwrap_err();
+    match &err {
+        BuildError::SchemaTooNew {
+            found, supported, ..
+        } => {
+            assert_eq!(*found, SCHEMA_VERSION + 1);
+            assert_eq!(*supported, SCHEMA_VERSION);
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("upgrade limiter-postgres"),
+        "{err}"
+    );
+
+    // A schema without tables, with migrations disabled.
+    let err = common::builder("empty")
+        .migrate(false)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BuildError::SchemaOutdated { found: 0, .. }),
+        "{err:?}"
+    );
+
+    // A migration altered after it was applied.
+    let store = common::fresh_store("tampered").await;
+    sqlx::query(&format!(
+        "UPDATE \"{}\"._sqlx_migrations SET checksum = '\\x01'",
+        store.schema()
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    for migrate in [true, false] {
+        let err = common::builder("unused")
+            .schema(store.schema())
+            .migrate(migrate)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BuildError::SchemaMismatch { .. }), "{err:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_live_in_the_configured_schema() {
+    let store = common::fresh_store("placed").await;
+    let mut admin = admin().await;
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables \
+         WHERE table_schema = $1 ORDER BY 1",
+    )
+    .bind(store.schema())
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        tables,
+        [
+            "_sqlx_migrations",
+            "abuse_events",
+            "fixed_window",
+            "gcra",
+            "sliding_log",
+            "sliding_window"
+        ]
+    );
+    let elsewhere: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE tablename IN ('gcra', '_sqlx_migrations') \
+         AND schemaname = 'public'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(elsewhere, 0);
+    // A hostile search_path in the caller's session cannot redirect the
+    // functions' table names.
+    sqlx::query("SET search_path TO public")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let allowed: bool = sqlx::query_scalar(&format!(
+        "SELECT allowed FROM \"{}\".decide_gcra('k', 1, 1000000, 1, 1, 1000, NULL)",
+        store.schema()
+    ))
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(allowed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlogged_tables_and_asynchronous_commit_are_applied() {
+    let store = common::builder("durability")
+        .unlogged(true)
+        .synchronous_commit(false)
+        .build()
+        .await
+        .unwrap();
+    let persistence: Vec<String> = sqlx::query_scalar(
+        "SELECT relpersistence::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname IN ('gcra', 'fixed_window', 'sliding_window', 'sliding_log')",
+    )
+    .bind(store.schema())
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(persistence, ["u", "u", "u", "u"]);
+    let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(sync, "off");
+    let policy = Policy::gcra(2, Duration::from_secs(1)).unwrap();
+    assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+
+    // Built again logged: switched back.
+    let store = common::builder("unused")
+        .schema(store.schema())
+        .synchronous_commit(true)
+        .build()
+        .await
+        .unwrap();
+    let unlogged: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relpersistence = 'u'",
+    )
+    .bind(store.schema())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(unlogged, 0);
+    let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(sync, "on");
+    // State survived the switch.
+    assert_eq!(
+        store.decide(b"k", &policy, 1, T0).await.unwrap().remaining,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_recorded_with_retention() {
+    let store = common::builder("abuse")
+        .record_refusals(true)
+        .abuse_retention(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    assert!(
+        store
+            .decide(b"offender", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        store
+            .decide(b"honest", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
+    for i in 1..=3 {
+        assert!(
+            !store
+                .decide(b"offender", &policy, 1, at(i))
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let events = store.abuse_events(b"offender").await.unwrap();
+    assert_eq!(events.len(), 3);
+    assert_eq!(events[0].algorithm.as_deref(), Some("fixed_window"));
+    assert_eq!(events[0].at, at(1));
+    assert!(store.abuse_events(b"honest").await.unwrap().is_empty());
+    // Only the hash of a key is stored.
+    let raw: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{}\".abuse_events WHERE position('offender'::bytea IN key_hash) > 0",
+        store.schema()
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(raw, 0);
+
+    // As a limiter's abuse sink.
+    store
+        .record(AbuseEvent {
+            rule: Arc::from("login"),
+            key: b"offender".to_vec(),
+            at: at(10),
+            refused_by: "memory",
+        })
+        .await
+        .unwrap();
+    let events = store.abuse_events(b"offender").await.unwrap();
+    assert_eq!(events.len(), 4);
+    assert_eq!(events[3].rule.as_deref(), Some("login"));
+    assert_eq!(events[3].refused_by.as_deref(), Some("memory"));
+
+    // Kept for the retention, then swept.
+    assert_eq!(store.sweep(at(4 * S), 100).await.unwrap().abuse_events, 0);
+    let report = store.sweep(at(6 * S), 100).await.unwrap();
+    assert_eq!(report.abuse_events, 4);
+    assert_eq!(report.state_rows, 0, "the windows are still open");
+    assert!(store.abuse_events(b"offender").await.unwrap().is_empty());
+}
+
+/// In server-clock mode the `now` passed in is ignored; short real windows
+/// show the server's clock deciding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_clock_mode_ignores_the_callers_time() {
+    let store = common::builder("server_clock")
+        .server_clock(true)
+        .build()
+        .await
+        .unwrap();
+    assert!(store.capabilities().server_clock);
+    // A caller's clock two hours ahead does not reopen an hour's window.
+    let hour = Policy::fixed_window(1, Duration::from_secs(3600)).unwrap();
+    assert!(
+        store
+            .decide(b"h", &hour, 1, Timestamp::EPOCH)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let far = Timestamp::from_micros(T0.as_micros() + 2 * 3600 * S);
+    let d = store.decide(b"h", &hour, 1, far).await.unwrap();
+    assert!(!d.allowed);
+    assert!(d.retry_after > Duration::from_secs(3000), "{d:?}");
+
+    // Real time does reopen a short window: at most 3 per 300 ms.
+    let policy = Policy::fixed_window(3, Duration::from_millis(300)).unwrap();
+    let mut refused = None;
+    for _ in 0..1_000 {
+        let d = store
+            .decide(b"k", &policy, 1, Timestamp::EPOCH)
+            .await
+            .unwrap();
+        if !d.allowed {
+            refused = Some(d);
+            break;
+        }
+    }
+    let refused = refused.expect("the limit is reached in real time");
+    assert!(refused.retry_after <= Duration::from_millis(300));
+    tokio::time::sleep(refused.retry_after).await;
+    let mut reopened = false;
+    for _ in 0..100 {
+        if store
+            .decide(b"k", &policy, 1, Timestamp::EPOCH)
+            .await
+            .unwrap()
+            .allowed
+        {
+            reopened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reopened);
+    // The sweeper uses the server's clock too: nothing is live long after.
+    let report = store.maintenance().await.unwrap();
+    assert_eq!(report.state_rows, 0, "the window plus slack has not passed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_configuration_fails_at_construction() {
+    for url in [
+        "",
+        "localhost:5432",
+        "redis://127.0.0.1:6379",
+        "postgres://",
+        "postgres://u@h:notaport/db",
+    ] {
+        let err = PostgresStore::from_url(url).await.unwrap_err();
+        assert!(
+            matches!(err, BuildError::Config(ConfigError::InvalidUrl { .. })),
+            "{url}: {err:?}"
+        );
+    }
+    let err = PostgresStore::from_url("postgres://u:hunter2@h:x/db")
+        .await
+        .unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    for builder in [
+        common::builder("x").pool_size(0),
+        common::builder("x").schema("bad-name"),
+        common::builder("x").schema("pg_catalog"),
+        common::builder("x").timeout(Duration::ZERO),
+        common::builder("x").sweep_batch(0),
+        common::builder("x").gc_slack(Duration::ZERO),
+    ] {
+        let err = builder.build().await.unwrap_err();
+        assert!(matches!(err, BuildError::Config(_)), "{err:?}");
+    }
+    // Unreachable: an error within the connect timeout, not a hang.
+    let err = PostgresStore::builder("postgres://postgres@127.0.0.1:1/postgres")
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BuildError::Store(_)), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_requests_are_errors() {
+    let store = common::fresh_store("invalid").await;
+    let policy = Policy::gcra(3, Duration::from_secs(1)).unwrap();
+    for cost in [0, 4] {
+        let err = store.decide(b"k", &policy, cost, T0).await.unwrap_err();
+        assert_eq!(err.kind(), limiter_core::ErrorKind::InvalidRequest);
+    }
+    let err = store
+        .decide(b"k", &policy, 1, Timestamp::from_micros(u64::MAX))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), limiter_core::ErrorKind::InvalidRequest);
+    assert_eq!(
+        store.sweep(T0, 0).await.unwrap_err().kind(),
+        limiter_core::ErrorKind::InvalidRequest
+    );
+}
