@@ -72,6 +72,13 @@ impl Probe {
                 store.name()
             ));
         }
+        if caps.algorithms.is_empty() {
+            return fail(format!(
+                "the {} store lists no algorithms in its capabilities: every scenario would \
+                 pass without testing anything",
+                store.name()
+            ));
+        }
         Ok(Probe {
             store,
             clock: ManualClock::new(),

@@ -238,3 +238,19 @@ async fn flood_keeps_a_bounded_store_within_its_capacity() {
         assert_eq!(store.high_water(), CAPACITY, "filled, never exceeded");
     }
 }
+
+/// A store that claims no algorithm cannot pass by skipping everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_with_no_algorithms_fails_every_scenario() {
+    let factory: Arc<dyn StoreFactory> = Arc::new(|| async {
+        Arc::new(ReferenceStore::with_algorithms(&[], CAPACITY)) as Arc<dyn Store>
+    });
+    for (scenario, result) in run_all(factory).await {
+        let failure = result.expect_err(scenario.name);
+        assert!(
+            failure.0.contains("lists no algorithms"),
+            "{}: {failure}",
+            scenario.name
+        );
+    }
+}
