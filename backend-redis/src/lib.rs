@@ -54,8 +54,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use limiter_core::algorithm::Verdict;
 use limiter_core::{
-    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Policy, Store, StoreError,
-    Timestamp,
+    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Policy, Store, StoreError, Timestamp,
 };
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
@@ -97,7 +96,8 @@ pub fn script_source(algorithm: Algorithm) -> &'static str {
     }
 }
 
-static SCRIPTS: LazyLock<[Script; 4]> = LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(script_source(a))));
+static SCRIPTS: LazyLock<[Script; 4]> =
+    LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(script_source(a))));
 
 fn script(algorithm: Algorithm) -> &'static Script {
     let i = Algorithm::ALL
@@ -130,7 +130,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// Where the store connects, parsed and checked at construction.
 enum Target {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(Box<redis::cluster::ClusterClient>),
     #[cfg(feature = "deadpool")]
     Pool(deadpool_redis::Pool),
 }
@@ -282,7 +282,13 @@ impl RedisStore {
             .map_err(store_error)
     }
 
-    async fn run(&self, key: Vec<u8>, policy: &Policy, cost: u32, now: Timestamp) -> Result<Value, StoreError> {
+    async fn run(
+        &self,
+        key: Vec<u8>,
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Value, StoreError> {
         let mut invocation = script(policy.algorithm()).key(key);
         if self.inner.server_clock {
             invocation.arg("server");
@@ -303,7 +309,7 @@ impl RedisStore {
             Conn::Cluster(mut c) => invocation.invoke_async::<Value>(&mut c).await,
             #[cfg(feature = "deadpool")]
             Conn::Pool(pool) => {
-                let mut c = pool.get().await.map_err(pool_error)?;
+                let mut c = pool.get().await.map_err(|e| store_error(pool_error(e)))?;
                 invocation.invoke_async::<Value>(&mut c).await
             }
         };
@@ -359,7 +365,9 @@ impl RedisStoreBuilder {
     /// Checks every option and builds the store. Nothing is contacted yet.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         if self.timeout.is_zero() {
-            return Err(ConfigError::Invalid("redis timeout must be above zero".into()));
+            return Err(ConfigError::Invalid(
+                "redis timeout must be above zero".into(),
+            ));
         }
         if self.prefix.iter().any(|b| *b == b'{' || *b == b'}') {
             return Err(ConfigError::Invalid(
@@ -377,10 +385,9 @@ impl RedisStoreBuilder {
             url: display_url.clone(),
             reason,
         };
-        let (scheme, rest) = self
-            .url
-            .split_once("://")
-            .ok_or_else(|| invalid("expected a scheme such as redis:// or redis+cluster://".into()))?;
+        let (scheme, rest) = self.url.split_once("://").ok_or_else(|| {
+            invalid("expected a scheme such as redis:// or redis+cluster://".into())
+        })?;
         let target = match scheme {
             "redis" | "redis+unix" | "unix" => {
                 let info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
@@ -389,7 +396,9 @@ impl RedisStoreBuilder {
                 #[cfg(feature = "deadpool")]
                 if let Some(size) = self.pool_size {
                     if size == 0 {
-                        return Err(ConfigError::Invalid("redis pool size must be above zero".into()));
+                        return Err(ConfigError::Invalid(
+                            "redis pool size must be above zero".into(),
+                        ));
                     }
                     let mut cfg = deadpool_redis::Config::from_connection_info(info);
                     cfg.pool = Some(deadpool_redis::PoolConfig::new(size));
@@ -419,16 +428,15 @@ impl RedisStoreBuilder {
                 }
                 let mut nodes = Vec::new();
                 for host in hosts.split(',') {
-                    let (h, p) = host
-                        .rsplit_once(':')
-                        .ok_or_else(|| invalid(format!("cluster node {host:?} is not host:port")))?;
+                    let (h, p) = host.rsplit_once(':').ok_or_else(|| {
+                        invalid(format!("cluster node {host:?} is not host:port"))
+                    })?;
                     if h.is_empty() || h.contains('/') {
                         return Err(invalid(format!("cluster node {host:?} is not host:port")));
                     }
-                    p.parse::<u16>()
-                        .ok()
-                        .filter(|p| *p != 0)
-                        .ok_or_else(|| invalid(format!("cluster node {host:?} has an invalid port")))?;
+                    p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                        invalid(format!("cluster node {host:?} has an invalid port"))
+                    })?;
                     let node = match auth {
                         Some(a) => format!("redis://{a}@{h}:{p}"),
                         None => format!("redis://{h}:{p}"),
@@ -443,7 +451,7 @@ impl RedisStoreBuilder {
                     .retries(2)
                     .build()
                     .map_err(|e| invalid(e.to_string()))?;
-                Target::Cluster(client)
+                Target::Cluster(Box::new(client))
             }
             other => {
                 return Err(invalid(format!(
@@ -506,7 +514,9 @@ fn store_error(e: RedisError) -> StoreError {
         || matches!(
             e.kind(),
             redis::ErrorKind::ClusterConnectionNotFound
-                | redis::ErrorKind::Server(S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly)
+                | redis::ErrorKind::Server(
+                    S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly
+                )
         )
     {
         ErrorKind::Unavailable
@@ -535,20 +545,26 @@ fn protocol(message: String) -> StoreError {
 /// without trusting it: anything else is a protocol error.
 fn verdict(value: Value) -> Result<Verdict, StoreError> {
     let Value::Array(items) = value else {
-        return Err(protocol(format!("expected an array of 4 integers, got {value:?}")));
+        return Err(protocol(format!(
+            "expected an array of 4 integers, got {value:?}"
+        )));
     };
     let ints: Vec<i64> = items
         .iter()
         .map(|v| match v {
             Value::Int(i) if *i >= 0 => Ok(*i),
-            other => Err(protocol(format!("expected a non-negative integer, got {other:?}"))),
+            other => Err(protocol(format!(
+                "expected a non-negative integer, got {other:?}"
+            ))),
         })
         .collect::<Result<_, _>>()?;
     let [allowed, remaining, reset, retry] = ints[..] else {
         return Err(protocol(format!("expected 4 integers, got {}", ints.len())));
     };
     if allowed > 1 {
-        return Err(protocol(format!("expected 0 or 1 for allowed, got {allowed}")));
+        return Err(protocol(format!(
+            "expected 0 or 1 for allowed, got {allowed}"
+        )));
     }
     Ok(Verdict {
         allowed: allowed == 1,
@@ -585,10 +601,11 @@ impl Store for RedisStore {
             .map_err(|e| StoreError::invalid_request(STORE_NAME, e))?;
         let redis_key = self.redis_key(key, policy.algorithm());
         let timeout = self.inner.timeout;
-        let value = match tokio::time::timeout(timeout, self.run(redis_key, policy, cost, now)).await {
-            Ok(r) => r?,
-            Err(_) => return Err(StoreError::timeout(STORE_NAME, timeout)),
-        };
+        let value =
+            match tokio::time::timeout(timeout, self.run(redis_key, policy, cost, now)).await {
+                Ok(r) => r?,
+                Err(_) => return Err(StoreError::timeout(STORE_NAME, timeout)),
+            };
         Ok(Decision::from_verdict(verdict(value)?, policy, STORE_NAME))
     }
 }
@@ -653,7 +670,11 @@ mod tests {
         assert!(b().timeout(Duration::ZERO).build().is_err());
         assert!(b().key_prefix("a{b").build().is_err());
         assert!(b().key_prefix("a}b").build().is_err());
-        assert!(b().expiry_margin(Duration::from_secs(7200)).build().is_err());
+        assert!(
+            b().expiry_margin(Duration::from_secs(7200))
+                .build()
+                .is_err()
+        );
         assert!(b().key_prefix("t:1:").build().is_ok());
         assert!(RedisStore::from_url("redis+cluster://u:p@a:1,b:2/").is_ok());
         assert!(RedisStore::from_url("redis+unix:///tmp/redis.sock").is_ok());
@@ -665,8 +686,18 @@ mod tests {
             Value::Nil,
             Value::Int(1),
             Value::Array(vec![Value::Int(1); 3]),
-            Value::Array(vec![Value::Int(2), Value::Int(0), Value::Int(0), Value::Int(0)]),
-            Value::Array(vec![Value::Int(1), Value::Int(-1), Value::Int(0), Value::Int(0)]),
+            Value::Array(vec![
+                Value::Int(2),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(-1),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
             Value::Array(vec![Value::Nil; 4]),
         ];
         for v in bad {

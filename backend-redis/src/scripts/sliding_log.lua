@@ -1,6 +1,8 @@
 -- Sliding log: a list of admitted units' timestamps, oldest first, at most
--- `limit` long. A refusal reads only: expired entries are skipped by a
--- binary search, and trimmed by the next admitted request.
+-- `limit` long. Expired entries are found by a binary search and trimmed on
+-- every call, as the reference does: under a clock that went backwards,
+-- entries expired at the latest time seen stay expired. A refusal records
+-- nothing and never moves the expiry.
 local n = redis.call('LLEN', key)
 local newest = nil
 if n > 0 then
@@ -20,10 +22,10 @@ while lo < hi do
 end
 local expired = lo
 local count = n - expired
+if expired > 0 then
+  redis.call('LTRIM', key, expired, -1)
+end
 if count + c <= l then
-  if expired > 0 then
-    redis.call('LTRIM', key, expired, -1)
-  end
   local ts = num(t)
   local left = c
   -- unpack() is bounded by Lua's C stack, so push in chunks.
@@ -39,6 +41,6 @@ if count + c <= l then
   return {1, l - count - c, sat(t + w - now), 0}
 end
 -- The (count + c - l)-th oldest live entry must expire first.
-local freeing = tonumber(redis.call('LINDEX', key, expired + count + c - l - 1))
+local freeing = tonumber(redis.call('LINDEX', key, count + c - l - 1))
 if newest == nil then newest = t end
 return {0, sat(l - count), sat(newest + w - now), sat(freeing + w - now)}

@@ -1,0 +1,40 @@
+//! The whole conformance suite against a three-master Redis Cluster, nodes
+//! on loopback ports with host networking, joined by `redis-cli --cluster
+//! create`.
+
+mod common;
+
+use std::sync::{Arc, LazyLock};
+
+use limiter_core::Store;
+use limiter_redis::RedisStore;
+
+fn cluster_url() -> &'static str {
+    static URL: LazyLock<String> = LazyLock::new(|| {
+        if let Ok(url) = std::env::var("LIMITER_REDIS_CLUSTER_URL") {
+            return url;
+        }
+        std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to start the cluster");
+            let (nodes, url) = rt.block_on(common::start_cluster());
+            std::mem::forget(nodes);
+            url
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("starting the Redis Cluster failed (see the message above)"))
+    });
+    &URL
+}
+
+async fn store() -> Arc<dyn Store> {
+    let store = RedisStore::builder(cluster_url())
+        .key_prefix(common::unique_prefix("cluster"))
+        .build()
+        .expect("a valid cluster URL");
+    Arc::new(store)
+}
+
+limiter_conformance::conformance_tests!(store);

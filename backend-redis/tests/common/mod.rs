@@ -1,0 +1,217 @@
+//! Test fixtures: Redis servers in containers, shared by address only.
+//!
+//! `LIMITER_REDIS_URL` points the shared-server tests at an existing server
+//! instead; `LIMITER_REDIS_IMAGE` (`name:tag`) replaces the locally built
+//! `limiter-test-redis:7` (for example with the official `redis:7`).
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use testcontainers::core::{ExecCommand, IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+pub const DEFAULT_IMAGE: &str = "limiter-test-redis:7";
+const FIX: &str = "build the local test image with `scripts/build-test-images.sh` (or set \
+                   LIMITER_REDIS_IMAGE to an available Redis image, or LIMITER_REDIS_URL to a \
+                   running server)";
+
+pub fn image_name() -> (String, String) {
+    let image = std::env::var("LIMITER_REDIS_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.into());
+    match image.rsplit_once(':') {
+        Some((name, tag)) if !name.is_empty() && !tag.contains('/') => (name.into(), tag.into()),
+        _ => (image, "latest".into()),
+    }
+}
+
+fn image() -> GenericImage {
+    let (name, tag) = image_name();
+    GenericImage::new(name, tag)
+        .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
+}
+
+/// Removes the container once this process is gone, even if it never drops
+/// the handle (statics are not dropped at exit) or is killed.
+pub fn reap_on_exit(id: &str) {
+    let script = format!(
+        "while kill -0 {} 2>/dev/null; do sleep 1; done; docker rm -f {} >/dev/null 2>&1",
+        std::process::id(),
+        id
+    );
+    // Detached and silent: a test runner waiting on our pipes must not wait
+    // for the reaper too.
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+}
+
+/// A Redis container reached through a published port on 127.0.0.1.
+pub async fn start_redis() -> (ContainerAsync<GenericImage>, String) {
+    let container = image()
+        .with_exposed_port(6379.tcp())
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start a Redis container ({e}); {FIX}"));
+    reap_on_exit(container.id());
+    let port = container
+        .get_host_port_ipv4(6379.tcp())
+        .await
+        .unwrap_or_else(|e| panic!("Redis container has no published port: {e}"));
+    (container, format!("redis://127.0.0.1:{port}"))
+}
+
+/// A Redis container on a fixed host port, so that it keeps its address
+/// across a stop and a start.
+pub async fn start_redis_on_fixed_port() -> (ContainerAsync<GenericImage>, String) {
+    let port = free_port(false);
+    let container = image()
+        .with_exposed_port(6379.tcp())
+        .with_mapped_port(port, 6379.tcp())
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start a Redis container ({e}); {FIX}"));
+    reap_on_exit(container.id());
+    (container, format!("redis://127.0.0.1:{port}"))
+}
+
+/// A port free on 127.0.0.1 now (and, for cluster nodes, its bus port
+/// `port + 10000` too).
+pub fn free_port(with_bus: bool) -> u16 {
+    for _ in 0..1000 {
+        let Ok(l) = TcpListener::bind("127.0.0.1:0") else {
+            continue;
+        };
+        let Ok(addr) = l.local_addr() else { continue };
+        let port = addr.port();
+        if !with_bus {
+            return port;
+        }
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair on 127.0.0.1");
+}
+
+/// The shared server of this test binary: `LIMITER_REDIS_URL`, or a
+/// container started once. Only the address is shared: connections belong
+/// to the runtime of the test that opens them.
+pub fn shared_url() -> &'static str {
+    static URL: LazyLock<String> = LazyLock::new(|| {
+        if let Ok(url) = std::env::var("LIMITER_REDIS_URL") {
+            return url;
+        }
+        // Started on its own runtime, since tests call this from theirs; the
+        // container is kept for the life of the process and reaped after.
+        std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to start the container");
+            let (container, url) = rt.block_on(start_redis());
+            std::mem::forget(container);
+            url
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("starting the shared Redis container failed; {FIX}"))
+    });
+    &URL
+}
+
+/// A key prefix no other test (in any process) uses.
+pub fn unique_prefix(what: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "test:{what}:{}:{nanos}:{}:",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A three-master Redis Cluster on 127.0.0.1 (host networking), returned
+/// with its `redis+cluster://` URL.
+pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
+    let mut ports: Vec<u16> = Vec::new();
+    while ports.len() < 3 {
+        let p = free_port(true);
+        if !ports.contains(&p) {
+            ports.push(p);
+        }
+    }
+    let mut nodes = Vec::new();
+    for port in &ports {
+        let container = image()
+            .with_network("host")
+            .with_cmd([
+                "--port".to_string(),
+                port.to_string(),
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-announce-ip".into(),
+                "127.0.0.1".into(),
+                "--cluster-node-timeout".into(),
+                "5000".into(),
+            ])
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("cannot start a Redis cluster node ({e}); {FIX}"));
+        reap_on_exit(container.id());
+        nodes.push(container);
+    }
+    let mut create = vec!["redis-cli".to_string(), "--cluster".into(), "create".into()];
+    create.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
+    create.push("--cluster-yes".into());
+    let mut result = nodes[0]
+        .exec(ExecCommand::new(create))
+        .await
+        .unwrap_or_else(|e| panic!("cannot run redis-cli --cluster create: {e}"));
+    let out = result.stdout_to_vec().await.unwrap_or_default();
+    let err = result.stderr_to_vec().await.unwrap_or_default();
+    let code = result.exit_code().await.ok().flatten();
+    assert!(
+        matches!(code, Some(0) | None) && String::from_utf8_lossy(&out).contains("[OK]"),
+        "redis-cli --cluster create failed ({code:?}): {}{}",
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&err)
+    );
+    // Every node must agree the cluster is up before the store connects.
+    for port in &ports {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut ok = false;
+        for _ in 0..200 {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            if info.contains("cluster_state:ok") {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(ok, "cluster node {port} never reached cluster_state:ok");
+    }
+    let url = format!(
+        "redis+cluster://{}",
+        ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    (nodes, url)
+}

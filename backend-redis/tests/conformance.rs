@@ -1,0 +1,20 @@
+//! The whole conformance suite against one Redis server in a container
+//! (or `LIMITER_REDIS_URL`), each scenario's stores isolated by a unique key
+//! prefix.
+
+mod common;
+
+use std::sync::Arc;
+
+use limiter_core::Store;
+use limiter_redis::RedisStore;
+
+async fn store() -> Arc<dyn Store> {
+    let store = RedisStore::builder(common::shared_url())
+        .key_prefix(common::unique_prefix("conformance"))
+        .build()
+        .expect("a valid Redis URL");
+    Arc::new(store)
+}
+
+limiter_conformance::conformance_tests!(store);

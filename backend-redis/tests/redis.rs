@@ -1,0 +1,626 @@
+//! Redis-specific behaviour the conformance suite cannot see: one round trip
+//! per decision, what a refusal writes, TTLs, the server-clock mode, and
+//! failures (a paused, stopped, silent or misbehaving server).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use limiter_core::{Algorithm, ErrorKind, Policy, Store, StoreError, Timestamp};
+use limiter_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore};
+use redis::aio::MultiplexedConnection;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const S: u64 = 1_000_000;
+const T0: u64 = 1_767_225_600 * S;
+/// Hangs are caught by this, far above any timeout under test; it is a
+/// guard, not a measurement.
+const HANG_GUARD: Duration = Duration::from_secs(20);
+
+async fn admin(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+fn policies() -> Vec<Policy> {
+    Algorithm::ALL
+        .iter()
+        .map(|a| Policy::new(*a, 5, Duration::from_secs(60)).unwrap())
+        .collect()
+}
+
+async fn decide_guarded(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+    now: u64,
+) -> Result<limiter_core::Decision, StoreError> {
+    tokio::time::timeout(
+        HANG_GUARD,
+        store.decide(key, policy, 1, Timestamp::from_micros(now)),
+    )
+    .await
+    .expect("a decision hung instead of failing within its timeout")
+}
+
+/// `cmdstat_<name>` → calls, from `INFO commandstats`.
+async fn command_calls(conn: &mut MultiplexedConnection) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+async fn reset_stats(conn: &mut MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evalsha_per_decision_and_nothing_else() {
+    // A server of its own: nothing else may run commands on it.
+    let (_container, url) = common::start_redis().await;
+    let mut conn = admin(&url).await;
+    let store = RedisStore::builder(&url)
+        .key_prefix(common::unique_prefix("round-trips"))
+        .build()
+        .unwrap();
+    store.connect().await.unwrap();
+
+    // First use of each script: EVALSHA answers NOSCRIPT, the store loads
+    // the script and calls EVALSHA again. That happens once per server.
+    reset_stats(&mut conn).await;
+    for p in policies() {
+        decide_guarded(&store, b"warm-up", &p, T0).await.unwrap();
+    }
+    let first_use = command_calls(&mut conn).await;
+    let loads = first_use.get("script|load").copied().unwrap_or(0);
+    assert_eq!(loads, 4, "one SCRIPT LOAD per algorithm: {first_use:?}");
+    assert_eq!(first_use.get("evalsha"), Some(&8), "{first_use:?}");
+
+    // MONITOR sees every command with its origin: `[db host:port]` for a
+    // client's, `[db lua]` for those a script runs inside the server.
+    let monitor = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_async_monitor()
+        .await
+        .unwrap();
+    let mut lines = monitor.into_on_message::<String>();
+    // The test's own commands come from this address; they are not counted.
+    let me: String = redis::cmd("CLIENT")
+        .arg("INFO")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let admin_addr = me
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("addr="))
+        .map(|a| format!(" {a}"))
+        .expect("CLIENT INFO has addr=");
+    reset_stats(&mut conn).await;
+    let mut n = 0u64;
+    let mut refused = 0;
+    for p in policies() {
+        for i in 0..50u64 {
+            let key = format!("client-{}", i % 3);
+            let d = decide_guarded(&store, key.as_bytes(), &p, T0 + i * 1000)
+                .await
+                .unwrap();
+            refused += u32::from(!d.allowed);
+            n += 1;
+        }
+    }
+    assert!(refused > 0, "the run should include refusals");
+    let calls = command_calls(&mut conn).await;
+    let _: String = redis::cmd("ECHO")
+        .arg("limiter-monitor-done")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let mut from_clients: BTreeMap<String, u64> = BTreeMap::new();
+    let mut from_scripts = 0u64;
+    loop {
+        let line = tokio::time::timeout(HANG_GUARD, lines.next())
+            .await
+            .expect("MONITOR went silent")
+            .expect("MONITOR stream ended");
+        if line.contains("limiter-monitor-done") {
+            break;
+        }
+        let origin = line
+            .split('[')
+            .nth(1)
+            .and_then(|r| r.split(']').next())
+            .unwrap_or("");
+        let command = line
+            .split('"')
+            .nth(1)
+            .unwrap_or_default()
+            .to_ascii_uppercase();
+        if origin.ends_with(" lua") {
+            from_scripts += 1;
+        } else if !origin.ends_with(&admin_addr) {
+            *from_clients.entry(command).or_default() += 1;
+        }
+    }
+    let mut expected = BTreeMap::new();
+    expected.insert("EVALSHA".to_string(), n);
+    assert_eq!(
+        from_clients, expected,
+        "the store sent exactly {n} EVALSHA and nothing else"
+    );
+    assert!(
+        from_scripts > 0,
+        "the scripts' own commands run inside the server"
+    );
+    // The server's count agrees: n script calls, none failed, no load.
+    assert_eq!(calls.get("evalsha"), Some(&n), "{calls:?}");
+    assert_eq!(calls.get("script|load"), None, "{calls:?}");
+    assert_eq!(calls.get("eval"), None, "{calls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_write_nothing_and_ttls_are_bounded() {
+    let url = common::shared_url();
+    let mut conn = admin(url).await;
+    let store = RedisStore::builder(url)
+        .key_prefix(common::unique_prefix("writes"))
+        .build()
+        .unwrap();
+    let margin_ms = DEFAULT_EXPIRY_MARGIN.as_millis() as i64;
+    for p in policies() {
+        let key = store.redis_key(b"k", p.algorithm());
+        let window_ms = (p.window_micros() / 1000) as i64;
+        let bound = match p.algorithm() {
+            Algorithm::SlidingWindow => 2 * window_ms + margin_ms,
+            _ => window_ms + margin_ms,
+        };
+        let mut t = T0;
+        while decide_guarded(&store, b"k", &p, t).await.unwrap().allowed {
+            t += 1000;
+        }
+        let dump: Vec<u8> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            ttl > 0 && ttl <= bound,
+            "{p}: PTTL {ttl} not in (0, {bound}]"
+        );
+        for i in 0..20 {
+            let d = decide_guarded(&store, b"k", &p, t + i * 1000)
+                .await
+                .unwrap();
+            assert!(!d.allowed, "{p}");
+            assert!(
+                d.reset_after > Duration::ZERO,
+                "{p}: a refusal still answers its reset"
+            );
+        }
+        let after: Vec<u8> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let ttl_after: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(dump, after, "{p}: a refusal changed the stored state");
+        assert!(
+            ttl_after <= ttl,
+            "{p}: a refusal pushed the expiry from {ttl} to {ttl_after}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_expiry_is_set_when_the_window_opens() {
+    let url = common::shared_url();
+    let mut conn = admin(url).await;
+    let store = RedisStore::builder(url)
+        .key_prefix(common::unique_prefix("expiry"))
+        .build()
+        .unwrap();
+    let p = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
+    let key = store.redis_key(b"k", Algorithm::FixedWindow);
+    decide_guarded(&store, b"k", &p, T0).await.unwrap();
+    let mut last: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for i in 1..30u64 {
+        // Hits later in the window (caller's time) must not move the expiry.
+        assert!(
+            decide_guarded(&store, b"k", &p, T0 + i * S)
+                .await
+                .unwrap()
+                .allowed
+        );
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl <= last, "hit {i} renewed the expiry: {last} -> {ttl}");
+        last = ttl;
+    }
+    // A new window (caller's time) sets a fresh expiry.
+    decide_guarded(&store, b"k", &p, T0 + 61 * S).await.unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        ttl > last,
+        "a new window must set its own expiry: {last} -> {ttl}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_is_an_error_not_a_panic() {
+    let url = common::shared_url();
+    let mut conn = admin(url).await;
+    let store = RedisStore::builder(url)
+        .key_prefix(common::unique_prefix("wrongtype"))
+        .build()
+        .unwrap();
+    for p in policies() {
+        let key = store.redis_key(b"k", p.algorithm());
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // A stream is a type none of the scripts reads or writes.
+        let _: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg("*")
+            .arg("f")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Protocol, "{p}: {err}");
+        assert!(!err.is_transient());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_clock_mode_decides_with_real_time() {
+    // The only test that lets real time pass: the server's clock cannot be
+    // driven. It asserts behaviour only, with generous slack.
+    let store = RedisStore::builder(common::shared_url())
+        .key_prefix(common::unique_prefix("server-clock"))
+        .server_clock(true)
+        .build()
+        .unwrap();
+    assert!(store.capabilities().server_clock);
+    for algorithm in Algorithm::ALL {
+        let p = Policy::new(algorithm, 2, Duration::from_millis(200)).unwrap();
+        // The caller's `now` is ignored: the epoch would open a new window
+        // on every call if it were used.
+        let mut admitted = 0;
+        for _ in 0..5 {
+            admitted += u32::from(decide_guarded(&store, b"k", &p, 0).await.unwrap().allowed);
+        }
+        assert!(admitted >= 2, "{algorithm}: {admitted} admitted");
+        assert!(
+            admitted <= 4,
+            "{algorithm}: server time must be used, {admitted} admitted"
+        );
+        let refused = decide_guarded(&store, b"k", &p, 0).await.unwrap();
+        if !refused.allowed {
+            assert!(
+                refused.retry_after <= Duration::from_millis(400),
+                "{algorithm}: {refused:?}"
+            );
+            tokio::time::sleep(refused.retry_after + Duration::from_millis(300)).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(
+            decide_guarded(&store, b"k", &p, 0).await.unwrap().allowed,
+            "{algorithm}: admitted again once the server's window passed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_times_out_then_recovers() {
+    let (container, url) = common::start_redis().await;
+    let store = RedisStore::builder(&url)
+        .key_prefix(common::unique_prefix("pause"))
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let p = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
+    decide_guarded(&store, b"k", &p, T0).await.unwrap();
+
+    container.pause().await.expect("docker pause");
+    let calls = (0..8).map(|i| {
+        let store = store.clone();
+        async move { decide_guarded(&store, b"k", &p, T0 + i).await }
+    });
+    for result in futures_join(calls).await {
+        let err = result.expect_err("a paused server cannot answer");
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+        assert!(err.is_transient());
+    }
+
+    container.unpause().await.expect("docker unpause");
+    assert!(
+        recovers(&store, &p).await,
+        "the store must answer again once the server is back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_server_fails_then_recovers_after_restart() {
+    let (container, url) = common::start_redis_on_fixed_port().await;
+    let store = RedisStore::builder(&url)
+        .key_prefix(common::unique_prefix("stop"))
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let p = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
+    decide_guarded(&store, b"k", &p, T0).await.unwrap();
+
+    container.stop().await.expect("docker stop");
+    for i in 0..3 {
+        let err = decide_guarded(&store, b"k", &p, T0 + i)
+            .await
+            .expect_err("a stopped server cannot answer");
+        assert!(
+            matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+            "{err}"
+        );
+        assert!(err.is_transient(), "{err}");
+    }
+
+    container.start().await.expect("docker start");
+    assert!(
+        recovers(&store, &p).await,
+        "the store must answer again once the server is back"
+    );
+}
+
+/// Polls until a decision succeeds; the server needs a moment to come back.
+async fn recovers(store: &RedisStore, p: &Policy) -> bool {
+    for i in 0..100 {
+        if decide_guarded(store, b"k", p, T0 + S + i).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+async fn futures_join<F: std::future::Future + Send + 'static>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("task panicked"));
+    }
+    out
+}
+
+/// A TCP server that answers every RESP command with `reply`, or never
+/// answers when `reply` is `None`.
+async fn fake_server(reply: Option<&'static [u8]>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = socket.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(len) = resp_command_len(&buf) {
+                        buf.drain(..len);
+                        if let Some(reply) = reply {
+                            if socket.write_all(reply).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    format!("redis://127.0.0.1:{port}")
+}
+
+/// The length of the first complete RESP array of bulk strings in `buf`.
+fn resp_command_len(buf: &[u8]) -> Option<usize> {
+    fn line(buf: &[u8], from: usize) -> Option<(i64, usize)> {
+        let end = buf[from..].windows(2).position(|w| w == b"\r\n")? + from;
+        let n = std::str::from_utf8(&buf[from + 1..end])
+            .ok()?
+            .parse()
+            .ok()?;
+        Some((n, end + 2))
+    }
+    let (items, mut at) = line(buf, 0)?;
+    for _ in 0..items {
+        let (len, next) = line(buf, at)?;
+        at = next + usize::try_from(len).ok()? + 2;
+        if at > buf.len() {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_server_times_out() {
+    let url = fake_server(None).await;
+    let store = RedisStore::builder(&url)
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    for p in policies() {
+        let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_of_the_wrong_type_are_protocol_errors() {
+    for reply in [
+        &b":1\r\n"[..],
+        b"+OK\r\n",
+        b"*2\r\n:1\r\n:0\r\n",
+        b"$-1\r\n",
+    ] {
+        let url = fake_server(Some(reply)).await;
+        let store = RedisStore::builder(&url)
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        for p in policies() {
+            let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                ErrorKind::Protocol,
+                "{:?}: {err}",
+                String::from_utf8_lossy(reply)
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_is_an_error_not_a_panic_or_a_hang() {
+    let url = fake_server(Some(b"this is not RESP\r\n")).await;
+    let store = RedisStore::builder(&url)
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    for p in policies() {
+        let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                ErrorKind::Protocol | ErrorKind::Unavailable | ErrorKind::Timeout
+            ),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_unavailable() {
+    let port = common::free_port(false);
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .build()
+        .unwrap();
+    let p = Policy::gcra(1, Duration::from_secs(1)).unwrap();
+    let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}
+
+/// A small deterministic generator, so a failure reproduces.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % bound
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_match_the_reference_algorithm_decision_for_decision() {
+    use limiter_core::Decision;
+    use limiter_core::algorithm::apply;
+
+    let store = RedisStore::builder(common::shared_url())
+        .key_prefix(common::unique_prefix("differential"))
+        .build()
+        .unwrap();
+    let shapes: [(u32, Duration); 5] = [
+        (1, Duration::from_millis(1)),
+        (3, Duration::from_millis(7)),
+        (10, Duration::from_secs(1)),
+        (7, Duration::from_micros(1_000_003)),
+        (100, Duration::from_secs(3600)),
+    ];
+    let mut rng = Lcg(42);
+    let mut checked = 0;
+    for algorithm in Algorithm::ALL {
+        for (i, (limit, window)) in shapes.iter().enumerate() {
+            let p = Policy::new(algorithm, *limit, *window).unwrap();
+            let key = format!("{algorithm}-{i}");
+            let mut state = None;
+            let w = p.window_micros();
+            let mut now = T0 + rng.next(w);
+            for step in 0..300 {
+                // Mostly small steps forward, sometimes a jump or a step back.
+                now = match rng.next(20) {
+                    0 => now.saturating_sub(rng.next(w)),
+                    1 => now + w + rng.next(2 * w),
+                    _ => now + rng.next(w / 4 + 1),
+                };
+                let cost = 1 + rng.next(u64::from(*limit).min(4)) as u32;
+                let expected =
+                    Decision::from_verdict(apply(&mut state, &p, cost, now), &p, "redis");
+                let got = store
+                    .decide(key.as_bytes(), &p, cost, Timestamp::from_micros(now))
+                    .await
+                    .unwrap();
+                assert_eq!(got, expected, "{p}, step {step}, cost {cost}, now {now}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 4 * 5 * 300);
+}
