@@ -26,11 +26,12 @@ pub const DEFAULT_MEMORY_CAPACITY: usize = 100_000;
 
 /// Opens the store `url` names.
 ///
-/// A malformed URL or an unknown scheme is an error here, at start-up. A
-/// network store connects on its first decision, not here: a store that is
-/// down when the application starts is then handled like one that goes down
-/// later, by each rule's failure policy, instead of keeping the application
-/// from starting.
+/// A malformed URL or an unknown scheme is an error here, at start-up.
+/// Redis connects on its first decision, so a Redis that is down when the
+/// application starts is handled like one that goes down later, by each
+/// rule's failure policy. Postgres connects and migrates its schema here
+/// (with its default options: see `limiter_postgres::PostgresStore` for a
+/// builder with more), so an unreachable database is an error at start-up.
 pub async fn from_url(url: &str) -> Result<Arc<dyn Store>, ConfigError> {
     let shown = redact(url);
     let invalid = |reason: String| ConfigError::InvalidUrl {
@@ -123,18 +124,16 @@ async fn redis(url: &str, scheme: &str) -> Result<Arc<dyn Store>, ConfigError> {
 async fn postgres(url: &str, scheme: &str) -> Result<Arc<dyn Store>, ConfigError> {
     #[cfg(feature = "postgres")]
     {
-        // BACKEND-OWNERS (limiter-postgres): open the store here, e.g.
-        //     limiter_postgres::PostgresStore::connect(url).await
-        //         .map(|s| Arc::new(s) as Arc<dyn Store>)
-        // mapping connection failures to ConfigError::InvalidUrl with
-        // redact(url). Until then the feature is accepted but not wired.
+        use limiter_postgres::{BuildError, PostgresStore};
         let _ = scheme;
-        Err(ConfigError::InvalidUrl {
-            url: redact(url),
-            reason:
-                "the postgres backend is compiled in but not yet wired into limiter::store::from_url"
-                    .into(),
-        })
+        match PostgresStore::from_url(url).await {
+            Ok(store) => Ok(Arc::new(store)),
+            Err(BuildError::Config(e)) => Err(e),
+            Err(e) => Err(ConfigError::InvalidUrl {
+                url: redact(url),
+                reason: e.to_string(),
+            }),
+        }
     }
     #[cfg(not(feature = "postgres"))]
     {

@@ -1,0 +1,96 @@
+//! `limiter::store::from_url` with and without each backend feature.
+
+use limiter::store::from_url;
+
+async fn err(url: &str) -> String {
+    match from_url(url).await {
+        Ok(store) => panic!("{url} opened {store:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn unknown_and_malformed_urls_are_refused() {
+    assert!(
+        err("ftp://example.com")
+            .await
+            .contains("unknown store scheme \"ftp\"")
+    );
+    assert!(err("memory").await.contains("expected SCHEME://"));
+    assert!(err("").await.contains("expected SCHEME://"));
+    // A password never appears in the error.
+    let e = err("mysql://app:hunter2@db/limits").await;
+    assert!(e.contains("app:***@db") && !e.contains("hunter2"), "{e}");
+}
+
+#[cfg(feature = "memory")]
+#[tokio::test]
+async fn memory_urls_open_a_bounded_memory_store() {
+    let store = from_url("memory://").await.unwrap();
+    assert_eq!(store.name(), "memory");
+    assert_eq!(
+        store.capabilities().key_capacity,
+        Some(limiter::store::DEFAULT_MEMORY_CAPACITY)
+    );
+    let store = from_url("memory://?capacity=5").await.unwrap();
+    assert_eq!(store.capabilities().key_capacity, Some(5));
+    assert!(!store.capabilities().shared);
+    assert!(err("memory://?capacity=0").await.contains("positive"));
+    assert!(err("memory://?capacity=lots").await.contains("positive"));
+    assert!(err("memory://?ttl=5").await.contains("unknown parameter"));
+    assert!(err("memory://somehost").await.contains("no host"));
+}
+
+#[cfg(not(feature = "memory"))]
+#[tokio::test]
+async fn memory_urls_name_the_missing_feature() {
+    assert!(
+        err("memory://")
+            .await
+            .contains("needs the `memory` feature")
+    );
+}
+
+#[cfg(not(feature = "redis"))]
+#[tokio::test]
+async fn redis_urls_name_the_missing_feature() {
+    for scheme in ["redis", "rediss", "redis+cluster"] {
+        let e = err(&format!("{scheme}://:pw@127.0.0.1:6379")).await;
+        assert!(
+            e.contains(&format!(
+                "{scheme}:// needs the `redis` feature of the limiter crate"
+            )),
+            "{e}"
+        );
+        assert!(!e.contains(":pw@"), "{e}");
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_urls_open_a_redis_store_without_connecting() {
+    // Nothing listens on port 1: the store connects on its first decision,
+    // where a failure goes through the rule's failure policy.
+    let store = from_url("redis://127.0.0.1:1/0").await.unwrap();
+    assert_eq!(store.name(), "redis");
+    assert!(store.capabilities().shared);
+    assert!(matches!(
+        from_url("redis://127.0.0.1:notaport").await,
+        Err(limiter::ConfigError::InvalidUrl { .. })
+    ));
+}
+
+#[cfg(not(feature = "postgres"))]
+#[tokio::test]
+async fn postgres_urls_name_the_missing_feature() {
+    for scheme in ["postgres", "postgresql"] {
+        let e = err(&format!("{scheme}://app:pw@db/limits")).await;
+        assert!(
+            e.contains(&format!(
+                "{scheme}:// needs the `postgres` feature of the limiter crate"
+            )),
+            "{e}"
+        );
+        assert!(!e.contains(":pw@"), "{e}");
+    }
+}
