@@ -246,6 +246,25 @@ fn limit_arg(name: &'static str, env: &'static str, default: u32) -> Arg {
         ))
 }
 
+/// Turns "needs the `redis` feature of the limiter crate" into advice for
+/// this binary, whose own `redis`/`postgres` features turn the limiter's on.
+fn with_feature_hint(error: ConfigError) -> ConfigError {
+    match error {
+        ConfigError::InvalidUrl { url, reason } => {
+            let feature = reason
+                .split_once("needs the `")
+                .and_then(|(_, rest)| rest.split_once('`'))
+                .map(|(feature, _)| feature.to_owned());
+            let reason = match feature {
+                Some(f) => format!("{reason}: cargo run -p limiter-demo --features {f} -- …"),
+                None => reason,
+            };
+            ConfigError::InvalidUrl { url, reason }
+        }
+        other => other,
+    }
+}
+
 /// The parsed command line.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -314,7 +333,9 @@ impl Config {
     /// front of it. Refuses `--tiered` over a memory store, which would
     /// only count every request twice in the same process.
     pub async fn stores(&self) -> Result<Stores, ConfigError> {
-        let primary = limiter::store::from_url(&self.store).await?;
+        let primary = limiter::store::from_url(&self.store)
+            .await
+            .map_err(with_feature_hint)?;
         let local_tier = if self.tiered {
             if !primary.capabilities().shared {
                 return Err(ConfigError::Invalid(format!(

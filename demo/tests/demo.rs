@@ -269,6 +269,27 @@ async fn tiered_needs_a_shared_store() {
     .unwrap();
     let err = config.stores().await.unwrap_err().to_string();
     assert!(err.contains("--tiered"), "{err}");
+    // Whether the limiter was built with Redis depends on feature
+    // unification across the build; either way the demo must say the right
+    // thing.
+    let url = "redis://127.0.0.1:6379";
+    let redis = Config::from_matches(
+        &cli()
+            .try_get_matches_from(["limiter-demo", "--store", url])
+            .unwrap(),
+    )
+    .unwrap();
+    match limiter::store::from_url(url).await {
+        Err(e) => {
+            assert!(e.to_string().contains("needs the `redis` feature"), "{e}");
+            let err = redis.stores().await.unwrap_err().to_string();
+            assert!(
+                err.contains("cargo run -p limiter-demo --features redis"),
+                "{err}"
+            );
+        }
+        Ok(_) => assert!(redis.stores().await.unwrap().primary.capabilities().shared),
+    }
     let zero = Config::from_matches(
         &cli()
             .try_get_matches_from(["limiter-demo", "--contact-per-day", "0"])
