@@ -40,8 +40,9 @@ const LIMIT: u32 = 60;
 const FLOOD_KEYS: usize = 1_000_000;
 const FLOOD_CAPACITY: usize = 100_000;
 const ROUND_ROBIN_KEYS: usize = 10_000;
-const DECISIONS: usize = 2_000_000;
-const RUNS: usize = 7;
+const STRIDE: usize = 7_919;
+const DECISIONS: usize = 1_000_000;
+const RUNS: usize = 5;
 
 type Key = [u8; 32];
 
@@ -209,9 +210,13 @@ fn run<C: Contender>(contender: &C, workload: Workload, threads: usize, keys: &[
                             }
                         }
                         Workload::RoundRobin => {
+                            // A stride coprime to the key count visits every
+                            // key in an order unrelated to the order they were
+                            // inserted (and so allocated) in, as a server's
+                            // clients would.
                             let offset = t * ROUND_ROBIN_KEYS / threads;
                             for i in 0..per_thread {
-                                let k = &keys[(offset + i) % ROUND_ROBIN_KEYS];
+                                let k = &keys[(offset + i) * STRIDE % ROUND_ROBIN_KEYS];
                                 admitted += usize::from(contender.decide(black_box(k)));
                             }
                         }
@@ -257,10 +262,18 @@ fn measure<C: Contender>(
     keys: &[Key],
 ) -> Sample {
     let contender = make();
-    // Warm the hot and round-robin keys in, as a long-running server would
-    // have them; a flood starts from an empty store.
-    if workload != Workload::Flood {
-        run(&contender, workload, 1, keys);
+    // Bring the hot and round-robin keys in, in index order, up to their
+    // limit, as a long-running server under attack would have them (so the
+    // measured decisions are refusals); a flood starts from an empty store.
+    let warm = match workload {
+        Workload::HotKey => &keys[..1],
+        Workload::RoundRobin => keys,
+        Workload::Flood => &keys[..0],
+    };
+    for _ in 0..=LIMIT {
+        for k in warm {
+            contender.decide(k);
+        }
     }
     run(&contender, workload, threads, keys)
 }
@@ -326,6 +339,14 @@ fn main() {
         return;
     }
 
+    // Optional filters, e.g. `-- hot` or `-- flood`: workloads whose label
+    // contains one of them (and no memory table unless "memory" is given).
+    let filters: Vec<&str> = args[1..]
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |label: &str| filters.is_empty() || filters.iter().any(|f| label.contains(f));
     let flood_keys: Vec<Key> = (0..FLOOD_KEYS as u64).map(key).collect();
     let rr_keys = &flood_keys[..ROUND_ROBIN_KEYS];
     println!(
@@ -339,6 +360,9 @@ fn main() {
     );
     println!("|---|---:|---|---:|---:|---:|---:|");
     for workload in [Workload::HotKey, Workload::RoundRobin, Workload::Flood] {
+        if !wanted(workload.label()) {
+            continue;
+        }
         let keys = if workload == Workload::Flood {
             &flood_keys[..]
         } else {
@@ -399,6 +423,9 @@ fn main() {
         }
     }
 
+    if !wanted("memory") {
+        return;
+    }
     println!("\nMemory after flooding {FLOOD_KEYS} distinct keys (one process per store, MiB):\n");
     println!(
         "| store | RSS before | after 250k | after 500k | after 750k | after 1M | peak (VmHWM) | keys held |"

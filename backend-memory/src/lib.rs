@@ -74,13 +74,13 @@
 //! limiter_conformance::conformance_tests!(store);
 //! ```
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use ahash::RandomState;
 use async_trait::async_trait;
 use hashlink::LinkedHashMap;
 use hashlink::linked_hash_map::RawEntryMut;
@@ -114,11 +114,15 @@ const MAX_PREALLOCATED_KEYS: usize = 1 << 20;
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     capacity: usize,
-    /// Chooses the shard and the slot in it. A keyed hash (SipHash-1-3 with
-    /// 128 random bits per store), not a fixed one: with a predictable hash
-    /// an attacker could compute keys that all land in the offender's shard
-    /// and evict it with a flood of one shard's capacity instead of the whole
-    /// store's, or pile keys into one bucket chain (HashDoS).
+    /// Chooses the shard and the slot in it. A keyed hash, with keys drawn
+    /// at random per store, not a fixed one: with a predictable hash an
+    /// attacker could compute keys that all land in the offender's shard and
+    /// evict it with a flood of one shard's capacity instead of the whole
+    /// store's, or pile keys into one probe sequence (HashDoS). aHash rather
+    /// than std's SipHash-1-3: hashing was half the cost of a decision on a
+    /// hot key with SipHash (67 → 33 ns in the benchmark), and aHash claims
+    /// resistance to these attacks with random keys, which foldhash
+    /// explicitly does not against an attacker who can observe outcomes.
     hasher: RandomState,
     evictions: AtomicU64,
 }
@@ -484,29 +488,63 @@ impl Shard {
     }
 }
 
+/// Stored keys of up to this many bytes (the tag included) live inside the
+/// LRU node itself: one allocation per key instead of two, and one cache
+/// miss less per decision. 54 keeps `StoredKey` at 64 bytes and covers a
+/// rule name, a separator and a 32-hex-digit client key.
+const INLINE_KEY: usize = 54;
+
 /// A stored key: the algorithm tag followed by the caller's bytes, with the
 /// store's keyed hash of them computed once, on the way in.
-#[derive(PartialEq, Eq)]
 struct StoredKey {
     hash: u64,
-    bytes: Box<[u8]>,
+    bytes: KeyBytes,
+}
+
+enum KeyBytes {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
 }
 
 impl StoredKey {
     fn new(hash: u64, tag: u8, key: &[u8]) -> Self {
-        let mut bytes = Vec::with_capacity(key.len() + 1);
-        bytes.push(tag);
-        bytes.extend_from_slice(key);
-        StoredKey {
-            hash,
-            bytes: bytes.into_boxed_slice(),
+        let len = key.len() + 1;
+        let mut inline = [0u8; INLINE_KEY];
+        let bytes = match (u8::try_from(len), inline.get_mut(1..len)) {
+            (Ok(len), Some(rest)) => {
+                rest.copy_from_slice(key);
+                inline[0] = tag;
+                KeyBytes::Inline { len, bytes: inline }
+            }
+            _ => {
+                let mut bytes = Vec::with_capacity(len);
+                bytes.push(tag);
+                bytes.extend_from_slice(key);
+                KeyBytes::Heap(bytes.into_boxed_slice())
+            }
+        };
+        StoredKey { hash, bytes }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match &self.bytes {
+            KeyBytes::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
+            KeyBytes::Heap(bytes) => bytes,
         }
     }
 
     fn is(&self, hash: u64, tag: u8, key: &[u8]) -> bool {
-        self.hash == hash && self.bytes.split_first() == Some((&tag, key))
+        self.hash == hash && self.as_bytes().split_first() == Some((&tag, key))
     }
 }
+
+impl PartialEq for StoredKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for StoredKey {}
 
 impl Hash for StoredKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
@@ -692,6 +730,22 @@ mod tests {
         assert_eq!(h.finish(), store.hash(3, b"abc"));
         assert!(key.is(store.hash(3, b"abc"), 3, b"abc"));
         assert!(!key.is(store.hash(2, b"abc"), 2, b"abc"));
+        // Inline and heap keys alike; a long key is still the same key.
+        let long = vec![b'x'; 10_000];
+        let long_key = StoredKey::new(store.hash(0, &long), 0, &long);
+        assert!(matches!(long_key.bytes, KeyBytes::Heap(_)));
+        assert!(long_key.is(store.hash(0, &long), 0, &long));
+        assert!(!long_key.is(store.hash(0, &long), 0, &long[1..]));
+        let edge = [b'y'; INLINE_KEY - 1];
+        let edge_key = StoredKey::new(store.hash(1, &edge), 1, &edge);
+        assert!(matches!(edge_key.bytes, KeyBytes::Inline { .. }));
+        assert!(edge_key.is(store.hash(1, &edge), 1, &edge));
+        assert_eq!(edge_key.as_bytes().len(), INLINE_KEY);
+        assert!(matches!(
+            StoredKey::new(0, 1, &[b'y'; INLINE_KEY]).bytes,
+            KeyBytes::Heap(_)
+        ));
+        assert_eq!(std::mem::size_of::<StoredKey>(), 64);
         // A second store draws other keys, so its hashes differ.
         let other = MemoryStore::new(10);
         assert_ne!(store.hash(3, b"abc"), other.hash(3, b"abc"));
