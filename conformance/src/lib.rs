@@ -91,6 +91,7 @@ pub use limiter_core;
 use limiter_core::Store;
 
 pub mod broken;
+pub mod model;
 mod scenarios;
 mod support;
 

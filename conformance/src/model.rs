@@ -1,0 +1,428 @@
+//! A reference model of every policy: plain, slow and obviously correct.
+//!
+//! The model keeps, per key, the whole history of admitted requests as a
+//! `Vec` of events and recomputes every answer from the definitions in the
+//! table of [`limiter_core::algorithm`], never from incremental state. It has
+//! no eviction, no concurrency and no cleverness, and it shares no code with
+//! [`limiter_core::algorithm::apply`]: property tests drive a store and this
+//! model with the same random requests and require identical decisions, so a
+//! bug would have to be written twice, in two different shapes, to hide.
+//!
+//! In particular `retry_after` is not computed by a formula here: it is
+//! *searched for* as the earliest moment at which the same request would be
+//! admitted (nothing else being admitted meanwhile), by bisection over the
+//! model's own admission test, which is monotone in time for every
+//! algorithm.
+//!
+//! ```
+//! use std::time::Duration;
+//! use limiter_conformance::model::Model;
+//! use limiter_conformance::limiter_core::{Policy, Timestamp};
+//!
+//! let policy = Policy::sliding_log(2, Duration::from_secs(10))?;
+//! let t0 = Timestamp::from_micros(1_767_225_600_000_000);
+//! let mut model = Model::new();
+//! assert!(model.decide(b"k", &policy, 2, t0)?.allowed);
+//! let refused = model.decide(b"k", &policy, 1, t0.saturating_add(Duration::from_secs(4)))?;
+//! assert!(!refused.allowed);
+//! assert_eq!(refused.retry_after, Duration::from_secs(6));
+//! # Ok::<(), limiter_conformance::limiter_core::ConfigError>(())
+//! ```
+//!
+//! # Time that goes backwards
+//!
+//! Every algorithm clamps a `now` earlier than its key has seen, and what a
+//! key "has seen" is what its state can remember. The model spells that out
+//! per algorithm:
+//!
+//! * **sliding log**: the key remembers the latest effective time `H` it was
+//!   asked at; admitted units with `t + W ≤ H` have expired for good. A
+//!   request is evaluated at `max(now, newest unexpired admission)`.
+//! * **fixed window**: the window opened by the latest admission stays open
+//!   until its end; a `now` before its start is inside it.
+//! * **sliding window**: the window of the latest admission is the current
+//!   one while `now` is in it or before it (evaluated at its start).
+//! * **GCRA**: the theoretical arrival time only ever moves forward.
+//!
+//! # Keys and policies
+//!
+//! The model keys its histories by (policy, key). A store keys them by
+//! (algorithm, key), so drivers comparing the two use one policy per
+//! algorithm, as a [`Limiter`](limiter_core::Limiter) does by prefixing keys
+//! with the rule name.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use limiter_core::{Algorithm, ConfigError, Decision, Policy, Timestamp};
+
+/// What the model says a store must answer; compare it with a
+/// [`Decision`] through [`Expected::of`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    /// The request is admitted.
+    pub allowed: bool,
+    /// Units still admissible right after this request.
+    pub remaining: u32,
+    /// Time until the key holds no counted units.
+    pub reset_after: Duration,
+    /// Zero when admitted; otherwise the shortest wait after which the same
+    /// request is admitted.
+    pub retry_after: Duration,
+}
+
+impl Expected {
+    /// The fields of `decision` the model predicts, for `assert_eq!`.
+    pub fn of(decision: &Decision) -> Self {
+        Expected {
+            allowed: decision.allowed,
+            remaining: decision.remaining,
+            reset_after: decision.reset_after,
+            retry_after: decision.retry_after,
+        }
+    }
+}
+
+/// One admitted request: when it counted (after clamping), its cost, and
+/// for the windowed algorithms the window it was counted in.
+#[derive(Debug, Clone, Copy)]
+struct Admission {
+    at: u64,
+    cost: u64,
+    /// Fixed window: the start of the window it was counted in. Sliding
+    /// window: the index `⌊t / W⌋` of that window. Unused otherwise.
+    window: u64,
+}
+
+/// Everything the model remembers about one (policy, key).
+#[derive(Debug, Clone, Default)]
+struct History {
+    admitted: Vec<Admission>,
+    /// Sliding log: the latest effective time the key was evaluated at.
+    horizon: u64,
+    /// The latest `now` the key was asked at: a bound for the bisection.
+    latest_now: u64,
+}
+
+/// The reference model: every key's full history, no eviction.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    keys: HashMap<(Policy, Vec<u8>), History>,
+}
+
+/// The outcome of evaluating a request at a moment, before any change.
+struct Evaluation {
+    allowed: bool,
+    /// Units still admissible after the request (admitted or not).
+    remaining_after: u64,
+    /// When the key is clear, the request counted if admitted.
+    reset_at: u64,
+    /// The effective time (after clamping) and the window the request would
+    /// be counted in, if admitted.
+    at: u64,
+    window: u64,
+}
+
+impl Model {
+    /// An empty model.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets everything about `key` under `policy`, as a bounded store
+    /// does when it evicts the key.
+    pub fn forget(&mut self, key: &[u8], policy: &Policy) {
+        self.keys.remove(&(*policy, key.to_vec()));
+    }
+
+    /// Whether the model holds any history for `key` under `policy`.
+    pub fn knows(&self, key: &[u8], policy: &Policy) -> bool {
+        self.keys.contains_key(&(*policy, key.to_vec()))
+    }
+
+    /// Decides a request of `cost` units for `key` at `now`, recording it if
+    /// admitted. A cost of zero or above the limit is the error a store
+    /// must return.
+    pub fn decide(
+        &mut self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Expected, ConfigError> {
+        policy.check_cost(cost)?;
+        let now = now.as_micros();
+        let c = u64::from(cost);
+        let history = self.keys.entry((*policy, key.to_vec())).or_default();
+        let eval = evaluate(history, policy, c, now);
+        history.latest_now = history.latest_now.max(now);
+        if policy.algorithm() == Algorithm::SlidingLog {
+            // Evaluating at a moment expires what it expires, admitted or not.
+            history.horizon = history.horizon.max(eval.at);
+        }
+        let expected = if eval.allowed {
+            history.admitted.push(Admission {
+                at: eval.at,
+                cost: c,
+                window: eval.window,
+            });
+            Expected {
+                allowed: true,
+                remaining: clamp_u32(eval.remaining_after),
+                reset_after: micros(eval.reset_at.saturating_sub(now)),
+                retry_after: Duration::ZERO,
+            }
+        } else {
+            let retry_at = earliest_admission(history, policy, c, now);
+            Expected {
+                allowed: false,
+                remaining: clamp_u32(eval.remaining_after),
+                reset_after: micros(eval.reset_at.saturating_sub(now)),
+                retry_after: micros(retry_at.saturating_sub(now)),
+            }
+        };
+        Ok(expected)
+    }
+}
+
+fn clamp_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+fn micros(us: u64) -> Duration {
+    Duration::from_micros(us)
+}
+
+/// Evaluates a request of `c` units at `now` against `history`, changing
+/// nothing.
+fn evaluate(history: &History, policy: &Policy, c: u64, now: u64) -> Evaluation {
+    let l = u64::from(policy.limit());
+    let w = policy.window_micros();
+    let admitted = &history.admitted;
+    match policy.algorithm() {
+        Algorithm::SlidingLog => {
+            // Units that had not expired by the latest moment the key saw.
+            let alive = |a: &&Admission| a.at + w > history.horizon;
+            let newest_alive = admitted.iter().filter(alive).map(|a| a.at).max();
+            let at = now.max(newest_alive.unwrap_or(0));
+            let counted: u64 = admitted
+                .iter()
+                .filter(alive)
+                .filter(|a| a.at + w > at)
+                .map(|a| a.cost)
+                .sum();
+            let allowed = counted + c <= l;
+            let after = if allowed { counted + c } else { counted };
+            // The key is clear once its newest counted unit expires.
+            let newest_counted = admitted
+                .iter()
+                .filter(alive)
+                .filter(|a| a.at + w > at)
+                .map(|a| a.at)
+                .max()
+                .unwrap_or(at);
+            Evaluation {
+                allowed,
+                remaining_after: l.saturating_sub(after),
+                reset_at: if allowed { at + w } else { newest_counted + w },
+                at,
+                window: 0,
+            }
+        }
+        Algorithm::FixedWindow => {
+            // The window opened by the latest admission, while it is open.
+            let open = admitted
+                .last()
+                .map(|a| a.window)
+                .filter(|&start| now < start + w);
+            let start = open.unwrap_or(now);
+            let counted: u64 = admitted
+                .iter()
+                .filter(|a| open == Some(a.window))
+                .map(|a| a.cost)
+                .sum();
+            let allowed = counted + c <= l;
+            let after = if allowed { counted + c } else { counted };
+            Evaluation {
+                allowed,
+                remaining_after: l.saturating_sub(after),
+                reset_at: start + w,
+                at: now,
+                window: start,
+            }
+        }
+        Algorithm::SlidingWindow => {
+            let latest_window = admitted.iter().map(|a| a.window).max();
+            let window = (now / w).max(latest_window.unwrap_or(0));
+            let start = window * w;
+            let at = now.max(start);
+            let sum_in = |k: u64| -> u64 {
+                admitted
+                    .iter()
+                    .filter(|a| a.window == k)
+                    .map(|a| a.cost)
+                    .sum()
+            };
+            let current = sum_in(window);
+            let previous = if window == 0 { 0 } else { sum_in(window - 1) };
+            // The previous window counts in proportion to how much of it the
+            // sliding window [at − W, at) still covers.
+            let weighted = previous * (w - (at - start));
+            let allowed = weighted + (current + c) * w <= l * w;
+            let current_after = if allowed { current + c } else { current };
+            let remaining = (l * w).saturating_sub(weighted + current_after * w) / w;
+            let reset_at = if current_after > 0 {
+                start + 2 * w
+            } else if previous > 0 {
+                start + w
+            } else {
+                at
+            };
+            Evaluation {
+                allowed,
+                remaining_after: remaining,
+                reset_at,
+                at,
+                window,
+            }
+        }
+        Algorithm::Gcra => {
+            let t = policy.emission_interval_micros();
+            // The theoretical arrival time: every admitted unit pushes it
+            // `T` later than the later of itself and the time it came.
+            let mut tat = 0u64;
+            for a in admitted {
+                tat = tat.max(a.at) + a.cost * t;
+            }
+            let tat = tat.max(now);
+            let burst = l * t;
+            let allowed = tat + c * t - now <= burst;
+            let (after, reset_at) = if allowed {
+                (tat + c * t, tat + c * t)
+            } else {
+                (tat, tat)
+            };
+            Evaluation {
+                allowed,
+                remaining_after: burst.saturating_sub(after - now) / t,
+                reset_at,
+                at: now,
+                window: 0,
+            }
+        }
+    }
+}
+
+/// The earliest moment `≥ now` at which a request of `c` units is admitted,
+/// if nothing else is admitted meanwhile: bisection over [`evaluate`].
+fn earliest_admission(history: &History, policy: &Policy, c: u64, now: u64) -> u64 {
+    let admits = |t: u64| evaluate(history, policy, c, t).allowed;
+    // Every state the model holds is clear three windows after the latest
+    // moment it was asked at (or now, if that is later).
+    let mut hi = history.latest_now.max(now) + 3 * policy.window_micros();
+    debug_assert!(admits(hi), "nothing admits {c} units even at {hi}");
+    let mut lo = now; // refused at `now`
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if admits(mid) { hi = mid } else { lo = mid }
+    }
+    hi
+}
+
+/// One request of a random script that [`replay`] sends to a store and to
+/// the model alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Which key, by index: [`replay`] turns it into bytes.
+    pub key: u8,
+    /// Which policy of those given to [`replay`], by index (modulo their
+    /// number).
+    pub policy: usize,
+    /// The request's cost, brought into `1..=limit` as `1 + cost % limit`.
+    pub cost: u32,
+    /// How far the clock moves before the request, in microseconds; negative
+    /// values move it back, as a host with a skewed clock would (saturating
+    /// at the epoch).
+    pub advance_us: i64,
+}
+
+/// Sends `steps` to `store` and to a fresh [`Model`], starting at `start`,
+/// and fails at the first decision where they differ (allowed, limit,
+/// remaining, reset_after, retry_after) or where the store errs. Returns
+/// the number of refusals seen, so callers can check the script exercised
+/// both outcomes.
+///
+/// `key` maps a step's key index to the bytes sent; use it to give each run
+/// its own namespace on a shared server. `policies` should hold at most one
+/// policy per algorithm (see the [module docs](self)).
+///
+/// ```
+/// use std::time::Duration;
+/// use limiter_conformance::broken::ReferenceStore;
+/// use limiter_conformance::model::{replay, Step};
+/// use limiter_conformance::limiter_core::{ManualClock, Policy};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = ReferenceStore::new(100);
+/// let policies = [Policy::gcra(2, Duration::from_millis(10)).unwrap()];
+/// let steps = [Step { key: 0, policy: 0, cost: 1, advance_us: 0 }; 4];
+/// let refusals = replay(&store, &policies, &steps, |k| vec![k], ManualClock::DEFAULT_START)
+///     .await
+///     .unwrap();
+/// assert_eq!(refusals, 2);
+/// # }
+/// ```
+pub async fn replay(
+    store: &dyn limiter_core::Store,
+    policies: &[Policy],
+    steps: &[Step],
+    key: impl Fn(u8) -> Vec<u8>,
+    start: Timestamp,
+) -> Result<usize, crate::Failure> {
+    if policies.is_empty() {
+        return Err(crate::Failure("replay needs at least one policy".into()));
+    }
+    let mut model = Model::new();
+    let mut now = start.as_micros();
+    let mut refusals = 0;
+    for (i, step) in steps.iter().enumerate() {
+        now = now.saturating_add_signed(step.advance_us);
+        let at = Timestamp::from_micros(now);
+        let policy = &policies[step.policy % policies.len()];
+        let cost = 1 + step.cost % policy.limit();
+        let k = key(step.key);
+        let expected = model
+            .decide(&k, policy, cost, at)
+            .map_err(|e| crate::Failure(format!("model refused step {i}: {e}")))?;
+        let context = || {
+            format!(
+                "step {i} of {}: key {:?}, {policy}, cost {cost}, now {}µs after start",
+                steps.len(),
+                String::from_utf8_lossy(&k),
+                now as i128 - start.as_micros() as i128
+            )
+        };
+        let decision = store
+            .decide(&k, policy, cost, at)
+            .await
+            .map_err(|e| crate::Failure(format!("{}: store error {e}", context())))?;
+        if decision.limit != policy.limit() {
+            return Err(crate::Failure(format!(
+                "{}: limit {} instead of {}",
+                context(),
+                decision.limit,
+                policy.limit()
+            )));
+        }
+        let got = Expected::of(&decision);
+        if got != expected {
+            return Err(crate::Failure(format!(
+                "{}: store answered {got:?}, the model {expected:?}",
+                context()
+            )));
+        }
+        refusals += usize::from(!expected.allowed);
+    }
+    Ok(refusals)
+}

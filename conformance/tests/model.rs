@@ -1,0 +1,143 @@
+//! The reference model against `limiter_core::algorithm::apply`, the
+//! normative transcription every backend follows: many random scripts of
+//! requests, keys, costs and clock moves (backwards included), identical
+//! decisions required. Cheap, so it runs many cases.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use limiter_conformance::limiter_core::algorithm::{self, KeyState};
+use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Timestamp};
+use limiter_conformance::model::{Expected, Model};
+use proptest::prelude::*;
+
+/// A policy of `algorithm` with a small limit and a window of 1–20 ms,
+/// often not a multiple of the limit (GCRA's interval then rounds down).
+fn policy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
+    (1u32..=6, 1_000u64..=20_000).prop_map(move |(limit, window_us)| {
+        Policy::new(algorithm, limit, Duration::from_micros(window_us))
+            .expect("small policies are valid")
+    })
+}
+
+/// Clock moves: mostly none or small, sometimes whole windows, sometimes
+/// backwards.
+fn advance() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => Just(0i64),
+        4 => 0i64..=3_000,
+        2 => 0i64..=45_000,
+        1 => -25_000i64..=0,
+    ]
+}
+
+fn steps() -> impl Strategy<Value = Vec<(u8, usize, u32, i64)>> {
+    prop::collection::vec((0u8..3, 0usize..4, 0u32..6, advance()), 1..80)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn model_agrees_with_core_algorithm(
+        policies in (
+            policy(Algorithm::SlidingLog),
+            policy(Algorithm::FixedWindow),
+            policy(Algorithm::SlidingWindow),
+            policy(Algorithm::Gcra),
+        ),
+        steps in steps(),
+    ) {
+        let policies = [policies.0, policies.1, policies.2, policies.3];
+        let mut model = Model::new();
+        let mut states: HashMap<(usize, u8), Option<KeyState>> = HashMap::new();
+        let mut now = ManualClock::DEFAULT_START.as_micros();
+        for (i, &(key, p, cost, advance)) in steps.iter().enumerate() {
+            now = now.saturating_add_signed(advance);
+            let policy = &policies[p];
+            let cost = 1 + cost % policy.limit();
+            let v = algorithm::apply(states.entry((p, key)).or_default(), policy, cost, now);
+            let core = Expected {
+                allowed: v.allowed,
+                remaining: v.remaining,
+                reset_after: Duration::from_micros(v.reset_after_us),
+                retry_after: Duration::from_micros(v.retry_after_us),
+            };
+            let modelled = model
+                .decide(&[key], policy, cost, Timestamp::from_micros(now))
+                .expect("valid cost");
+            prop_assert_eq!(core, modelled, "step {} ({}, key {}, cost {}, t={})", i, policy, key, cost, now);
+        }
+    }
+}
+
+/// The model's own hand-checked boundaries, so that the property above
+/// compares against something known to be right.
+#[test]
+fn model_boundaries_by_hand() {
+    let t0 = ManualClock::DEFAULT_START;
+    let at = |s: u64| t0.saturating_add(Duration::from_secs(s));
+    let mut m = Model::new();
+
+    // Sliding log 3 / 10 s: admissions at 0, 1, 2; refused at 5 until 10.
+    let p = Policy::sliding_log(3, Duration::from_secs(10)).unwrap();
+    for s in 0..3 {
+        assert!(m.decide(b"log", &p, 1, at(s)).unwrap().allowed);
+    }
+    let r = m.decide(b"log", &p, 1, at(5)).unwrap();
+    assert!(!r.allowed);
+    assert_eq!(r.retry_after, Duration::from_secs(5));
+    assert_eq!(r.reset_after, Duration::from_secs(7));
+    assert_eq!(r.remaining, 0);
+
+    // Fixed window 2 / 10 s: the end is fixed at the first hit.
+    let p = Policy::fixed_window(2, Duration::from_secs(10)).unwrap();
+    assert!(m.decide(b"fw", &p, 1, at(0)).unwrap().allowed);
+    let a = m.decide(b"fw", &p, 1, at(9)).unwrap();
+    assert_eq!(a.reset_after, Duration::from_secs(1));
+    let r = m.decide(b"fw", &p, 1, at(9)).unwrap();
+    assert_eq!(r.retry_after, Duration::from_secs(1));
+    assert!(m.decide(b"fw", &p, 1, at(10)).unwrap().allowed);
+
+    // Sliding window 10 / 10 s: 10 at 0, then at 11 s the previous window
+    // weighs 9/10 and one more unit fits.
+    let p = Policy::sliding_window(10, Duration::from_secs(10)).unwrap();
+    assert!(m.decide(b"sw", &p, 10, at(0)).unwrap().allowed);
+    let r = m.decide(b"sw", &p, 1, at(5)).unwrap();
+    assert_eq!(r.retry_after, Duration::from_secs(6));
+    let a = m.decide(b"sw", &p, 1, at(11)).unwrap();
+    assert!(a.allowed);
+    assert_eq!(a.remaining, 0);
+
+    // GCRA 4 / 8 s: a burst of 4, then one unit every 2 s.
+    let p = Policy::gcra(4, Duration::from_secs(8)).unwrap();
+    for left in (0..4).rev() {
+        assert_eq!(m.decide(b"g", &p, 1, at(0)).unwrap().remaining, left);
+    }
+    let r = m.decide(b"g", &p, 1, at(0)).unwrap();
+    assert_eq!(r.retry_after, Duration::from_secs(2));
+    assert_eq!(r.reset_after, Duration::from_secs(8));
+
+    // Invalid costs are the error a store returns.
+    assert!(m.decide(b"g", &p, 0, at(0)).is_err());
+    assert!(m.decide(b"g", &p, 5, at(0)).is_err());
+}
+
+/// A clock going back after a sliding log's units expired does not bring
+/// them back: the case the model's "horizon" exists for.
+#[test]
+fn model_sliding_log_forgets_expired_units_after_clock_regression() {
+    let t0 = ManualClock::DEFAULT_START;
+    let at = |ms: u64| t0.saturating_add(Duration::from_millis(ms));
+    let p = Policy::sliding_log(1, Duration::from_millis(10)).unwrap();
+    let mut m = Model::new();
+    assert!(m.decide(b"k", &p, 1, at(100)).unwrap().allowed);
+    assert!(m.decide(b"k", &p, 1, at(200)).unwrap().allowed);
+    // Back to 195: the unit at 200 is in the future and still counts.
+    assert!(!m.decide(b"k", &p, 1, at(195)).unwrap().allowed);
+    let mut state = None;
+    for ms in [100, 200, 195] {
+        algorithm::apply(&mut state, &p, 1, at(ms).as_micros());
+    }
+    assert!(matches!(state, Some(KeyState::SlidingLog(ref log)) if log.len() == 1));
+}
