@@ -122,7 +122,7 @@ pub struct MemoryStore {
     /// evict it with a flood of one shard's capacity instead of the whole
     /// store's, or pile keys into one probe sequence (HashDoS). aHash rather
     /// than std's SipHash-1-3: hashing was half the cost of a decision on a
-    /// hot key with SipHash (67 → 33 ns in the benchmark), and aHash claims
+    /// hot key with SipHash (67 → 35 ns in the benchmark), and aHash claims
     /// resistance to these attacks with random keys, which foldhash
     /// explicitly does not against an attacker who can observe outcomes.
     hasher: RandomState,
