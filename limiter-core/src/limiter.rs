@@ -683,7 +683,9 @@ impl Limiter {
     ///
     /// Returns the first refusal, or when every rule admits, the admitting
     /// decision with the fewest units remaining (the one a client should
-    /// see in rate-limit headers).
+    /// see in rate-limit headers). A rule admitted by its failure policy
+    /// knows nothing of the client's quota, so it is shown only when no
+    /// store answered at all.
     pub async fn check(&self, key: &[u8]) -> Decision {
         let mut tightest: Option<Decision> = None;
         for rule in self.rules.iter() {
@@ -691,10 +693,15 @@ impl Limiter {
             if !decision.allowed {
                 return decision;
             }
-            if tightest
-                .as_ref()
-                .is_none_or(|t| decision.remaining < t.remaining)
-            {
+            let tighter = match &tightest {
+                None => true,
+                Some(t) => match (t.source.degraded, decision.source.degraded) {
+                    (true, false) => true,
+                    (false, true) => false,
+                    _ => decision.remaining < t.remaining,
+                },
+            };
+            if tighter {
                 tightest = Some(decision);
             }
         }

@@ -354,6 +354,22 @@ async fn durable_failure_never_refuses_an_escalating_rule() {
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn headers_come_from_a_store_that_answered_not_from_a_failed_tier() {
+    let local = Switchable::new("local");
+    let shared = Switchable::new("shared");
+    shared.set(Health::Failing);
+    let limiter = Limiter::builder()
+        .rule(Rule::new("local", local, per_minute(10)).unwrap())
+        .rule(Rule::new("shared", shared, per_minute(40)).unwrap())
+        .build()
+        .unwrap();
+    let d = limiter.check(b"k").await;
+    assert!(d.allowed && !d.source.degraded);
+    assert_eq!(d.source.rule.as_deref(), Some("local"));
+    assert_eq!(d.remaining, 9);
+}
+
 #[test]
 fn bad_compositions_are_refused_at_construction() {
     let s = Switchable::new("s");
