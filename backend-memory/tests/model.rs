@@ -1,0 +1,200 @@
+//! The memory store against the reference model (`limiter_conformance::model`)
+//! on random scripts of requests, keys, costs and clock moves (backwards
+//! included): identical decisions, first with room for every key, then with
+//! a key cap small enough to evict.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Timestamp};
+use limiter_conformance::model::{Expected, Model, Step, replay};
+use limiter_memory::MemoryStore;
+use proptest::prelude::*;
+
+fn policy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
+    (1u32..=6, 1_000u64..=20_000).prop_map(move |(limit, window_us)| {
+        Policy::new(algorithm, limit, Duration::from_micros(window_us))
+            .expect("small policies are valid")
+    })
+}
+
+fn policies() -> impl Strategy<Value = [Policy; 4]> {
+    (
+        policy(Algorithm::SlidingLog),
+        policy(Algorithm::FixedWindow),
+        policy(Algorithm::SlidingWindow),
+        policy(Algorithm::Gcra),
+    )
+        .prop_map(|(a, b, c, d)| [a, b, c, d])
+}
+
+/// Clock moves: mostly none or small, sometimes whole windows, sometimes
+/// backwards.
+fn advance() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => Just(0i64),
+        4 => 0i64..=3_000,
+        2 => 0i64..=45_000,
+        1 => -25_000i64..=0,
+    ]
+}
+
+fn steps(keys: u8, len: usize) -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        (0..keys, 0usize..4, 0u32..6, advance()).prop_map(|(key, policy, cost, advance_us)| Step {
+            key,
+            policy,
+            cost,
+            advance_us,
+        }),
+        1..len,
+    )
+}
+
+fn key(k: u8) -> Vec<u8> {
+    format!("client:{k}").into_bytes()
+}
+
+/// Applies one step to the store and the model (the model first told to
+/// forget what the store evicts, if `lru` tracks it); returns both answers.
+fn step(
+    store: &MemoryStore,
+    model: &mut Model,
+    policies: &[Policy; 4],
+    s: &Step,
+    now: &mut u64,
+) -> (Expected, Expected, Policy, Vec<u8>) {
+    *now = now.saturating_add_signed(s.advance_us);
+    let policy = policies[s.policy % 4];
+    let cost = 1 + s.cost % policy.limit();
+    let k = key(s.key);
+    let at = Timestamp::from_micros(*now);
+    let got = Expected::of(
+        &store
+            .decide_sync(&k, &policy, cost, at)
+            .expect("valid request"),
+    );
+    let want = model.decide(&k, &policy, cost, at).expect("valid cost");
+    (got, want, policy, k)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Room for every key: the store is the model, decision for decision.
+    #[test]
+    fn memory_store_agrees_with_model(policies in policies(), steps in steps(4, 120)) {
+        let store = MemoryStore::builder().capacity(1_000).build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let result = rt.block_on(replay(&store, &policies, &steps, key, ManualClock::DEFAULT_START));
+        if let Err(failure) = result {
+            return Err(TestCaseError::fail(failure.0));
+        }
+    }
+
+    /// One shard of `cap` keys is an exact LRU over (algorithm, key) pairs,
+    /// touched by every request, admitted or refused. The model, told to
+    /// forget exactly the pair an LRU of that size evicts, agrees on every
+    /// decision, and the store's length and eviction count are the LRU's.
+    #[test]
+    fn capped_single_shard_store_is_the_model_with_exact_lru_eviction(
+        cap in 1usize..=6,
+        policies in policies(),
+        steps in steps(8, 160),
+    ) {
+        let store = MemoryStore::builder().capacity(cap).shards(1).build().unwrap();
+        let mut model = Model::new();
+        let mut lru: VecDeque<(Algorithm, u8)> = VecDeque::new();
+        let mut evictions = 0u64;
+        let mut now = ManualClock::DEFAULT_START.as_micros();
+        for (i, s) in steps.iter().enumerate() {
+            let pair = (policies[s.policy % 4].algorithm(), s.key);
+            match lru.iter().position(|p| *p == pair) {
+                Some(at) => { lru.remove(at); }
+                None if lru.len() == cap => {
+                    let (algorithm, k) = lru.pop_front().expect("cap >= 1");
+                    let evicted = policies.iter().find(|p| p.algorithm() == algorithm).expect("policy");
+                    model.forget(&key(k), evicted);
+                    evictions += 1;
+                }
+                None => {}
+            }
+            lru.push_back(pair);
+            let (got, want, policy, k) = step(&store, &mut model, &policies, s, &mut now);
+            prop_assert_eq!(got, want, "step {}: {} key {:?}", i, policy, String::from_utf8_lossy(&k));
+            prop_assert_eq!(store.len(), lru.len());
+            prop_assert_eq!(store.evictions(), evictions);
+        }
+    }
+
+    /// The guarantee the crate documents, checked without knowing how the
+    /// store evicts: with `n` shards of at least `per` keys each, a key
+    /// touched again before `per` distinct other keys were touched is never
+    /// forgotten, so it agrees with a model that never evicts. A key that
+    /// may have been evicted (as many others touched in between) is no
+    /// longer compared. The store never holds more than its capacity.
+    #[test]
+    fn sharded_store_never_forgets_a_recently_touched_key(
+        shards in 1usize..=4,
+        per in 2usize..=6,
+        policies in policies(),
+        steps in steps(10, 200),
+    ) {
+        let cap = shards * per;
+        let store = MemoryStore::builder().capacity(cap).shards(shards).build().unwrap();
+        let mut model = Model::new();
+        // Per (algorithm, key): the step of its last touch.
+        let mut last_touch: HashMap<(Algorithm, u8), usize> = HashMap::new();
+        let mut tainted: Vec<(Algorithm, u8)> = Vec::new();
+        let mut compared = 0usize;
+        let mut now = ManualClock::DEFAULT_START.as_micros();
+        for (i, s) in steps.iter().enumerate() {
+            let pair = (policies[s.policy % 4].algorithm(), s.key);
+            if let Some(&last) = last_touch.get(&pair) {
+                let others: std::collections::HashSet<(Algorithm, u8)> = steps[last + 1..i]
+                    .iter()
+                    .map(|o| (policies[o.policy % 4].algorithm(), o.key))
+                    .filter(|p| *p != pair)
+                    .collect();
+                if others.len() >= per && !tainted.contains(&pair) {
+                    tainted.push(pair);
+                }
+            }
+            last_touch.insert(pair, i);
+            let (got, want, policy, k) = step(&store, &mut model, &policies, s, &mut now);
+            if !tainted.contains(&pair) {
+                prop_assert_eq!(got, want, "step {}: {} key {:?}", i, policy, String::from_utf8_lossy(&k));
+                compared += 1;
+            }
+            prop_assert!(store.len() <= cap, "{} keys held, capacity {}", store.len(), cap);
+        }
+        // The first touch of any key is always compared.
+        prop_assert!(compared >= 1);
+    }
+}
+
+/// The exact-LRU property above is not vacuous: a tiny store does evict, and
+/// a model that is not told about it disagrees.
+#[test]
+fn eviction_is_visible_to_the_model() {
+    let store = MemoryStore::builder()
+        .capacity(1)
+        .shards(1)
+        .build()
+        .unwrap();
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let t0 = ManualClock::DEFAULT_START;
+    let mut model = Model::new();
+    for k in [b"a", b"b", b"a"] {
+        let got = Expected::of(&store.decide_sync(k, &policy, 1, t0).unwrap());
+        let want = model.decide(k, &policy, 1, t0).unwrap();
+        if k == b"a" && !want.allowed {
+            // "a" was evicted by "b": the store forgot it, the model did not.
+            assert!(got.allowed);
+            assert_eq!(store.evictions(), 2);
+            return;
+        }
+        assert_eq!(got, want);
+    }
+    panic!("the model never refused the second request of \"a\"");
+}
