@@ -620,3 +620,56 @@ async fn invalid_requests_are_errors() {
         limiter_core::ErrorKind::InvalidRequest
     );
 }
+
+/// The background sweeper deletes expired rows on its own, reading the
+/// clock it was given, and stops when its store is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_sweeper_runs_and_stops_with_its_store() {
+    let clock = ManualClock::starting_at(T0);
+    let swept = common::builder("sweeper")
+        .gc_slack(Duration::from_millis(1))
+        .sweep_clock(Arc::new(clock.clone()))
+        .sweep_interval(Some(Duration::from_millis(50)))
+        .build()
+        .await
+        .unwrap();
+    // The same schema without a sweeper, to look on after the drop.
+    let observer = common::builder("unused")
+        .schema(swept.schema())
+        .build()
+        .await
+        .unwrap();
+    let policy = Policy::fixed_window(5, Duration::from_secs(1)).unwrap();
+    for i in 0..20u32 {
+        swept
+            .decide(format!("k{i}").as_bytes(), &policy, 1, T0)
+            .await
+            .unwrap();
+    }
+    assert_eq!(count_rows(&observer, "fixed_window").await, 20);
+    clock.set(at(10 * S));
+    let mut gone = false;
+    for _ in 0..400 {
+        if count_rows(&observer, "fixed_window").await == 0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        gone,
+        "the sweeper removes expired rows without being called"
+    );
+
+    drop(swept);
+    for i in 0..20u32 {
+        observer
+            .decide(format!("k{i}").as_bytes(), &policy, 1, at(10 * S))
+            .await
+            .unwrap();
+    }
+    clock.set(at(100 * S));
+    // Ten sweeper intervals: a sweeper still running would have emptied it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count_rows(&observer, "fixed_window").await, 20);
+}
