@@ -56,6 +56,12 @@ pub mod store;
 
 #[cfg(feature = "memory")]
 pub use limiter_memory as memory;
+/// The Postgres store (`limiter-postgres`).
+#[cfg(feature = "postgres")]
+pub use limiter_postgres as postgres;
+/// The Redis store (`limiter-redis`).
+#[cfg(feature = "redis")]
+pub use limiter_redis as redis;
 
 pub use identity::{AddressSource, ClientIdentity, ClientKey};
 pub use layer::{RateLimit, RateLimitBody, RateLimitLayer};

@@ -1,0 +1,207 @@
+//! The conformance scorecard: runs every scenario of `limiter-conformance`
+//! against one backend and prints one line per scenario with its evidence.
+//!
+//! ```text
+//! cargo run -p limiter --bin limiter-conformance -- memory
+//! cargo run -p limiter --features redis --bin limiter-conformance -- redis://127.0.0.1:6379
+//! cargo run -p limiter --features postgres --bin limiter-conformance -- postgres://postgres@127.0.0.1/postgres
+//! cargo run -p limiter --bin limiter-conformance -- broken:insertion-order-eviction
+//! ```
+//!
+//! Exits 0 when every scenario passes, 1 when any fails, 2 on bad usage.
+//! Against a shared server each scenario isolates itself (a unique key
+//! prefix, its own schema) and never wipes what is already there.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use limiter::Store;
+use limiter_conformance::broken::{BrokenStore, Defect};
+use limiter_conformance::{StoreFactory, run_all};
+
+const USAGE: &str = "usage: limiter-conformance <target>
+
+targets:
+  memory                      the in-process store with a capacity of 1000 keys
+  memory://?capacity=N        the in-process store with N keys
+  redis://HOST:PORT[/DB]      a Redis server (needs the `redis` feature)
+  postgres://USER@HOST/DB     a PostgreSQL server (needs the `postgres` feature)
+  broken:DEFECT               a deliberately broken test store, to see the suite catch it;
+                              DEFECT is one of:";
+
+/// The broken stores, by the name given on the command line.
+const DEFECTS: &[(&str, Defect)] = &[
+    ("insertion-order-eviction", Defect::InsertionOrderEviction),
+    ("eviction-skips-refusals", Defect::EvictionSkipsRefusals),
+    ("refusals-recorded", Defect::RefusalsRecorded),
+    (
+        "expiry-renewed-on-every-hit",
+        Defect::ExpiryRenewedOnEveryHit,
+    ),
+    ("non-atomic", Defect::NonAtomic),
+    ("truncated-keys", Defect::TruncatedKeys),
+    ("lossy-utf8-keys", Defect::LossyUtf8Keys),
+    ("reset-on-clock-regression", Defect::ResetOnClockRegression),
+    ("panic-on-clock-regression", Defect::PanicOnClockRegression),
+    ("off-by-one", Defect::OffByOne),
+    (
+        "accepts-unsupported-algorithms",
+        Defect::AcceptsUnsupportedAlgorithms,
+    ),
+    ("shared-buckets", Defect::SharedBuckets),
+];
+
+/// The key capacity of the bounded stores the scorecard builds: small enough
+/// that the flood scenario (three times the capacity) runs in a moment.
+const CAPACITY: usize = 1_000;
+
+fn usage() -> ExitCode {
+    eprintln!("{USAGE}");
+    for (name, _) in DEFECTS {
+        eprintln!("                                {name}");
+    }
+    ExitCode::from(2)
+}
+
+async fn factory(target: &str) -> Result<Arc<dyn StoreFactory>, String> {
+    if let Some(defect) = target.strip_prefix("broken:") {
+        let Some(&(_, defect)) = DEFECTS.iter().find(|(name, _)| *name == defect) else {
+            return Err(format!("unknown defect {defect:?}"));
+        };
+        return Ok(Arc::new(move || async move {
+            Arc::new(BrokenStore::new(defect, CAPACITY)) as Arc<dyn Store>
+        }));
+    }
+    if target == "memory" || target.starts_with("memory://") {
+        let target = if target == "memory" {
+            format!("memory://?capacity={CAPACITY}")
+        } else {
+            target.to_owned()
+        };
+        // Validate the URL once, then build fresh stores of the same shape.
+        limiter::store::from_url(&target)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(Arc::new(move || {
+            let target = target.clone();
+            async move {
+                limiter::store::from_url(&target)
+                    .await
+                    .expect("the URL was validated above")
+            }
+        }));
+    }
+    shared_factory(target)
+}
+
+/// Names unique to this run, so that scenarios on a shared server never see
+/// each other's state or anything already there.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn unique(separator: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let started = limiter::Timestamp::now_system().as_micros();
+    format!("scorecard{separator}{started}{separator}{n}")
+}
+
+/// The scorecard checks what a store decides, not how fast: a generous
+/// timeout keeps 64 concurrent callers on a busy machine from failing a
+/// scenario by waiting for a pooled connection.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+const SCENARIO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn shared_factory(target: &str) -> Result<Arc<dyn StoreFactory>, String> {
+    let scheme = target.split_once("://").map_or("", |(s, _)| s);
+    match scheme {
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+cluster" => {
+            // Validate once, so a malformed URL is reported before any scenario.
+            limiter::redis::RedisStore::from_url(target).map_err(|e| e.to_string())?;
+            let url = target.to_owned();
+            Ok(Arc::new(move || {
+                let store = limiter::redis::RedisStore::builder(url.clone())
+                    .key_prefix(format!("{}:", unique(":")))
+                    .timeout(SCENARIO_TIMEOUT)
+                    .build()
+                    .expect("the URL was validated above");
+                async move { Arc::new(store) as Arc<dyn Store> }
+            }))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            let url = target.to_owned();
+            Ok(Arc::new(move || {
+                let url = url.clone();
+                async move {
+                    let store = limiter::postgres::PostgresStore::builder(url)
+                        .schema(unique("_"))
+                        .timeout(SCENARIO_TIMEOUT)
+                        .build()
+                        .await
+                        .unwrap_or_else(|e| panic!("cannot open the Postgres store: {e}"));
+                    Arc::new(store) as Arc<dyn Store>
+                }
+            }))
+        }
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" | "redis+cluster" => {
+            Err("redis URLs need the `redis` feature: cargo run -p limiter --features redis --bin limiter-conformance -- URL".into())
+        }
+        #[cfg(not(feature = "postgres"))]
+        "postgres" | "postgresql" => {
+            Err("postgres URLs need the `postgres` feature: cargo run -p limiter --features postgres --bin limiter-conformance -- URL".into())
+        }
+        _ => Err(format!("unknown target {target:?}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [target] = args.as_slice() else {
+        return usage();
+    };
+    if target == "-h" || target == "--help" {
+        return usage();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let factory = match factory(target).await {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        println!("conformance scorecard for {target}");
+        let results = run_all(factory).await;
+        let width = results.iter().map(|(s, _)| s.name.len()).max().unwrap_or(0);
+        let mut failed = 0;
+        for (scenario, result) in &results {
+            match result {
+                Ok(evidence) => println!("PASS  {:width$}  {evidence}", scenario.name),
+                Err(failure) => {
+                    failed += 1;
+                    println!("FAIL  {:width$}  {failure}", scenario.name);
+                }
+            }
+        }
+        let passed = results.len() - failed;
+        println!("{passed} passed, {failed} failed");
+        if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    })
+}
