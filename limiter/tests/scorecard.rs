@@ -8,7 +8,10 @@ fn scorecard(target: &str) -> (Option<i32>, String) {
         .arg(target)
         .output()
         .expect("the scorecard binary runs");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 #[test]
@@ -22,7 +25,7 @@ fn memory_store_passes_every_scenario() {
 
 #[test]
 fn every_broken_store_fails_the_scorecard() {
-    for defect in [
+    let defects = [
         "insertion-order-eviction",
         "eviction-skips-refusals",
         "refusals-recorded",
@@ -35,7 +38,13 @@ fn every_broken_store_fails_the_scorecard() {
         "off-by-one",
         "accepts-unsupported-algorithms",
         "shared-buckets",
-    ] {
+    ];
+    assert_eq!(
+        defects.len(),
+        limiter_conformance::broken::Defect::ALL.len(),
+        "a defect is missing from the scorecard"
+    );
+    for defect in defects {
         let (code, out) = scorecard(&format!("broken:{defect}"));
         assert_eq!(code, Some(1), "broken:{defect} was not caught:\n{out}");
         assert!(out.contains("FAIL "), "{out}");
