@@ -98,8 +98,10 @@ END;
 -- key and then reads its committed result (READ COMMITTED re-reads the
 -- newest row version). A key without a row is created by INSERT ... ON
 -- CONFLICT DO NOTHING; losing that race means another decision created it
--- first, so the loop decides again on the row that won. A refusal writes no
--- state (only an abuse event, when p_abuse_retention is not null).
+-- first, so the loop decides again on the row that won. A refusal records
+-- nothing: it writes no state (except that the sliding log drops entries
+-- that have expired, exactly as the core algorithm does), and only an abuse
+-- event when p_abuse_retention is not null.
 --
 -- Arguments: key, limit, window (µs), cost, now (µs, NULL = server clock),
 -- GC slack (µs, > 0), abuse-event retention (µs, NULL = do not record).
@@ -162,6 +164,13 @@ BEGIN
             reset_after_us := greatest(v_log[v_n] + p_window - v_now, 0);
             retry_after_us := greatest(
                 v_log[v_i + (v_count + p_cost - p_limit - 1)::integer] + p_window - v_now, 0);
+            -- The refusal is not recorded, but entries that have expired are
+            -- dropped, as the core algorithm drops them: otherwise a clock
+            -- that later goes backwards would find them alive again and
+            -- decide more strictly than the core does.
+            IF v_i > 1 THEN
+                UPDATE sliding_log SET log = v_log[v_i:v_n] WHERE key_hash = v_hash;
+            END IF;
             PERFORM record_refusal(v_hash, 'sliding_log', p_limit, p_window, p_cost, v_now,
                                    p_abuse_retention);
         END IF;

@@ -4,7 +4,9 @@
 //! applies every [`Policy`] with **one SQL statement per decision**: a call
 //! of a PL/pgSQL function (`decide_gcra`, `decide_fixed_window`, …) that
 //! locks the key's row, transcribes [`limiter_core::algorithm`] in `bigint`
-//! arithmetic, and writes only when the request is admitted. Concurrent
+//! arithmetic, and records only admitted requests (a refusal writes no state,
+//! except that the sliding log drops entries that have already expired, as
+//! the core algorithm does). Concurrent
 //! decisions on one key queue on that row lock, so they are exact: no lost
 //! update, no over-admission, and no read-then-write from the client.
 //!

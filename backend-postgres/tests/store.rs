@@ -673,3 +673,28 @@ async fn the_background_sweeper_runs_and_stops_with_its_store() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(count_rows(&observer, "fixed_window").await, 20);
 }
+
+/// A sliding-log refusal records nothing but drops entries that have
+/// expired, as the core algorithm does, so a clock that then goes backwards
+/// gets the core's answer, not a stricter one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_refusals_forget_expired_entries_like_the_core() {
+    let store = common::fresh_store("log_prune").await;
+    let policy = Policy::sliding_log(2, Duration::from_secs(10)).unwrap();
+    let script = [(1, 0), (1, 5 * S), (2, 12 * S), (1, 9 * S)];
+    let mut state = None;
+    let mut answers = Vec::new();
+    for (cost, offset) in script {
+        let ours = store.decide(b"k", &policy, cost, at(offset)).await.unwrap();
+        let core =
+            limiter_core::algorithm::apply(&mut state, &policy, cost, at(offset).as_micros());
+        assert_eq!(
+            (ours.allowed, ours.remaining),
+            (core.allowed, core.remaining),
+            "cost {cost} at +{offset} µs"
+        );
+        answers.push(ours.allowed);
+    }
+    // Without the pruning, the last request (back at +9 s) would be refused.
+    assert_eq!(answers, [true, true, false, true]);
+}
