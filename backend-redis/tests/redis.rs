@@ -19,6 +19,9 @@ const T0: u64 = 1_767_225_600 * S;
 /// Hangs are caught by this, far above any timeout under test; it is a
 /// guard, not a measurement.
 const HANG_GUARD: Duration = Duration::from_secs(20);
+/// The timeout of stores whose tests are about semantics, not failures: a
+/// loaded machine must not turn a slow answer into a failed test.
+const GENEROUS: Duration = Duration::from_secs(10);
 
 async fn admin(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
@@ -85,6 +88,7 @@ async fn one_evalsha_per_decision_and_nothing_else() {
     let mut conn = admin(&url).await;
     let store = RedisStore::builder(&url)
         .key_prefix(common::unique_prefix("round-trips"))
+        .timeout(GENEROUS)
         .build()
         .unwrap();
     store.connect().await.unwrap();
@@ -188,6 +192,7 @@ async fn refusals_write_nothing_and_ttls_are_bounded() {
     let mut conn = admin(url).await;
     let store = RedisStore::builder(url)
         .key_prefix(common::unique_prefix("writes"))
+        .timeout(GENEROUS)
         .build()
         .unwrap();
     let margin_ms = DEFAULT_EXPIRY_MARGIN.as_millis() as i64;
@@ -250,6 +255,7 @@ async fn fixed_window_expiry_is_set_when_the_window_opens() {
     let mut conn = admin(url).await;
     let store = RedisStore::builder(url)
         .key_prefix(common::unique_prefix("expiry"))
+        .timeout(GENEROUS)
         .build()
         .unwrap();
     let p = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
@@ -295,6 +301,7 @@ async fn a_key_of_another_type_is_an_error_not_a_panic() {
     let mut conn = admin(url).await;
     let store = RedisStore::builder(url)
         .key_prefix(common::unique_prefix("wrongtype"))
+        .timeout(GENEROUS)
         .build()
         .unwrap();
     for p in policies() {
@@ -325,6 +332,7 @@ async fn server_clock_mode_decides_with_real_time() {
     // driven. It asserts behaviour only, with generous slack.
     let store = RedisStore::builder(common::shared_url())
         .key_prefix(common::unique_prefix("server-clock"))
+        .timeout(GENEROUS)
         .server_clock(true)
         .build()
         .unwrap();
@@ -585,6 +593,7 @@ async fn scripts_match_the_reference_algorithm_decision_for_decision() {
 
     let store = RedisStore::builder(common::shared_url())
         .key_prefix(common::unique_prefix("differential"))
+        .timeout(GENEROUS)
         .build()
         .unwrap();
     let shapes: [(u32, Duration); 5] = [
