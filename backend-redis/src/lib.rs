@@ -19,6 +19,11 @@
 //!   Any byte string is a valid key. Every key carries a TTL of the time its
 //!   state stays meaningful plus a margin, so Redis memory is bounded by live
 //!   windows; the TTL is garbage collection, never part of a decision.
+//!   A fixed or sliding window's expiry is set when the window opens and
+//!   never moved by the hits it counts; a log's and GCRA's state lives as
+//!   long as its last *admitted* request says (the newest entry, the
+//!   theoretical arrival time), so only admissions set it. A refusal
+//!   records nothing and never moves an expiry.
 //! * **Failures**: every call is bounded by a timeout (default
 //!   [`DEFAULT_TIMEOUT`]); a dead, paused or misbehaving server becomes a
 //!   [`StoreError`] of kind `Timeout`, `Unavailable` or `Protocol`, never a
