@@ -1,0 +1,223 @@
+//! The over-admission bounds stated in `limiter_core`'s composition docs,
+//! measured: a fleet of N limiters in one process, each with its own memory
+//! store, sharing one Redis or Postgres server, all driven by one manual
+//! clock. One attacker key, requests round-robin across the instances, many
+//! more than the limit, all inside one window; the admitted count must be
+//! exactly the documented bound for the composition.
+#![cfg(all(feature = "redis", feature = "postgres", feature = "memory"))]
+
+#[path = "../../backend-postgres/tests/common/mod.rs"]
+mod pg_common;
+#[path = "../../backend-redis/tests/common/mod.rs"]
+mod redis_common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use limiter::memory::MemoryStore;
+use limiter::redis::RedisStore;
+use limiter::{
+    AbuseEvent, AbuseSink, BreakerConfig, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store,
+    StoreError,
+};
+
+/// Instances in the fleet.
+const N: u32 = 4;
+/// The policy's limit.
+const L: u32 = 10;
+/// Requests per instance: far beyond the limit.
+const PER_INSTANCE: u32 = 50;
+const HANG_GUARD: Duration = Duration::from_secs(4);
+
+fn policy() -> Policy {
+    Policy::sliding_log(L, Duration::from_secs(60)).unwrap()
+}
+
+fn redis_store(url: &str) -> Arc<dyn Store> {
+    Arc::new(
+        RedisStore::builder(url)
+            .key_prefix(redis_common::unique_prefix("fleet"))
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap(),
+    )
+}
+
+fn local() -> Arc<dyn Store> {
+    Arc::new(MemoryStore::new(1_000))
+}
+
+fn fleet(clock: &ManualClock, rule: impl Fn() -> Rule) -> Vec<Limiter> {
+    (0..N)
+        .map(|_| {
+            Limiter::builder()
+                .clock(clock.clone())
+                .rule(rule())
+                .build()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Sends `per_instance` requests for one key to each instance, round-robin,
+/// without moving the clock; returns how many were admitted.
+async fn drive(fleet: &[Limiter], per_instance: u32) -> u32 {
+    let mut admitted = 0;
+    for _ in 0..per_instance {
+        for limiter in fleet {
+            let d = tokio::time::timeout(HANG_GUARD, limiter.check(b"attacker"))
+                .await
+                .expect("a decision hung");
+            admitted += u32::from(d.allowed);
+        }
+    }
+    admitted
+}
+
+fn total(fleet: &[Limiter], f: impl Fn(&limiter::RuleStats) -> u64) -> u64 {
+    fleet.iter().map(|l| f(&l.stats()[0])).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_store_only_admits_the_limit_across_the_fleet() {
+    let clock = ManualClock::new();
+    let shared = redis_store(redis_common::shared_url());
+    let fleet = fleet(&clock, || {
+        Rule::new("search", shared.clone(), policy())
+            .unwrap()
+            .on_failure(FailurePolicy::Closed)
+    });
+    assert_eq!(drive(&fleet, PER_INSTANCE).await, L);
+    assert_eq!(total(&fleet, |s| s.degraded), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_postgres_only_admits_the_limit_across_the_fleet() {
+    let clock = ManualClock::new();
+    let shared: Arc<dyn Store> = Arc::new(pg_common::fresh_store("fleet").await);
+    let fleet = fleet(&clock, || {
+        Rule::new("search", shared.clone(), policy())
+            .unwrap()
+            .on_failure(FailurePolicy::Closed)
+    });
+    assert_eq!(drive(&fleet, PER_INSTANCE).await, L);
+    assert_eq!(total(&fleet, |s| s.degraded), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_store_with_local_fallback_admits_the_limit_while_the_server_is_up() {
+    let clock = ManualClock::new();
+    let shared = redis_store(redis_common::shared_url());
+    let fleet = fleet(&clock, || {
+        Rule::new("search", shared.clone(), policy())
+            .unwrap()
+            .with_fallback(local())
+            .unwrap()
+    });
+    assert_eq!(drive(&fleet, PER_INSTANCE).await, L);
+    assert_eq!(total(&fleet, |s| s.fallbacks), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_store_with_local_fallback_admits_the_limit_per_instance_more_when_it_fails() {
+    // A server of this test's own, since it is stopped.
+    let (container, url) = redis_common::start_redis().await;
+    let clock = ManualClock::new();
+    let shared = redis_store(&url);
+    let fleet = fleet(&clock, || {
+        Rule::new("search", shared.clone(), policy())
+            .unwrap()
+            .with_timeout(Duration::from_millis(200))
+            .unwrap()
+            .with_breaker(BreakerConfig::new(2, Duration::from_secs(5)).unwrap())
+            .with_fallback(local())
+            .unwrap()
+    });
+    let before = drive(&fleet, PER_INSTANCE / 2).await;
+    assert_eq!(before, L);
+    container.stop().await.expect("docker stop");
+    // Same window: each local store counts alone from zero.
+    let during = drive(&fleet, PER_INSTANCE / 2).await;
+    assert_eq!(during, N * L);
+    assert_eq!(before + during, L + N * L, "the documented bound, exactly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_store_only_admits_the_limit_per_instance() {
+    let clock = ManualClock::new();
+    let fleet = fleet(&clock, || Rule::new("search", local(), policy()).unwrap());
+    assert_eq!(drive(&fleet, PER_INSTANCE).await, N * L);
+}
+
+#[derive(Debug, Default)]
+struct CountingSink(AtomicU64);
+
+#[async_trait]
+impl AbuseSink for CountingSink {
+    async fn record(&self, _: AbuseEvent) -> Result<(), StoreError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Sample interval and durable limit of the escalation tests.
+const K: u32 = 5;
+const D: u32 = 3;
+
+/// The documented bound: `N·L − max(0, N·⌊L/k⌋ − D)`.
+fn escalation_bound() -> u32 {
+    N * L - (N * (L / K)).saturating_sub(D)
+}
+
+async fn escalation(durable: Arc<dyn Store>, sink: Arc<dyn AbuseSink>) -> Vec<Limiter> {
+    let clock = ManualClock::new();
+    let fleet = fleet(&clock, || {
+        Rule::new("search", local(), policy())
+            .unwrap()
+            .with_escalation(
+                durable.clone(),
+                Policy::sliding_log(D, Duration::from_secs(3600)).unwrap(),
+                K,
+                Some(sink.clone()),
+            )
+            .unwrap()
+    });
+    let admitted = drive(&fleet, PER_INSTANCE).await;
+    assert_eq!(escalation_bound(), 35);
+    assert_eq!(admitted, escalation_bound());
+    assert_eq!(
+        total(&fleet, |s| s.escalations),
+        u64::from(N * (L / K)),
+        "one sample per K locally admitted requests per instance"
+    );
+    assert_eq!(
+        total(&fleet, |s| s.refused),
+        u64::from(N * PER_INSTANCE - admitted)
+    );
+    fleet
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escalation_to_redis_admits_the_documented_bound() {
+    let sink = Arc::new(CountingSink::default());
+    let fleet = escalation(redis_store(redis_common::shared_url()), sink.clone()).await;
+    let refused = total(&fleet, |s| s.refused);
+    assert_eq!(
+        sink.0.load(Ordering::SeqCst),
+        refused,
+        "every refusal recorded"
+    );
+    assert_eq!(total(&fleet, |s| s.abuse_events), refused);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() {
+    let durable = Arc::new(pg_common::fresh_store("fleet_escalation").await);
+    let fleet = escalation(durable.clone(), durable.clone()).await;
+    let refused = total(&fleet, |s| s.refused);
+    let events = durable.abuse_events(b"attacker").await.unwrap();
+    assert_eq!(events.len() as u64, refused, "every refusal is a row");
+    assert!(events.iter().all(|e| e.rule.as_deref() == Some("search")));
+}
