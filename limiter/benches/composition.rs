@@ -1,0 +1,258 @@
+//! Nanoseconds per decision of the composition: what a `Limiter` adds over
+//! the bare memory store, what a second tier adds, and what a decision
+//! costs while a rule's store is dead and its breaker open.
+//!
+//! Run with `cargo bench -p limiter --bench composition` (add `-- hot` or
+//! `-- round` for one workload).
+//!
+//! A plain `harness = false` binary, like the memory store's benchmark: each
+//! figure is the best of several interleaved rounds of a million decisions,
+//! reported as on-CPU time of the benchmark thread (from
+//! `/proc/thread-self/schedstat`, which time spent waiting for a CPU on a
+//! busy machine does not inflate) and as wall time.
+//!
+//! Everything runs on one current-thread Tokio runtime (the `Limiter` bounds
+//! each store call with `tokio::time::timeout`, which needs one), and the
+//! bare store is called from the same loop through `&dyn Store`, as a rule
+//! calls it. The dead store fails at once, without I/O: the figure is the
+//! cost of the composition around an open breaker, not of a network.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use limiter::memory::MemoryStore;
+use limiter::{
+    Algorithm, BreakerConfig, Capabilities, Clock, Decision, ErrorKind, FailurePolicy, Limiter,
+    ManualClock, Policy, Rule, Store, StoreError, Timestamp,
+};
+
+const LIMIT: u32 = 60;
+const DECISIONS: usize = 1_000_000;
+const KEYS: usize = 1_000;
+const RUNS: usize = 5;
+
+/// A store that is down: every call fails at once.
+#[derive(Debug)]
+struct Dead;
+
+#[async_trait]
+impl Store for Dead {
+    fn name(&self) -> &'static str {
+        "dead"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: None,
+            shared: true,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        Err(StoreError::new(
+            ErrorKind::Unavailable,
+            "dead",
+            "connection refused",
+        ))
+    }
+}
+
+fn policy() -> Policy {
+    Policy::gcra(LIMIT, Duration::from_secs(60)).unwrap()
+}
+
+fn memory() -> Arc<dyn Store> {
+    Arc::new(MemoryStore::new(100_000))
+}
+
+/// A 32-hex-character key, the shape of the workspace's client keys.
+fn key(i: usize) -> [u8; 32] {
+    let mut out = [b'0'; 32];
+    let s = format!(
+        "{:032x}",
+        (i as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+    );
+    out.copy_from_slice(s.as_bytes());
+    out
+}
+
+/// What is measured.
+enum Contender {
+    Bare(Arc<dyn Store>),
+    Limiter(Limiter),
+}
+
+impl Contender {
+    async fn decide(&self, key: &[u8], now: Timestamp, policy: &Policy) -> bool {
+        match self {
+            // Through `&dyn Store`, as a rule calls it.
+            Contender::Bare(store) => {
+                let store: &dyn Store = &**store;
+                store
+                    .decide(key, policy, 1, now)
+                    .await
+                    .is_ok_and(|d| d.allowed)
+            }
+            Contender::Limiter(l) => l.check(key).await.allowed,
+        }
+    }
+}
+
+fn rule(name: &str, store: Arc<dyn Store>) -> Rule {
+    Rule::new(name, store, policy()).unwrap()
+}
+
+fn limiter(clock: &ManualClock, rules: Vec<Rule>) -> Limiter {
+    rules
+        .into_iter()
+        .fold(Limiter::builder().clock(clock.clone()), |b, r| b.rule(r))
+        .build()
+        .unwrap()
+}
+
+/// A rule on the dead store whose breaker is already open and stays open
+/// for the whole run (one failure opens it, for a day of manual time).
+fn dead_rule(fallback: bool) -> Rule {
+    let r = rule("dead", Arc::new(Dead))
+        .with_breaker(BreakerConfig::new(1, Duration::from_secs(86_400)).unwrap())
+        .on_failure(FailurePolicy::Open);
+    if fallback {
+        r.with_fallback(memory()).unwrap()
+    } else {
+        r
+    }
+}
+
+const NAMES: [&str; 5] = [
+    "(a) bare MemoryStore::decide via &dyn Store",
+    "(b) Limiter, one memory rule",
+    "(c) Limiter, two memory tiers",
+    "(d1) Limiter, dead store, breaker open, memory fallback",
+    "(d2) Limiter, dead store, breaker open, fail open",
+];
+
+fn contender(i: usize, clock: &ManualClock) -> Contender {
+    match i {
+        0 => Contender::Bare(memory()),
+        1 => Contender::Limiter(limiter(clock, vec![rule("one", memory())])),
+        2 => Contender::Limiter(limiter(
+            clock,
+            vec![rule("burst", memory()), rule("hourly", memory())],
+        )),
+        3 => Contender::Limiter(limiter(clock, vec![dead_rule(true)])),
+        _ => Contender::Limiter(limiter(clock, vec![dead_rule(false)])),
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Sample {
+    cpu_ns: f64,
+    wall_ns: f64,
+    admitted: usize,
+}
+
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn measure(i: usize, keys: &[[u8; 32]]) -> Sample {
+    let clock = ManualClock::new();
+    let now = clock.now();
+    let policy = policy();
+    let c = contender(i, &clock);
+    // Every key brought past its limit first (the breaker opens on the
+    // first decision): the measured decisions are refusals, the abuse case,
+    // except where a dead store fails open.
+    for _ in 0..=LIMIT {
+        for k in keys {
+            c.decide(k, now, &policy).await;
+        }
+    }
+    let cpu = thread_cpu_ns();
+    let start = Instant::now();
+    let mut admitted = 0;
+    for n in 0..DECISIONS {
+        let k = &keys[n * 7 % keys.len()];
+        admitted += usize::from(c.decide(black_box(k), now, &policy).await);
+    }
+    let wall = start.elapsed();
+    Sample {
+        cpu_ns: (thread_cpu_ns() - cpu) as f64 / DECISIONS as f64,
+        wall_ns: wall.as_nanos() as f64 / DECISIONS as f64,
+        admitted,
+    }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let all: Vec<[u8; 32]> = (0..KEYS).map(key).collect();
+    let workloads: [(&str, &[[u8; 32]]); 2] = [
+        ("one hot key", &all[..1]),
+        ("1,000 keys round-robin", &all[..]),
+    ];
+    println!(
+        "\n{DECISIONS} decisions per run, best of {RUNS} interleaved runs, GCRA {LIMIT}/min, \
+         current-thread runtime; load average at start: {}\n",
+        loadavg()
+    );
+    println!(
+        "| workload | contender | CPU ns/decision | wall ns/decision | CPU ÷ (a) | CPU ÷ (b) | admitted |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for (label, keys) in workloads {
+        if !filters.is_empty() && !filters.iter().any(|f| label.contains(f.as_str())) {
+            continue;
+        }
+        let mut best: [Option<Sample>; 5] = [None; 5];
+        for _ in 0..RUNS {
+            for (i, slot) in best.iter_mut().enumerate() {
+                let s = rt.block_on(measure(i, keys));
+                *slot = Some(match *slot {
+                    Some(b) => Sample {
+                        cpu_ns: b.cpu_ns.min(s.cpu_ns),
+                        wall_ns: b.wall_ns.min(s.wall_ns),
+                        admitted: s.admitted,
+                    },
+                    None => s,
+                });
+            }
+        }
+        let best = best.map(Option::unwrap);
+        for (name, s) in NAMES.iter().zip(best) {
+            println!(
+                "| {label} | {name} | {:.1} | {:.1} | {:.2} | {:.2} | {} |",
+                s.cpu_ns,
+                s.wall_ns,
+                s.cpu_ns / best[0].cpu_ns,
+                s.cpu_ns / best[1].cpu_ns,
+                s.admitted
+            );
+        }
+    }
+}
