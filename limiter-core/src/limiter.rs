@@ -30,7 +30,16 @@
 //! | shared store only (fail closed) | `L` |
 //! | shared store, fallback to local | `L`, plus `L` per instance for each window in which the shared store failed (each local store counts alone) |
 //! | local store only | `N·L` |
-//! | escalation, sample every `k`, durable limit `D` | `N·L`, and once the durable store has seen `D` sampled requests from a key, at most `k − 1` more per instance before a sampled request is refused |
+//! | escalation, sample every `k`, durable limit `D` (counted in samples) | `N·L − max(0, N·⌊L/k⌋ − D)` (cost 1) |
+//!
+//! Escalation records a flood more than it caps it: a durable refusal
+//! refuses only the sampled request (whose local unit is already spent), and
+//! the next `k − 1` requests are answered locally again, so past the
+//! durable limit a fleet still admits all but one request in `k` up to each
+//! instance's local limit. The `limiter` crate's `fleet_bound` test measures
+//! every row of this table with `N = 4` instances sharing real Redis and
+//! Postgres servers; the `limiter` crate's documentation shows the three
+//! articles' setups as runnable examples.
 //!
 //! A call that times out may already have been applied by the store, so a
 //! request whose authoritative call timed out and was then answered by the

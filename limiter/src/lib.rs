@@ -46,6 +46,142 @@
 //! # server.abort();
 //! # Ok::<(), limiter::ConfigError>(()) }).unwrap();
 //! ```
+//!
+//! # The three setups of the articles
+//!
+//! Each is a few lines of [`Rule`]s. The examples run as doctests, where no
+//! server is reachable, so **memory stores stand in for the shared and
+//! durable ones**; the last block shows the real construction.
+//!
+//! **A fast local limit, escalating to a durable store** (the first
+//! article): the memory store is authoritative; every 50th admitted request
+//! of a key is also counted in the durable store under a stricter policy,
+//! and every refusal is recorded as an abuse event.
+//!
+//! ```
+//! # #[cfg(feature = "memory")]
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use limiter::memory::MemoryStore;
+//! use limiter::{AbuseEvent, AbuseSink, Limiter, ManualClock, Policy, Rule, Store, StoreError};
+//!
+//! # #[derive(Debug, Default)] struct Events(std::sync::Mutex<Vec<AbuseEvent>>);
+//! # #[async_trait::async_trait] impl AbuseSink for Events {
+//! #     async fn record(&self, e: AbuseEvent) -> Result<(), StoreError> {
+//! #         self.0.lock().unwrap().push(e); Ok(()) } }
+//! // Stand-ins: in production both are one `PostgresStore` (see below).
+//! let durable: Arc<dyn Store> = Arc::new(MemoryStore::new(10_000));
+//! let events = Arc::new(Events::default());
+//!
+//! let clock = ManualClock::new();
+//! let search = Limiter::builder()
+//!     .clock(clock.clone())
+//!     .rule(
+//!         Rule::new("search", Arc::new(MemoryStore::new(10_000)), Policy::sliding_log(60, Duration::from_secs(60))?)?
+//!             // 20 samples an hour, each standing for 50 requests.
+//!             .with_escalation(durable, Policy::sliding_log(20, Duration::from_secs(3600))?, 50, Some(events.clone()))?,
+//!     )
+//!     .build()?;
+//!
+//! for n in 1..=60 {
+//!     let d = search.check(b"client:1").await;
+//!     assert!(d.allowed);
+//!     assert_eq!(d.source.escalated, n == 50, "request {n}");
+//! }
+//! assert!(!search.check(b"client:1").await.allowed);
+//! assert_eq!(events.0.lock().unwrap().len(), 1, "the refusal is an abuse event");
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+//!
+//! **Tiers** (the second article): 12 per 5 minutes in memory, then 40 per
+//! hour in the durable store. The first refusal wins, so a request refused
+//! by the memory tier costs no call to the durable one.
+//!
+//! ```
+//! # #[cfg(feature = "memory")]
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use limiter::memory::MemoryStore;
+//! use limiter::{Limiter, ManualClock, Policy, Rule, Store};
+//!
+//! // Stand-in for `PostgresStore` (see below).
+//! let durable: Arc<dyn Store> = Arc::new(MemoryStore::new(10_000));
+//! let clock = ManualClock::new();
+//! let photo_check = Limiter::builder()
+//!     .clock(clock.clone())
+//!     .rule(Rule::new("burst", Arc::new(MemoryStore::new(10_000)), Policy::sliding_log(12, Duration::from_secs(300))?)?)
+//!     .rule(Rule::new("hourly", durable, Policy::sliding_log(40, Duration::from_secs(3600))?)?)
+//!     .build()?;
+//!
+//! for _ in 0..12 {
+//!     assert!(photo_check.check(b"client:1").await.allowed);
+//! }
+//! let refused = photo_check.check(b"client:1").await;
+//! assert_eq!(refused.source.rule.as_deref(), Some("burst"));
+//!
+//! // A patient client gets 12 every 5 minutes, until the hourly tier says no.
+//! let (mut admitted, mut refused_by) = (12, None);
+//! for _ in 0..11 {
+//!     clock.advance(Duration::from_secs(300));
+//!     for _ in 0..12 {
+//!         let d = photo_check.check(b"client:1").await;
+//!         if d.allowed { admitted += 1 } else { refused_by = d.source.rule }
+//!     }
+//! }
+//! assert_eq!(admitted, 40);
+//! assert_eq!(refused_by.as_deref(), Some("hourly"));
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+//!
+//! **A shared store, falling back to memory** (the third article): Redis is
+//! authoritative for the fleet; when it errors, times out or its breaker is
+//! open, the same policy is answered by the in-process store, and if that
+//! fails too the request is admitted (fail open).
+//!
+//! ```
+//! # #[cfg(feature = "memory")]
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use limiter::memory::MemoryStore;
+//! use limiter::{BreakerConfig, FailurePolicy, Limiter, Policy, Rule, Store};
+//!
+//! // Stand-in for `limiter::store::from_url("redis://…")` (see below).
+//! let shared: Arc<dyn Store> = Arc::new(MemoryStore::new(100_000));
+//! let forms = Limiter::builder()
+//!     .rule(
+//!         Rule::new("forms", shared, Policy::sliding_log(5, Duration::from_secs(3600))?)?
+//!             .with_timeout(Duration::from_millis(100))?
+//!             .with_breaker(BreakerConfig::new(3, Duration::from_secs(5))?)
+//!             .with_fallback(Arc::new(MemoryStore::new(10_000)))?
+//!             .on_failure(FailurePolicy::Open),
+//!     )
+//!     .build()?;
+//! let d = forms.check(b"client:1").await;
+//! assert!(d.allowed && !d.source.fallback);
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+//!
+//! The real stores, with the `redis` and `postgres` features:
+//!
+//! ```no_run
+//! # #[cfg(all(feature = "redis", feature = "postgres"))]
+//! # async fn real() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use limiter::postgres::PostgresStore;
+//! use limiter::{AbuseSink, Store};
+//!
+//! // Third article: the shared store, opened from configuration.
+//! let shared: Arc<dyn Store> = limiter::store::from_url("redis://10.0.0.5:6379").await?;
+//! // First and second articles: the durable store, which also records
+//! // abuse events (`AbuseSink`) with retention.
+//! let pg = Arc::new(PostgresStore::builder("postgres://app@10.0.0.6/app").schema("rate_limits").build().await?);
+//! let durable: Arc<dyn Store> = pg.clone();
+//! let sink: Arc<dyn AbuseSink> = pg;
+//! # let _ = (shared, durable, sink); Ok(()) }
+//! ```
 
 pub use limiter_core;
 pub use limiter_core::*;
