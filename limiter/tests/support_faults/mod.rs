@@ -173,13 +173,23 @@ impl Case {
     }
 
     /// After the server is back: moves the clock past the cool-down and
-    /// decides for a key of its own until the probe succeeds (the client
-    /// may need a few attempts to reconnect). Returns the attempts.
+    /// decides for keys of its own until the store answers [`HEALTHY`]
+    /// decisions in a row (the client may need a few attempts to reconnect,
+    /// and a pool may hold several connections broken by the outage, each
+    /// failing once). Returns the attempts.
     pub async fn recover(&self, clock: &ManualClock, name: &str) -> u32 {
         for attempt in 1..=100 {
             clock.advance(COOL_DOWN);
-            let (d, _) = self.check(b"recovery-probe").await;
-            if d.source.store == name && !d.source.fallback && !d.source.degraded {
+            let key = format!("recovery-probe-{attempt}");
+            let mut healthy = 0;
+            while healthy < HEALTHY {
+                let (d, _) = self.check(key.as_bytes()).await;
+                if d.source.store != name || d.source.fallback || d.source.degraded {
+                    break;
+                }
+                healthy += 1;
+            }
+            if healthy == HEALTHY {
                 assert_eq!(self.stats().breaker, BreakerState::Closed);
                 return attempt;
             }
@@ -194,6 +204,9 @@ impl Case {
         );
     }
 }
+
+/// Consecutive answers from the shared store that count as recovered.
+pub const HEALTHY: u32 = 8;
 
 /// Runs `f` under [`HANG_GUARD`], returning its output and wall time.
 pub async fn guarded<F: Future>(f: F) -> (F::Output, Duration) {
