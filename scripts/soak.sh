@@ -19,6 +19,7 @@ CONNECTIONS=${SOAK_CONNECTIONS:-64}
 PORT=${SOAK_PORT:-38571}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 OUT=${SOAK_OUT:-$(mktemp -d /tmp/limiter-soak.XXXXXX)}
+mkdir -p "$OUT"
 
 if ! command -v wrk >/dev/null 2>&1; then
     echo "== installing wrk"
