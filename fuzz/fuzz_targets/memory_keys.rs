@@ -42,7 +42,11 @@ fuzz_target!(|data: &[u8]| {
         let policy = policies[usize::from(head[0] % 4)];
         let cost = u32::from(head[0] >> 2) % (policy.limit() + 1);
         let step = u64::from(head[1] & 0x7F) * 500;
-        now = if head[1] & 0x80 != 0 { now - step } else { now + step };
+        now = if head[1] & 0x80 != 0 {
+            now - step
+        } else {
+            now + step
+        };
         let at = Timestamp::from_micros(now);
         let got = store.decide_sync(key, &policy, cost, at);
         let want = model.decide(key, &policy, cost, at);

@@ -64,10 +64,19 @@ fuzz_target!(|data: &[u8]| {
             }
             Ok(expected) => {
                 assert!(verdict.remaining <= limit);
-                assert_eq!(expected.allowed, verdict.allowed, "{policy} cost {cost} at {now}");
+                assert_eq!(
+                    expected.allowed, verdict.allowed,
+                    "{policy} cost {cost} at {now}"
+                );
                 assert_eq!(expected.remaining, verdict.remaining);
-                assert_eq!(expected.retry_after.as_micros(), u128::from(verdict.retry_after_us));
-                assert_eq!(expected.reset_after.as_micros(), u128::from(verdict.reset_after_us));
+                assert_eq!(
+                    expected.retry_after.as_micros(),
+                    u128::from(verdict.retry_after_us)
+                );
+                assert_eq!(
+                    expected.reset_after.as_micros(),
+                    u128::from(verdict.reset_after_us)
+                );
             }
         }
     }

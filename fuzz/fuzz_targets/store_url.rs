@@ -32,7 +32,10 @@ fuzz_target!(|data: &[u8]| {
                 && password.len() >= 6
                 && !url.replacen(password, "", 1).contains(password)
             {
-                assert!(!message.contains(password), "{message:?} leaks {password:?}");
+                assert!(
+                    !message.contains(password),
+                    "{message:?} leaks {password:?}"
+                );
             }
         }
     }
