@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RUNS=${FUZZ_RUNS:-20000}
+RUNS=${FUZZ_RUNS:-50000}
 # A backstop only: the iteration count is what the run is defined by.
 MAX_SECONDS=${FUZZ_MAX_SECONDS:-120}
 TARGET_DIR=${FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:-target}/fuzz}
