@@ -116,15 +116,14 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
     let client = redis::Client::open(url).unwrap();
     let mut ready = false;
     for _ in 0..200 {
-        if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-            if redis::cmd("PING")
+        if let Ok(mut c) = client.get_multiplexed_async_connection().await
+            && redis::cmd("PING")
                 .query_async::<String>(&mut c)
                 .await
                 .is_ok()
-            {
-                ready = true;
-                break;
-            }
+        {
+            ready = true;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

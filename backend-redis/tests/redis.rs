@@ -471,10 +471,10 @@ async fn fake_server(reply: Option<&'static [u8]>) -> String {
                     buf.extend_from_slice(&chunk[..n]);
                     while let Some(len) = resp_command_len(&buf) {
                         buf.drain(..len);
-                        if let Some(reply) = reply {
-                            if socket.write_all(reply).await.is_err() {
-                                return;
-                            }
+                        if let Some(reply) = reply
+                            && socket.write_all(reply).await.is_err()
+                        {
+                            return;
                         }
                     }
                 }

@@ -299,10 +299,10 @@ impl Core {
         if !verdict.allowed && self.has(Defect::RefusalsRecorded) {
             record_refusal(state, policy, cost, now);
         }
-        if self.has(Defect::ExpiryRenewedOnEveryHit) {
-            if let Some(KeyState::FixedWindow { start, .. }) = state {
-                *start = now;
-            }
+        if self.has(Defect::ExpiryRenewedOnEveryHit)
+            && let Some(KeyState::FixedWindow { start, .. }) = state
+        {
+            *start = now;
         }
         verdict
     }

@@ -211,7 +211,7 @@ pub(crate) fn num(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);
@@ -225,9 +225,9 @@ pub(crate) fn dur(us: u64) -> String {
         "forever".to_string()
     } else if us == 0 {
         "0".to_string()
-    } else if us % S == 0 {
+    } else if us.is_multiple_of(S) {
         format!("{} s", num(us / S))
-    } else if us % MS == 0 {
+    } else if us.is_multiple_of(MS) {
         format!("{} ms", num(us / MS))
     } else {
         format!("{} µs", num(us))

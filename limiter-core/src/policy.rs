@@ -117,7 +117,7 @@ impl Policy {
                 max: MAX_WINDOW,
             });
         }
-        if window.subsec_nanos() % 1_000 != 0 {
+        if !window.subsec_nanos().is_multiple_of(1_000) {
             return Err(ConfigError::WindowNotWholeMicros(window));
         }
         let window_us = duration_to_micros(window);
