@@ -366,7 +366,8 @@ pub struct Step {
 /// # async fn main() {
 /// let store = ReferenceStore::new(100);
 /// let policies = [Policy::gcra(2, Duration::from_millis(10)).unwrap()];
-/// let steps = [Step { key: 0, policy: 0, cost: 1, advance_us: 0 }; 4];
+/// // Cost 0 becomes 1 + 0 % limit = 1.
+/// let steps = [Step { key: 0, policy: 0, cost: 0, advance_us: 0 }; 4];
 /// let refusals = replay(&store, &policies, &steps, |k| vec![k], ManualClock::DEFAULT_START)
 ///     .await
 ///     .unwrap();
