@@ -25,13 +25,7 @@ fuzz_target!(|data: &[u8]| {
         let message = e.to_string();
         assert!(!message.is_empty());
         // A password between "user:" and "@" must not appear in the error.
-        // memory:// is exempt while a known bug stands: its error repeats
-        // the raw path, password included (the ignored test
-        // limiter::fuzz_regressions::memory_url_errors_do_not_echo_a_password).
-        let memory = url
-            .get(..9)
-            .is_some_and(|s| s.eq_ignore_ascii_case("memory://"));
-        if !memory && let Some((_, rest)) = url.split_once("://") {
+        if let Some((_, rest)) = url.split_once("://") {
             let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
             if let Some((userinfo, _)) = authority.rsplit_once('@')
                 && let Some((_, password)) = userinfo.split_once(':')

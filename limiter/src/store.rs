@@ -61,9 +61,12 @@ fn memory_capacity(rest: &str) -> Result<usize, String> {
         None => (rest, None),
     };
     if !path.is_empty() && path != "/" {
-        return Err(format!(
-            "a memory store has no host or path, got {path:?} (use memory:// or memory://?capacity=N)"
-        ));
+        return Err(
+            // The rejected part is not echoed: it may hold user info, and
+            // the redacted URL is shown beside this reason anyway.
+            "a memory store has no user, host or path (use memory:// or memory://?capacity=N)"
+                .to_string(),
+        );
     }
     let mut capacity = DEFAULT_MEMORY_CAPACITY;
     for pair in query
