@@ -38,7 +38,11 @@ async fn memory_urls_open_a_bounded_memory_store() {
     assert!(err("memory://?capacity=0").await.contains("positive"));
     assert!(err("memory://?capacity=lots").await.contains("positive"));
     assert!(err("memory://?ttl=5").await.contains("unknown parameter"));
-    assert!(err("memory://somehost").await.contains("no user, host or path"));
+    assert!(
+        err("memory://somehost")
+            .await
+            .contains("no user, host or path")
+    );
 }
 
 #[cfg(not(feature = "memory"))]
