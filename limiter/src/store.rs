@@ -183,7 +183,11 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown parameter")
         );
-        assert!(memory_capacity("host").unwrap_err().contains("no host"));
+        assert!(
+            memory_capacity("host")
+                .unwrap_err()
+                .contains("no user, host or path")
+        );
     }
 
     #[test]
