@@ -71,9 +71,13 @@
 //! This crate runs the whole `limiter-conformance` suite with two lines in
 //! `tests/conformance.rs`:
 //!
-//! ```ignore
+//! ```
+//! # use std::sync::Arc;
+//! # use limiter_core::Store;
+//! # use limiter_memory::MemoryStore;
 //! async fn store() -> Arc<dyn Store> { Arc::new(MemoryStore::new(1_000)) }
 //! limiter_conformance::conformance_tests!(store);
+//! # fn main() {}
 //! ```
 
 use std::fmt;
