@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 use limiter_core::algorithm::{self, KeyState, Verdict};
 use limiter_core::{
-    Algorithm, Capabilities, ConfigError, Decision, Policy, Store, StoreError, Timestamp,
+    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Policy, Store, StoreError, Timestamp,
 };
 
 /// One defect a [`BrokenStore`] has, and the scenario meant to catch it.
@@ -485,5 +485,43 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), limiter_core::ErrorKind::InvalidRequest);
         assert!(store.is_empty());
+    }
+}
+
+/// A store that is down: every call fails at once with
+/// [`ErrorKind::Unavailable`], as a server refusing connections would. For
+/// testing what a [`Limiter`](limiter_core::Limiter) does around a dead
+/// store (fallback, breaker, failure policy); it is not a conformance
+/// subject.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unavailable;
+
+#[async_trait]
+impl Store for Unavailable {
+    fn name(&self) -> &'static str {
+        "unavailable"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: None,
+            shared: true,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        Err(StoreError::new(
+            ErrorKind::Unavailable,
+            "unavailable",
+            "connection refused",
+        ))
     }
 }

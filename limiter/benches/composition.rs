@@ -21,51 +21,16 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use limiter::memory::MemoryStore;
 use limiter::{
-    Algorithm, BreakerConfig, Capabilities, Clock, Decision, ErrorKind, FailurePolicy, Limiter,
-    ManualClock, Policy, Rule, Store, StoreError, Timestamp,
+    BreakerConfig, Clock, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store, Timestamp,
 };
+use limiter_conformance::broken::Unavailable;
 
 const LIMIT: u32 = 60;
 const DECISIONS: usize = 1_000_000;
 const KEYS: usize = 1_000;
 const RUNS: usize = 5;
-
-/// A store that is down: every call fails at once.
-#[derive(Debug)]
-struct Dead;
-
-#[async_trait]
-impl Store for Dead {
-    fn name(&self) -> &'static str {
-        "dead"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: &Algorithm::ALL,
-            key_capacity: None,
-            shared: true,
-            server_clock: false,
-        }
-    }
-
-    async fn decide(
-        &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        Err(StoreError::new(
-            ErrorKind::Unavailable,
-            "dead",
-            "connection refused",
-        ))
-    }
-}
 
 fn policy() -> Policy {
     Policy::gcra(LIMIT, Duration::from_secs(60)).unwrap()
@@ -123,7 +88,7 @@ fn limiter(clock: &ManualClock, rules: Vec<Rule>) -> Limiter {
 /// A rule on the dead store whose breaker is already open and stays open
 /// for the whole run (one failure opens it, for a day of manual time).
 fn dead_rule(fallback: bool) -> Rule {
-    let r = rule("dead", Arc::new(Dead))
+    let r = rule("dead", Arc::new(Unavailable))
         .with_breaker(BreakerConfig::new(1, Duration::from_secs(86_400)).unwrap())
         .on_failure(FailurePolicy::Open);
     if fallback {

@@ -14,7 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use limiter::algorithm::{self, KeyState};
-use limiter::{Algorithm, Capabilities, Decision, ErrorKind, Policy, Store, StoreError, Timestamp};
+use limiter::{Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp};
 
 /// An exact, unbounded store applying the normative algorithm under a lock:
 /// the reference behaviour, independent of any backend crate.
@@ -100,38 +100,7 @@ impl<S: Store> Store for Recording<S> {
 }
 
 /// A store whose every call fails, as a dead Redis would.
-#[derive(Debug, Default)]
-pub struct Failing;
-
-#[async_trait]
-impl Store for Failing {
-    fn name(&self) -> &'static str {
-        "failing"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: &Algorithm::ALL,
-            key_capacity: None,
-            shared: true,
-            server_clock: false,
-        }
-    }
-
-    async fn decide(
-        &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        Err(StoreError::new(
-            ErrorKind::Unavailable,
-            "failing",
-            "connection refused",
-        ))
-    }
-}
+pub use limiter_conformance::broken::Unavailable as Failing;
 
 /// Serves `app` on a fresh port of 127.0.0.1 with peer addresses available
 /// to the layer.
