@@ -344,6 +344,32 @@ impl MemoryStore {
         Ok(Decision::from_verdict(verdict, policy, NAME))
     }
 
+    /// The same as [`Store::refund`], without the future.
+    pub fn refund_sync(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        limiter_core::check_refund(NAME, policy, cost, admitted)?;
+        let tag = algorithm_tag(policy.algorithm());
+        let hash = self.hash(tag, key);
+        let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
+        let mut shard = lock(&self.shards[self.shard_index(hash)]);
+        // A key evicted since holds nothing to refund; a refund never
+        // inserts, so it can neither evict nor be used to flood the map.
+        if let RawEntryMut::Occupied(mut entry) = shard
+            .map
+            .raw_entry_mut()
+            .from_hash(hash, |k| k.is(hash, tag, key))
+        {
+            algorithm::refund(entry.get_mut(), policy, cost, now.as_micros(), reset_after);
+        }
+        Ok(())
+    }
+
     fn hash(&self, tag: u8, key: &[u8]) -> u64 {
         let mut hasher = self.hasher.build_hasher();
         // The tag has a fixed width and the key is the only variable-length
@@ -406,6 +432,17 @@ impl Store for MemoryStore {
         // Entirely synchronous: the shard lock is taken and released inside,
         // never held across an await point.
         self.decide_sync(key, policy, cost, now)
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.refund_sync(key, policy, cost, now, admitted)
     }
 }
 

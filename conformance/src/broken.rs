@@ -64,11 +64,19 @@ pub enum Defect {
     AcceptsUnsupportedAlgorithms,
     /// Hashes keys into 4 buckets that share state (`key_independence`).
     SharedBuckets,
+    /// Answers every refund with success and changes nothing, as a store
+    /// written before refunds existed would if it stubbed them out
+    /// (`refund_exactness`).
+    RefundIgnored,
+    /// Refunds by taking `cost` units off whatever the key holds now (the
+    /// newest log entries, the current counter, the arrival time), without
+    /// checking that they are the refunded admission's (`refund_exactness`).
+    RefundBlind,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 12] = [
+    pub const ALL: [Defect; 14] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
@@ -81,6 +89,8 @@ impl Defect {
         Defect::OffByOne,
         Defect::AcceptsUnsupportedAlgorithms,
         Defect::SharedBuckets,
+        Defect::RefundIgnored,
+        Defect::RefundBlind,
     ];
 
     /// The store name of a [`BrokenStore`] with this defect.
@@ -98,6 +108,8 @@ impl Defect {
             Defect::OffByOne => "broken-off-by-one",
             Defect::AcceptsUnsupportedAlgorithms => "broken-accepts-unsupported-algorithms",
             Defect::SharedBuckets => "broken-shared-buckets",
+            Defect::RefundIgnored => "broken-refund-ignored",
+            Defect::RefundBlind => "broken-refund-blind",
         }
     }
 }
@@ -398,6 +410,60 @@ impl Core {
     }
 }
 
+impl Core {
+    fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        limiter_core::check_refund(self.name, policy, cost, admitted)?;
+        if self.has(Defect::RefundIgnored) {
+            return Ok(());
+        }
+        let key = self.map_key(policy.algorithm(), key);
+        let mut keys = self.lock();
+        let Some(entry) = keys.map.get_mut(&key) else {
+            return Ok(());
+        };
+        if self.has(Defect::RefundBlind) {
+            refund_blindly(&mut entry.state, policy, cost);
+        } else {
+            let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
+            algorithm::refund(&mut entry.state, policy, cost, now.as_micros(), reset_after);
+        }
+        Ok(())
+    }
+}
+
+/// What a refund that does not locate its admission does.
+fn refund_blindly(state: &mut Option<KeyState>, policy: &Policy, cost: u32) {
+    let c = u64::from(cost);
+    match state {
+        Some(KeyState::SlidingLog(log)) => {
+            for _ in 0..cost {
+                log.pop_back();
+            }
+        }
+        Some(KeyState::FixedWindow { count, .. }) => *count = count.saturating_sub(c),
+        Some(KeyState::SlidingWindow {
+            current, previous, ..
+        }) => {
+            if *current > 0 {
+                *current = current.saturating_sub(c);
+            } else {
+                *previous = previous.saturating_sub(c);
+            }
+        }
+        Some(KeyState::Gcra { tat }) => {
+            *tat = tat.saturating_sub(c * policy.emission_interval_micros());
+        }
+        None => {}
+    }
+}
+
 /// What a limiter that counts refusals writes.
 fn record_refusal(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) {
     let c = u64::from(cost);
@@ -442,6 +508,17 @@ macro_rules! impl_store {
                 now: Timestamp,
             ) -> Result<Decision, StoreError> {
                 self.core.decide(key, policy, cost, now).await
+            }
+
+            async fn refund(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+                admitted: &Decision,
+            ) -> Result<(), StoreError> {
+                self.core.refund(key, policy, cost, now, admitted)
             }
         }
     };

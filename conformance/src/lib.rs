@@ -69,6 +69,7 @@
 //! | [`hostile_keys`] | keys treated as code or text: empty, 10 KB, quotes, SQL, Lua, NUL, invalid UTF-8 |
 //! | [`clock_regression`] | a clock that goes backwards panicking, erroring or resetting a quota |
 //! | [`bad_configuration`] | unsupported or extreme policies accepted, invalid costs panicking |
+//! | [`refund_exactness`] | refunds ignored (honest clients stay locked out) or applied blindly (free units) |
 //!
 //! Scenarios skip the algorithms a store does not list in
 //! [`Capabilities::algorithms`](limiter_core::Capabilities::algorithms) and
@@ -97,7 +98,8 @@ mod support;
 
 pub use scenarios::{
     bad_configuration, clock_regression, concurrent_exactness, cost_accounting, distinct_key_flood,
-    hostile_keys, key_independence, policy_semantics, refused_hammering, window_renewal,
+    hostile_keys, key_independence, policy_semantics, refund_exactness, refused_hammering,
+    window_renewal,
 };
 
 /// Makes the stores the scenarios attack.
@@ -205,6 +207,7 @@ scenario_list! {
     hostile_keys => "keys treated as code or text: empty, 10 KB, quotes, SQL, Lua, NUL, invalid UTF-8",
     clock_regression => "a clock going backwards panicking, erroring or resetting a quota",
     bad_configuration => "unsupported or extreme policies accepted, invalid costs panicking",
+    refund_exactness => "refunds ignored (honest clients stay locked out) or applied blindly (free units)",
 }
 
 /// Runs every scenario in [`SCENARIOS`] order, one after the other, each
@@ -258,6 +261,7 @@ macro_rules! conformance_tests {
             hostile_keys
             clock_regression
             bad_configuration
+            refund_exactness
         }
     };
 }
@@ -295,6 +299,7 @@ pub mod __private {
         "hostile_keys",
         "clock_regression",
         "bad_configuration",
+        "refund_exactness",
     ];
 
     /// Runs one scenario as a test: what

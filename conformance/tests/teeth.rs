@@ -197,6 +197,22 @@ async fn bad_configuration_catches_unlisted_algorithms_being_accepted() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refund_exactness_catches_ignored_and_blind_refunds() {
+    catches(
+        "refund_exactness",
+        Defect::RefundIgnored,
+        &["sliding_log", "must be admitted", "answered refused"],
+    )
+    .await;
+    catches(
+        "refund_exactness",
+        Defect::RefundBlind,
+        &["sliding_log", "retry_after 10 s", "retry_after 6 s"],
+    )
+    .await;
+}
+
 /// The whole matrix, printed for a reader (`--nocapture`), and checked in
 /// the other direction: every defect is caught by some scenario.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -295,6 +295,111 @@ fn gcra(state: &mut Option<KeyState>, l: u64, t: u64, c: u64, now: u64) -> Verdi
     }
 }
 
+/// Undoes one admission of `cost` units that [`apply`] made at `now` and
+/// answered with `reset_after_us`: the compensation a
+/// [`Limiter`](crate::Limiter) makes when a later rule refuses a request
+/// that an earlier one admitted.
+///
+/// The admitted verdict's `now + reset_after_us` locates exactly what the
+/// admission wrote (the log entries' time, the window it counted in, the
+/// theoretical arrival time it set), so the refund removes those units and
+/// nothing else. When the state no longer holds them as written — the
+/// window has rolled past, the entries expired or were evicted, or (GCRA
+/// only) another admission has moved the arrival time since — the refund
+/// removes less or nothing. A refund therefore leaves the key exactly as if
+/// the request had never been admitted, or stricter; never more permissive.
+///
+/// | algorithm | anchor `a = now + reset_after` | refund |
+/// |---|---|---|
+/// | sliding log | entries at `t = a − W` | remove up to `c` entries equal to `t` |
+/// | fixed window | window start `a − W` | `count −= c` if the window is still that one |
+/// | sliding window | window start `s = a − 2W` | `current −= c` if the window is `s`; `previous −= c` if it rolled once to `s + W` |
+/// | GCRA | arrival time `a` | `tat −= c·T` only if `tat = a` (no admission since) |
+///
+/// Each admission must be refunded at most once: the counters cannot tell
+/// a second refund of the same request from the refund of another.
+/// Returns whether anything changed. An invalid cost changes nothing.
+pub fn refund(
+    state: &mut Option<KeyState>,
+    policy: &Policy,
+    cost: u32,
+    now: u64,
+    reset_after_us: u64,
+) -> bool {
+    if policy.check_cost(cost).is_err() {
+        return false;
+    }
+    let Some(anchor) = now.checked_add(reset_after_us) else {
+        return false;
+    };
+    let w = policy.window_micros();
+    let c = u64::from(cost);
+    match (state.as_mut(), policy.algorithm()) {
+        (Some(KeyState::SlidingLog(log)), Algorithm::SlidingLog) => {
+            let Some(t) = anchor.checked_sub(w) else {
+                return false;
+            };
+            // The log is sorted, so the entries equal to `t` are one run.
+            let end = log.partition_point(|&e| e <= t);
+            let start = log.partition_point(|&e| e < t);
+            let n = (end - start).min(c as usize);
+            if n == 0 {
+                return false;
+            }
+            log.drain(end - n..end);
+            if log.is_empty() {
+                *state = None;
+            }
+            true
+        }
+        (Some(KeyState::FixedWindow { start, count }), Algorithm::FixedWindow) => {
+            if anchor.checked_sub(w) != Some(*start) || *count == 0 {
+                return false;
+            }
+            *count -= c.min(*count);
+            true
+        }
+        (
+            Some(KeyState::SlidingWindow {
+                start,
+                current,
+                previous,
+            }),
+            Algorithm::SlidingWindow,
+        ) => {
+            let Some(counted_in) = anchor.checked_sub(2 * w) else {
+                return false;
+            };
+            // Units counted in window `s` are `current` while it lasts and
+            // `previous` for one window after it rolls over.
+            let units = if *start == counted_in {
+                current
+            } else if *start == counted_in + w {
+                previous
+            } else {
+                return false;
+            };
+            if *units == 0 {
+                return false;
+            }
+            *units -= c.min(*units);
+            true
+        }
+        (Some(KeyState::Gcra { tat }), Algorithm::Gcra) => {
+            // Another admission since has moved `tat` from the anchor, and
+            // may have restarted the bucket from its own `now` (absorbing
+            // this request's units): subtracting then could admit more than
+            // if this request had never come. Leave it stricter.
+            if *tat != anchor {
+                return false;
+            }
+            *tat -= c * policy.emission_interval_micros();
+            true
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,5 +543,98 @@ mod tests {
         assert!(!run(&p, &mut s, 0, T0).allowed);
         assert!(!run(&p, &mut s, 3, T0).allowed);
         assert_eq!(s, None);
+    }
+
+    fn admit(p: &Policy, s: &mut Option<KeyState>, cost: u32, now: u64) -> Verdict {
+        let v = apply(s, p, cost, now);
+        assert!(v.allowed, "setup admission refused: {v:?}");
+        v
+    }
+
+    #[test]
+    fn refund_restores_the_state_before_the_admission() {
+        for algorithm in Algorithm::ALL {
+            let p = Policy::new(algorithm, 4, Duration::from_secs(10)).unwrap();
+            let mut s = None;
+            admit(&p, &mut s, 1, T0);
+            admit(&p, &mut s, 1, T0 + 3 * S);
+            let before = s.clone();
+            let v = admit(&p, &mut s, 2, T0 + 5 * S);
+            assert!(
+                refund(&mut s, &p, 2, T0 + 5 * S, v.reset_after_us),
+                "{algorithm}"
+            );
+            // Same future as if the refunded request had never come.
+            let exact = before;
+            for at in [5, 6, 9, 13, 15, 21] {
+                let now = T0 + at * S;
+                assert_eq!(
+                    apply(&mut s.clone(), &p, 2, now),
+                    apply(&mut exact.clone(), &p, 2, now),
+                    "{algorithm} at +{at}s"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn refund_of_a_rolled_over_window_is_never_more_permissive() {
+        // Fixed window: the window that counted the request has closed and
+        // a new one opened; its count is not touched.
+        let p = Policy::fixed_window(2, Duration::from_secs(10)).unwrap();
+        let mut s = None;
+        let v = admit(&p, &mut s, 1, T0);
+        admit(&p, &mut s, 2, T0 + 10 * S);
+        assert!(!refund(&mut s, &p, 1, T0, v.reset_after_us));
+        assert!(!apply(&mut s, &p, 1, T0 + 10 * S).allowed);
+        // Sliding window: one roll-over moves the units to `previous`,
+        // where the refund finds them.
+        let p = Policy::sliding_window(10, Duration::from_secs(10)).unwrap();
+        let mut s = None;
+        let v = admit(&p, &mut s, 10, T0);
+        admit(&p, &mut s, 1, T0 + 19 * S);
+        assert!(refund(&mut s, &p, 10, T0, v.reset_after_us));
+        assert_eq!(
+            s,
+            Some(KeyState::SlidingWindow {
+                start: T0 + 10 * S,
+                current: 1,
+                previous: 0
+            })
+        );
+        // GCRA: a later admission moved the arrival time; no refund.
+        let p = Policy::gcra(4, Duration::from_secs(8)).unwrap();
+        let mut s = None;
+        let v = admit(&p, &mut s, 1, T0);
+        admit(&p, &mut s, 1, T0 + 5 * S);
+        let held = s.clone();
+        assert!(!refund(&mut s, &p, 1, T0, v.reset_after_us));
+        assert_eq!(s, held);
+    }
+
+    #[test]
+    fn refund_of_a_sliding_log_removes_only_its_own_entries() {
+        let p = Policy::sliding_log(5, Duration::from_secs(10)).unwrap();
+        let mut s = None;
+        admit(&p, &mut s, 1, T0);
+        let v = admit(&p, &mut s, 2, T0 + S);
+        admit(&p, &mut s, 1, T0 + 2 * S);
+        assert!(refund(&mut s, &p, 2, T0 + S, v.reset_after_us));
+        assert_eq!(s, Some(KeyState::SlidingLog([T0, T0 + 2 * S].into())));
+        // Nothing at that time any more: nothing to remove.
+        assert!(!refund(&mut s, &p, 2, T0 + S, v.reset_after_us));
+    }
+
+    #[test]
+    fn refund_with_an_invalid_cost_or_no_state_changes_nothing() {
+        let p = Policy::gcra(2, Duration::from_secs(1)).unwrap();
+        let mut s = None;
+        assert!(!refund(&mut s, &p, 1, T0, 500_000));
+        let v = admit(&p, &mut s, 1, T0);
+        let held = s.clone();
+        assert!(!refund(&mut s, &p, 0, T0, v.reset_after_us));
+        assert!(!refund(&mut s, &p, 3, T0, v.reset_after_us));
+        assert!(!refund(&mut s, &p, 1, u64::MAX, 1));
+        assert_eq!(s, held);
     }
 }

@@ -101,6 +101,10 @@ pub enum ErrorKind {
     CircuitOpen,
     /// Any other failure inside the store.
     Internal,
+    /// The store does not implement the operation (for example
+    /// [`Store::refund`](crate::Store::refund) on a store written before it
+    /// existed). Retrying will not help.
+    Unsupported,
 }
 
 impl fmt::Display for ErrorKind {
@@ -112,6 +116,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::InvalidRequest => "invalid request",
             ErrorKind::CircuitOpen => "circuit open",
             ErrorKind::Internal => "internal error",
+            ErrorKind::Unsupported => "unsupported",
         })
     }
 }

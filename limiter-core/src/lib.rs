@@ -40,5 +40,5 @@ pub use limiter::{
     AbuseEvent, AbuseSink, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, Rule, RuleStats,
 };
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
-pub use store::{Capabilities, Store};
+pub use store::{Capabilities, Store, check_refund};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::decision::Decision;
-use crate::error::{ConfigError, StoreError};
+use crate::error::{ConfigError, ErrorKind, StoreError};
 use crate::policy::{Algorithm, Policy};
 use crate::time::Timestamp;
 
@@ -110,6 +110,64 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError>;
+
+    /// Undoes one admission that [`decide`](Store::decide) made: `admitted`
+    /// is the decision it returned for `key`, `policy`, `cost` and `now`.
+    ///
+    /// A [`Limiter`](crate::Limiter) calls it, once per admission and only on
+    /// the refusal path, when a later rule refuses a request an earlier rule
+    /// admitted, so that a refused request is recorded by no rule. The
+    /// semantics are [`algorithm::refund`](crate::algorithm::refund): the key
+    /// ends exactly as if the request had never been admitted, or stricter
+    /// when other admissions have moved its state since; never more
+    /// permissive. Refunding a refusal is an
+    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
+    ///
+    /// # Migration
+    ///
+    /// Added after the first release with a default that answers
+    /// [`ErrorKind::Unsupported`]: an existing store keeps compiling, a
+    /// `Limiter` keeps the admission (stricter, and counted in
+    /// [`RuleStats::refund_failures`](crate::RuleStats::refund_failures)),
+    /// and the conformance scenario `refund_exactness` fails until the store
+    /// implements it.
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        let _ = (key, policy, cost, now, admitted);
+        Err(StoreError::new(
+            ErrorKind::Unsupported,
+            self.name(),
+            "this store does not implement refund",
+        ))
+    }
+}
+
+/// Checks the arguments every [`Store::refund`] shares: a valid cost and an
+/// admitted decision. Stores call it first, so that every backend refuses
+/// the same mistakes with the same error.
+pub fn check_refund(
+    store: &'static str,
+    policy: &Policy,
+    cost: u32,
+    admitted: &Decision,
+) -> Result<(), StoreError> {
+    policy
+        .check_cost(cost)
+        .map_err(|e| StoreError::invalid_request(store, e))?;
+    if !admitted.allowed {
+        return Err(StoreError::new(
+            ErrorKind::InvalidRequest,
+            store,
+            "only an admitted decision can be refunded",
+        ));
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -134,5 +192,16 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
         (**self).decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        (**self).refund(key, policy, cost, now, admitted).await
     }
 }

@@ -38,6 +38,8 @@ fn every_broken_store_fails_the_scorecard() {
         "off-by-one",
         "accepts-unsupported-algorithms",
         "shared-buckets",
+        "refund-ignored",
+        "refund-blind",
     ];
     assert_eq!(
         defects.len(),

@@ -5,6 +5,7 @@ mod concurrency;
 mod configuration;
 mod flood;
 mod keys;
+mod refund;
 mod semantics;
 mod time;
 
@@ -73,4 +74,13 @@ public_scenarios! {
     /// policies are either refused by `check_policy` or work; invalid costs
     /// are `InvalidRequest` errors.
     bad_configuration => configuration,
+    /// Per algorithm, a table of admissions and refunds: a refund restores
+    /// exactly the units its admission took (the same request fits again,
+    /// with the same numbers), removes the entries of its own time and no
+    /// other (sliding log), and changes nothing once the units it took are no
+    /// longer held — a closed fixed window, a sliding window two windows
+    /// on, a GCRA bucket restarted by a later request. Refunding a refusal
+    /// is an `InvalidRequest` error; refunding a key that holds nothing is a
+    /// no-op that creates nothing.
+    refund_exactness => refund,
 }

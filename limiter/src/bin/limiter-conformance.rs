@@ -49,6 +49,8 @@ const DEFECTS: &[(&str, Defect)] = &[
         Defect::AcceptsUnsupportedAlgorithms,
     ),
     ("shared-buckets", Defect::SharedBuckets),
+    ("refund-ignored", Defect::RefundIgnored),
+    ("refund-blind", Defect::RefundBlind),
 ];
 
 /// The key capacity of the bounded stores the scorecard builds: small enough
