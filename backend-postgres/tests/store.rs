@@ -487,6 +487,8 @@ async fn refusals_are_recorded_with_retention() {
             rule: Arc::from("login"),
             key: b"offender".to_vec(),
             at: at(10),
+            since: at(10),
+            refusals: 1,
             refused_by: "memory",
         })
         .await

@@ -75,7 +75,12 @@ pub enum FailurePolicy {
 /// The default timeout on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// A refusal worth keeping: who was refused, by which rule, when.
+/// Refusals worth keeping: who was refused, by which rule, how often and
+/// when.
+///
+/// One event stands for every refusal of one key since the previous event
+/// of that key, so that a flood of refusals is one write per key per window,
+/// not one per request, and no refusal goes uncounted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AbuseEvent {
     /// The rule that refused.
@@ -84,9 +89,13 @@ pub struct AbuseEvent {
     /// HMAC of the address, never a raw address when keys come from
     /// client identity).
     pub key: Vec<u8>,
-    /// When.
+    /// The latest refusal this event stands for.
     pub at: Timestamp,
-    /// The store whose decision refused the request.
+    /// The earliest refusal this event stands for.
+    pub since: Timestamp,
+    /// How many refusals this event stands for (at least 1).
+    pub refusals: u64,
+    /// The store whose decision refused the latest of them.
     pub refused_by: &'static str,
 }
 
@@ -515,6 +524,8 @@ impl Rule {
             rule: self.name.clone(),
             key: key.to_vec(),
             at: now,
+            since: now,
+            refusals: 1,
             refused_by: d.source.store,
         };
         match tokio::time::timeout(self.timeout, sink.record(event)).await {
