@@ -5,15 +5,16 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::time::Timestamp;
 
 /// When a rule stops calling a failing store, and for how long.
 ///
 /// After `failures` consecutive failures the breaker *opens*: calls are
 /// answered at once (by the fallback or the failure policy) without touching
-/// the store. After `cool_down`, measured on the limiter's clock, one probe
-/// call goes through; its success closes the breaker, its failure opens it
-/// for another `cool_down`.
+/// the store. After `cool_down`, measured on the limiter clock's monotonic
+/// reading, one probe call goes through; its success closes the breaker,
+/// its failure opens it for another `cool_down`, and a probe that ends
+/// without a verdict (cancelled, or an invalid request) lets the next call
+/// probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerConfig {
     failures: u32,
@@ -72,11 +73,23 @@ pub enum BreakerState {
     HalfOpen,
 }
 
+/// Times are microseconds on the limiter clock's monotonic reading
+/// ([`Clock::monotonic`](crate::Clock::monotonic)), never its wall time: a
+/// wall clock stepped backwards would otherwise lengthen a cool-down, and
+/// one stepped forwards would cut it short.
 #[derive(Debug)]
 enum Inner {
-    Closed { failures: u32 },
-    Open { until: Timestamp },
-    HalfOpen,
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: u64,
+    },
+    /// `until` is the deadline that let the probe through, restored if the
+    /// probe ends without a verdict on the store's health.
+    HalfOpen {
+        until: u64,
+    },
 }
 
 /// What the breaker lets a call do.
@@ -118,23 +131,28 @@ impl Breaker {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    pub(crate) fn config(&self) -> BreakerConfig {
+        self.config
+    }
+
     pub(crate) fn state(&self) -> BreakerState {
         match *self.lock() {
             Inner::Closed { .. } => BreakerState::Closed,
             Inner::Open { .. } => BreakerState::Open,
-            Inner::HalfOpen => BreakerState::HalfOpen,
+            Inner::HalfOpen { .. } => BreakerState::HalfOpen,
         }
     }
 
-    pub(crate) fn permit(&self, now: Timestamp) -> Permit {
+    /// `mono` is the clock's monotonic reading in µs.
+    pub(crate) fn permit(&self, mono: u64) -> Permit {
         let mut inner = self.lock();
         match *inner {
             Inner::Closed { .. } => Permit::Call,
-            Inner::Open { until } if now >= until => {
-                *inner = Inner::HalfOpen;
+            Inner::Open { until } if mono >= until => {
+                *inner = Inner::HalfOpen { until };
                 Permit::Probe
             }
-            Inner::Open { .. } | Inner::HalfOpen => Permit::Skip,
+            Inner::Open { .. } | Inner::HalfOpen { .. } => Permit::Skip,
         }
     }
 
@@ -149,10 +167,10 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn failure(&self, now: Timestamp) -> Transition {
+    pub(crate) fn failure(&self, mono: u64) -> Transition {
         let mut inner = self.lock();
         let open = Inner::Open {
-            until: now.saturating_add(self.config.cool_down),
+            until: mono.saturating_add(micros(self.config.cool_down)),
         };
         match *inner {
             Inner::Closed { failures } if failures + 1 < self.config.failures => {
@@ -161,7 +179,7 @@ impl Breaker {
                 };
                 Transition::None
             }
-            Inner::Closed { .. } | Inner::HalfOpen => {
+            Inner::Closed { .. } | Inner::HalfOpen { .. } => {
                 *inner = open;
                 Transition::Opened
             }
@@ -171,52 +189,78 @@ impl Breaker {
         }
     }
 
-    /// A probe that never finished (its future was dropped) counts as a
-    /// failure, or the breaker would stay half-open for ever.
-    pub(crate) fn abandon_probe(&self, now: Timestamp) {
+    /// A call that ended without saying anything about the store's health:
+    /// its future was dropped (the client went away), or the request itself
+    /// was invalid. A probe gives its slot back, so the next call probes at
+    /// once; counting it as a failure would let a client that disconnects at
+    /// every cool-down deadline keep the breaker open (and a fail-open rule
+    /// unlimited) for ever, and doing nothing would leave it half-open for
+    /// ever.
+    pub(crate) fn release(&self, permit: Permit) {
+        if permit != Permit::Probe {
+            return;
+        }
         let mut inner = self.lock();
-        if matches!(*inner, Inner::HalfOpen) {
-            *inner = Inner::Open {
-                until: now.saturating_add(self.config.cool_down),
-            };
+        if let Inner::HalfOpen { until } = *inner {
+            *inner = Inner::Open { until };
         }
     }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const S: u64 = 1_000_000;
+
     #[test]
     fn opens_after_consecutive_failures_and_probes_after_cool_down() {
         let b = Breaker::new(BreakerConfig::new(2, Duration::from_secs(5)).unwrap());
-        let t = Timestamp::from_micros(1_000_000);
+        let t = S;
         assert_eq!(b.permit(t), Permit::Call);
         assert_eq!(b.failure(t), Transition::None);
         assert_eq!(b.success(), Transition::None);
         assert_eq!(b.failure(t), Transition::None);
         assert_eq!(b.failure(t), Transition::Opened);
         assert_eq!(b.permit(t), Permit::Skip);
-        let later = t.saturating_add(Duration::from_secs(5));
+        assert_eq!(b.permit(t + 5 * S - 1), Permit::Skip);
+        let later = t + 5 * S;
         assert_eq!(b.permit(later), Permit::Probe);
         assert_eq!(b.permit(later), Permit::Skip, "only one probe at a time");
         assert_eq!(b.failure(later), Transition::Opened);
         assert_eq!(b.state(), BreakerState::Open);
-        let again = later.saturating_add(Duration::from_secs(5));
+        let again = later + 5 * S;
         assert_eq!(b.permit(again), Permit::Probe);
         assert_eq!(b.success(), Transition::Closed);
         assert_eq!(b.permit(again), Permit::Call);
     }
 
     #[test]
-    fn abandoned_probe_reopens() {
+    fn a_released_probe_lets_the_next_call_probe_at_once() {
         let b = Breaker::new(BreakerConfig::new(1, Duration::from_secs(1)).unwrap());
-        let t = Timestamp::from_micros(0);
-        b.failure(t);
-        let later = t.saturating_add(Duration::from_secs(1));
-        assert_eq!(b.permit(later), Permit::Probe);
-        b.abandon_probe(later);
+        b.failure(0);
+        assert_eq!(b.permit(S), Permit::Probe);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        b.release(Permit::Probe);
         assert_eq!(b.state(), BreakerState::Open);
+        // Not a new cool-down: the expired deadline stands.
+        assert_eq!(b.permit(S), Permit::Probe);
+        assert_eq!(b.success(), Transition::Closed);
+    }
+
+    #[test]
+    fn releasing_an_ordinary_call_changes_nothing() {
+        let b = Breaker::new(BreakerConfig::new(1, Duration::from_secs(1)).unwrap());
+        b.release(Permit::Call);
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.failure(0);
+        assert_eq!(b.permit(0), Permit::Skip);
+        b.release(Permit::Skip);
+        assert_eq!(b.permit(0), Permit::Skip, "still cooling down");
     }
 
     #[test]

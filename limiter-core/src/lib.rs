@@ -24,6 +24,7 @@
 //! # Ok::<(), limiter_core::ConfigError>(())
 //! ```
 
+mod abuse;
 pub mod algorithm;
 mod breaker;
 mod decision;
@@ -33,12 +34,11 @@ mod policy;
 mod store;
 mod time;
 
+pub use abuse::{ABUSE_TRACKED_KEYS, AbuseEvent, AbuseSink};
 pub use breaker::{BreakerConfig, BreakerState};
 pub use decision::{Decision, Source};
 pub use error::{ConfigError, ErrorKind, StoreError};
-pub use limiter::{
-    AbuseEvent, AbuseSink, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, Rule, RuleStats,
-};
+pub use limiter::{DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, Rule, RuleStats};
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use store::{Capabilities, Store, check_refund};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

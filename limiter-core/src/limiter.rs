@@ -1,58 +1,67 @@
 //! Composition: a limiter made of ordered rules, each a store with its own
 //! policy, timeout, circuit breaker, fallback and failure policy.
 //!
-//! The articles behind this crate all end at the same shape: a fast local
-//! check in front of a shared or durable one, where the shared store must
-//! never become the outage. The pieces:
+//! A rate limiter in production is usually a fast local check in front of a
+//! shared or durable one, and the shared store must never become the outage.
+//! Every invariant a single store keeps holds for a whole [`Limiter`]:
 //!
 //! * **Tiers** — a [`Limiter`] applies its [`Rule`]s in order; the first
 //!   refusal wins and later rules are not consulted, so a request refused by
-//!   a local tier costs no network call.
+//!   a local tier costs no network call. **A request refused by any rule is
+//!   recorded by no rule**: the admissions earlier rules made for it are
+//!   undone with [`Store::refund`] (on the refusal path only; the admit path
+//!   makes no extra call), so a client that waits the `Retry-After` it was
+//!   given is not refused by the units its refused requests left behind.
 //! * **Fallback** — [`Rule::with_fallback`]: the rule's store is
 //!   authoritative; when it fails, times out or its breaker is open, the same
 //!   policy is answered by the fallback store. The fallback is consulted only
 //!   then, so exactly one store counts each request.
 //! * **Failure policy** — [`FailurePolicy`] when no store answers; every call
-//!   bounded by a timeout; a [`BreakerConfig`] per store so a dead store
-//!   costs one timeout, not one per request.
+//!   bounded by the rule's timeout; a [`BreakerConfig`] per store so a dead
+//!   store costs one timeout per cool-down, not one per request. Cool-downs
+//!   run on the clock's monotonic reading.
 //! * **Escalation** — [`Rule::with_escalation`]: the local store is
-//!   authoritative, a durable store is consulted on a sample of admitted
-//!   requests with a stricter policy, and refusals are recorded as
-//!   [`AbuseEvent`]s.
+//!   authoritative and a durable store is consulted with a stricter policy
+//!   on exactly one admitted request in every `every`, at a position drawn
+//!   at random in each run of `every`, whatever the clients' pace. A durable
+//!   refusal refuses that request and refunds its local unit. Refusals go to
+//!   an [`AbuseSink`] as [`AbuseEvent`]s: at most one write per key per
+//!   window of the rule's policy, each carrying the number of refusals it
+//!   stands for, behind its own breaker and the rule's timeout.
 //!
 //! # Over-admission bounds
 //!
 //! For a fleet of `N` instances sharing one server, in one window of a
-//! policy with limit `L`:
+//! policy with limit `L` (cost 1):
 //!
 //! | composition | admitted at most |
 //! |---|---|
 //! | shared store only (fail closed) | `L` |
+//! | memory tier (limit `M`) in front of the shared store | `min(N·M, L)` |
 //! | shared store, fallback to local | `L`, plus `L` per instance for each window in which the shared store failed (each local store counts alone) |
 //! | local store only | `N·L` |
-//! | escalation, sample every `k`, durable limit `D` (counted in samples) | `N·L − max(0, N·⌊L/k⌋ − D)` (cost 1) |
+//! | escalation, durable limit `D` | `N·L`: escalation samples and records abuse, it does not cap a fleet; the durable store admits at most `D` of the sampled requests, and each one it refuses is refused and its local unit refunded |
 //!
-//! Escalation records a flood more than it caps it: a durable refusal
-//! refuses only the sampled request (whose local unit is already spent), and
-//! the next `k − 1` requests are answered locally again, so past the
-//! durable limit a fleet still admits all but one request in `k` up to each
-//! instance's local limit. The `limiter` crate's `fleet_bound` test measures
-//! every row of this table with `N = 4` instances sharing real Redis and
-//! Postgres servers; the `limiter` crate's documentation shows the three
-//! articles' setups as runnable examples.
+//! The `limiter` crate's `fleet_bound` test measures every row with `N = 4`
+//! instances sharing real Redis and Postgres servers, and
+//! `limiter-conformance`'s composition scenarios attack each guarantee above.
 //!
 //! A call that times out may already have been applied by the store, so a
 //! request whose authoritative call timed out and was then answered by the
-//! fallback can be counted by both; this is the only double count, and it
-//! requires a store slower than its timeout.
+//! fallback can be counted by both, and a timed-out admission cannot be
+//! refunded; both need a store slower than its timeout, and both err on the
+//! strict side. A refund that fails leaves the earlier rule's count as it
+//! was: stricter, never more permissive ([`RuleStats::refund_failures`]).
 
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
+use smallvec::SmallVec;
 
+use crate::abuse::{AbuseRecorder, AbuseSink, Writes};
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit, Transition};
 use crate::decision::{Decision, Source};
 use crate::error::{ConfigError, ErrorKind, StoreError};
@@ -75,50 +84,62 @@ pub enum FailurePolicy {
 /// The default timeout on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// Refusals worth keeping: who was refused, by which rule, how often and
-/// when.
+/// Picks exactly one admitted request in every run of `every`, at a position
+/// drawn afresh for each run from a keyed hash the clients cannot know.
 ///
-/// One event stands for every refusal of one key since the previous event
-/// of that key, so that a flood of refusals is one write per key per window,
-/// not one per request, and no refusal goes uncounted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AbuseEvent {
-    /// The rule that refused.
-    pub rule: Arc<str>,
-    /// The client key as the limiter received it (a pseudonym such as an
-    /// HMAC of the address, never a raw address when keys come from
-    /// client identity).
-    pub key: Vec<u8>,
-    /// The latest refusal this event stands for.
-    pub at: Timestamp,
-    /// The earliest refusal this event stands for.
-    pub since: Timestamp,
-    /// How many refusals this event stands for (at least 1).
-    pub refusals: u64,
-    /// The store whose decision refused the latest of them.
-    pub refused_by: &'static str,
+/// A count per key (escalate when a key's count crosses a multiple of
+/// `every`) depends on the client's pace: one pacing itself under the local
+/// limit is never sampled, one whose count sits on a multiple is sampled on
+/// every request. A rule-wide counter with a random phase per run is exact
+/// (one in `every` over any run) and tells a client nothing.
+struct Sampler {
+    every: u64,
+    admitted: AtomicU64,
+    hasher: std::collections::hash_map::RandomState,
 }
 
-/// Somewhere to record refusals (for example a Postgres table with
-/// retention).
-#[async_trait]
-pub trait AbuseSink: Send + Sync + fmt::Debug + 'static {
-    /// Records one refusal.
-    async fn record(&self, event: AbuseEvent) -> Result<(), StoreError>;
+impl Sampler {
+    fn new(every: u32) -> Self {
+        Sampler {
+            every: u64::from(every),
+            admitted: AtomicU64::new(0),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    fn sample(&self) -> bool {
+        let n = self.admitted.fetch_add(1, Ordering::Relaxed);
+        let run = n / self.every;
+        self.hasher.hash_one(run) % self.every == n % self.every
+    }
 }
 
 /// A durable store consulted by an escalating rule; see
 /// [`Rule::with_escalation`].
-#[derive(Clone)]
 struct Escalation {
     store: Arc<dyn Store>,
     policy: Policy,
-    every: u32,
-    sink: Option<Arc<dyn AbuseSink>>,
-    breaker: Arc<Breaker>,
+    sampler: Sampler,
+    breaker: Breaker,
+    abuse: Option<AbuseRecorder>,
 }
 
-/// Counters of one rule, updated with relaxed atomics on every decision.
+impl Escalation {
+    /// A copy with fresh breakers, sampler and abuse tracker, for a rule
+    /// reconfigured after it was cloned.
+    fn rebuilt(&self) -> Escalation {
+        let breaker = self.breaker.config();
+        Escalation {
+            store: self.store.clone(),
+            policy: self.policy,
+            sampler: Sampler::new(self.sampler.every as u32),
+            breaker: Breaker::new(breaker),
+            abuse: self.abuse.as_ref().map(|a| a.rebuilt()),
+        }
+    }
+}
+
+/// Counters of one rule, updated with relaxed atomics.
 #[derive(Debug, Default)]
 struct Counters {
     allowed: AtomicU64,
@@ -130,6 +151,9 @@ struct Counters {
     breaker_opened: AtomicU64,
     escalations: AtomicU64,
     abuse_events: AtomicU64,
+    abuse_dropped: AtomicU64,
+    refunds: AtomicU64,
+    refund_failures: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -138,6 +162,7 @@ fn bump(counter: &AtomicU64) {
 
 /// A snapshot of one rule's counters, from [`Limiter::stats`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RuleStats {
     /// The rule's name.
     pub rule: Arc<str>,
@@ -147,7 +172,7 @@ pub struct RuleStats {
     /// failure policy).
     pub refused: u64,
     /// Store calls that failed or timed out (the authoritative store, the
-    /// fallback and the escalation store).
+    /// fallback, the escalation store and the abuse sink).
     pub store_errors: u64,
     /// Calls skipped because the authoritative store's breaker was open.
     pub short_circuited: u64,
@@ -159,14 +184,27 @@ pub struct RuleStats {
     pub breaker_opened: u64,
     /// Sampled requests sent to the escalation store.
     pub escalations: u64,
-    /// Abuse events recorded.
+    /// Abuse events written to the sink (each may stand for many refusals).
     pub abuse_events: u64,
+    /// Refusals whose held-back count was forgotten because the sink was
+    /// failing while the tracker was full.
+    pub abuse_dropped: u64,
+    /// Admissions of this rule undone because another rule refused the
+    /// request.
+    pub refunds: u64,
+    /// Refunds that failed (the store errored, timed out, does not implement
+    /// refunds, or its breaker was open): the admission stays counted, which
+    /// is stricter, never more permissive.
+    pub refund_failures: u64,
     /// The authoritative store's breaker now.
     pub breaker: BreakerState,
 }
 
 /// One tier of a [`Limiter`]: a store, the policy it applies, and what to do
 /// when it fails.
+///
+/// Clones share the rule's breakers, escalation sampler, abuse tracker and
+/// counters.
 #[derive(Clone)]
 pub struct Rule {
     name: Arc<str>,
@@ -177,7 +215,7 @@ pub struct Rule {
     on_failure: FailurePolicy,
     fallback: Option<Arc<dyn Store>>,
     breaker: Arc<Breaker>,
-    escalation: Option<Escalation>,
+    escalation: Option<Arc<Escalation>>,
     counters: Arc<Counters>,
 }
 
@@ -196,9 +234,58 @@ impl fmt::Debug for Rule {
                 &self
                     .escalation
                     .as_ref()
-                    .map(|e| (e.store.name(), e.policy, e.every)),
+                    .map(|e| (e.store.name(), e.policy, e.sampler.every)),
             )
             .finish()
+    }
+}
+
+/// Which of a rule's stores holds an admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    Authoritative,
+    Fallback,
+    Durable,
+}
+
+/// One admission a rule made for a request whose fate is not yet known.
+struct Charge {
+    holder: Holder,
+    decision: Decision,
+}
+
+/// What one rule did for one request: its decision, and the admissions to
+/// undo if a later rule refuses.
+struct Applied {
+    decision: Decision,
+    charges: SmallVec<[Charge; 2]>,
+}
+
+/// Undoes a breaker permit whose call never finished: a dropped future
+/// gives the probe slot back instead of leaving the breaker half-open.
+pub(crate) struct ProbeGuard<'a> {
+    breaker: &'a Breaker,
+    permit: Option<Permit>,
+}
+
+impl<'a> ProbeGuard<'a> {
+    pub(crate) fn new(breaker: &'a Breaker, permit: Permit) -> Self {
+        ProbeGuard {
+            breaker,
+            permit: Some(permit),
+        }
+    }
+
+    pub(crate) fn disarm(mut self) {
+        self.permit = None;
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit {
+            self.breaker.release(permit);
+        }
     }
 }
 
@@ -264,12 +351,21 @@ impl Rule {
         Ok(self)
     }
 
-    /// Replaces the default circuit breaker of the rule's stores.
+    /// Replaces the default circuit breaker of the rule's stores (the
+    /// authoritative store, the escalation store and the abuse sink each
+    /// get one of this configuration).
     pub fn with_breaker(mut self, config: BreakerConfig) -> Self {
         self.breaker = Arc::new(Breaker::new(config));
-        if let Some(e) = &mut self.escalation {
-            e.breaker = Arc::new(Breaker::new(config));
-        }
+        self.escalation = self.escalation.map(|e| {
+            // Unshared until the rule is built into a limiter; a clone made
+            // before this call keeps the old breakers.
+            let e = Arc::try_unwrap(e).unwrap_or_else(|shared| shared.rebuilt());
+            Arc::new(Escalation {
+                breaker: Breaker::new(config),
+                abuse: e.abuse.map(|a| a.with_breaker(config)),
+                ..e
+            })
+        });
         self
     }
 
@@ -291,15 +387,19 @@ impl Rule {
     }
 
     /// Makes the rule's store the authoritative local check and consults
-    /// `durable` with the stricter `policy` on roughly every `every`-th
-    /// admitted request of a key (whenever the count of units admitted in
-    /// the local window crosses a multiple of `every`). A refusal by the
-    /// durable store refuses the request. Every refusal, local or durable,
-    /// is sent to `sink` when one is given. Durable failures never refuse a
+    /// `durable` with the stricter `policy` on exactly one admitted request
+    /// in every `every` (rule-wide, at a random position in each run of
+    /// `every`, so the rate does not depend on any client's pace and no
+    /// client can predict it). A refusal by the durable store refuses the
+    /// request and refunds its local unit. Durable failures never refuse a
     /// request: the local store stays authoritative.
     ///
-    /// Refused requests are not sent to the durable store's counter, since
-    /// a refusal must never be counted; they are recorded as abuse events.
+    /// Every refusal, local or durable, is counted for `sink` when one is
+    /// given: the first refusal of a key in a window of the rule's policy is
+    /// written at once, later ones ride on the key's next event (see
+    /// [`AbuseEvent::refusals`](crate::AbuseEvent::refusals) and
+    /// [`Limiter::flush_abuse_events`]). Refused requests never reach the
+    /// durable store's counter, since a refusal must never be counted.
     pub fn with_escalation(
         mut self,
         durable: Arc<dyn Store>,
@@ -314,13 +414,16 @@ impl Rule {
         }
         durable.check_policy(&policy)?;
         policy.check_cost(self.cost)?;
-        self.escalation = Some(Escalation {
+        let breaker = self.breaker.config();
+        self.escalation = Some(Arc::new(Escalation {
             store: durable,
             policy,
-            every,
-            sink,
-            breaker: Arc::new(Breaker::new(BreakerConfig::default())),
-        });
+            sampler: Sampler::new(every),
+            breaker: Breaker::new(breaker),
+            abuse: sink.map(|sink| {
+                AbuseRecorder::new(self.name.clone(), sink, breaker, self.policy.window())
+            }),
+        }));
         Ok(self)
     }
 
@@ -332,6 +435,27 @@ impl Rule {
     /// The rule's policy.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// The stricter policy of the rule's escalation store, if it has one: the
+    /// policy a decision with [`Source::escalated`] and `allowed == false`
+    /// was made under.
+    pub fn escalation_policy(&self) -> Option<&Policy> {
+        self.escalation.as_ref().map(|e| &e.policy)
+    }
+
+    /// The policy `decision` (from this rule) was made under: the escalation
+    /// policy for a durable refusal, the rule's own otherwise. Rate-limit
+    /// headers describe this one, so that a limit and its window always
+    /// belong together.
+    pub fn policy_of(&self, decision: &Decision) -> &Policy {
+        match (
+            &self.escalation,
+            decision.source.escalated && !decision.allowed,
+        ) {
+            (Some(e), true) => &e.policy,
+            _ => &self.policy,
+        }
     }
 
     /// The rule's authoritative store.
@@ -354,6 +478,9 @@ impl Rule {
             breaker_opened: load(&c.breaker_opened),
             escalations: load(&c.escalations),
             abuse_events: load(&c.abuse_events),
+            abuse_dropped: load(&c.abuse_dropped),
+            refunds: load(&c.refunds),
+            refund_failures: load(&c.refund_failures),
             breaker: self.breaker.state(),
         }
     }
@@ -366,6 +493,17 @@ impl Rule {
         k.push(0);
         k.extend_from_slice(key);
         k
+    }
+
+    fn holder(&self, holder: Holder) -> Option<(&dyn Store, &Policy)> {
+        match holder {
+            Holder::Authoritative => Some((self.store.as_ref(), &self.policy)),
+            Holder::Fallback => self.fallback.as_deref().map(|s| (s, &self.policy)),
+            Holder::Durable => self
+                .escalation
+                .as_ref()
+                .map(|e| (e.store.as_ref(), &e.policy)),
+        }
     }
 
     /// One store call under a timeout, without a breaker.
@@ -391,8 +529,9 @@ impl Rule {
         key: &[u8],
         policy: &Policy,
         now: Timestamp,
+        mono: u64,
     ) -> Called {
-        let permit = breaker.permit(now);
+        let permit = breaker.permit(mono);
         if permit == Permit::Skip {
             return Called::Failed(StoreError::new(
                 ErrorKind::CircuitOpen,
@@ -400,21 +539,29 @@ impl Rule {
                 "breaker open after repeated failures",
             ));
         }
-        // If this future is dropped mid-probe, the guard re-opens the
-        // breaker; otherwise it would stay half-open and skip for ever.
-        let guard = ProbeGuard {
-            breaker,
-            now,
-            armed: permit == Permit::Probe,
-        };
+        let guard = ProbeGuard::new(breaker, permit);
         let result = self.timed(store, key, policy, now).await;
+        guard.disarm();
         let transition = match &result {
             Ok(_) => breaker.success(),
             // The caller's mistake says nothing about the store's health.
-            Err(e) if e.kind() == ErrorKind::InvalidRequest => Transition::None,
-            Err(_) => breaker.failure(now),
+            Err(e) if e.kind() == ErrorKind::InvalidRequest => {
+                breaker.release(permit);
+                Transition::None
+            }
+            Err(_) => breaker.failure(mono),
         };
-        guard.disarm();
+        self.report(store, breaker, transition);
+        match result {
+            Ok(d) => Called::Answered(d),
+            Err(e) => {
+                self.store_failed(store.name(), &e);
+                Called::Failed(e)
+            }
+        }
+    }
+
+    fn report(&self, store: &dyn Store, breaker: &Breaker, transition: Transition) {
         match transition {
             Transition::Opened => {
                 if std::ptr::eq(breaker, &*self.breaker) {
@@ -435,19 +582,16 @@ impl Rule {
             }
             Transition::None => {}
         }
-        match result {
-            Ok(d) => Called::Answered(d),
-            Err(e) => {
-                bump(&self.counters.store_errors);
-                tracing::warn!(rule = %self.name, store = store.name(), error = %e, "store call failed");
-                #[cfg(feature = "metrics")]
-                metrics::counter!("limiter_store_errors_total",
-                    "rule" => self.name.to_string(), "store" => store.name(),
-                    "kind" => e.kind().to_string())
-                .increment(1);
-                Called::Failed(e)
-            }
-        }
+    }
+
+    fn store_failed(&self, store: &'static str, e: &StoreError) {
+        bump(&self.counters.store_errors);
+        tracing::warn!(rule = %self.name, store, error = %e, "store call failed");
+        #[cfg(feature = "metrics")]
+        metrics::counter!("limiter_store_errors_total",
+            "rule" => self.name.to_string(), "store" => store,
+            "kind" => e.kind().to_string())
+        .increment(1);
     }
 
     fn degraded(&self, error: &StoreError) -> Decision {
@@ -477,23 +621,36 @@ impl Rule {
         }
     }
 
-    /// The authoritative store, else the fallback, else the failure policy.
-    async fn decide_local(&self, key: &[u8], now: Timestamp) -> Decision {
+    /// The authoritative store, else the fallback, else the failure policy;
+    /// with the store that holds the admission, if one does.
+    async fn decide_local(
+        &self,
+        key: &[u8],
+        now: Timestamp,
+        mono: u64,
+    ) -> (Decision, Option<Holder>) {
         let error = match self
-            .guarded(self.store.as_ref(), &self.breaker, key, &self.policy, now)
+            .guarded(
+                self.store.as_ref(),
+                &self.breaker,
+                key,
+                &self.policy,
+                now,
+                mono,
+            )
             .await
         {
-            Called::Answered(d) => return d,
+            Called::Answered(d) => return (d, Some(Holder::Authoritative)),
             Called::Failed(e) => e,
         };
         if error.kind() == ErrorKind::CircuitOpen {
             bump(&self.counters.short_circuited);
         }
         if error.kind() == ErrorKind::InvalidRequest {
-            return self.degraded(&error);
+            return (self.degraded(&error), None);
         }
         let Some(fallback) = &self.fallback else {
-            return self.degraded(&error);
+            return (self.degraded(&error), None);
         };
         match self.timed(fallback.as_ref(), key, &self.policy, now).await {
             Ok(mut d) => {
@@ -502,100 +659,129 @@ impl Rule {
                 #[cfg(feature = "metrics")]
                 metrics::counter!("limiter_fallbacks_total", "rule" => self.name.to_string())
                     .increment(1);
-                d
+                (d, Some(Holder::Fallback))
             }
             Err(e) => {
-                bump(&self.counters.store_errors);
-                tracing::warn!(rule = %self.name, store = fallback.name(), error = %e, "fallback store failed");
-                self.degraded(&e)
+                self.store_failed(fallback.name(), &e);
+                (self.degraded(&e), None)
             }
         }
     }
 
-    async fn record_abuse(
-        &self,
-        escalation: &Escalation,
-        key: &[u8],
-        d: &Decision,
-        now: Timestamp,
-    ) {
-        let Some(sink) = &escalation.sink else { return };
-        let event = AbuseEvent {
-            rule: self.name.clone(),
-            key: key.to_vec(),
-            at: now,
-            since: now,
-            refusals: 1,
-            refused_by: d.source.store,
+    async fn record_abuse(&self, key: &[u8], d: &Decision, now: Timestamp, mono: u64) {
+        let Some(recorder) = self.escalation.as_ref().and_then(|e| e.abuse.as_ref()) else {
+            return;
         };
-        match tokio::time::timeout(self.timeout, sink.record(event)).await {
-            Ok(Ok(())) => bump(&self.counters.abuse_events),
-            Ok(Err(e)) => {
-                bump(&self.counters.store_errors);
-                tracing::warn!(rule = %self.name, error = %e, "recording an abuse event failed");
-            }
-            Err(_) => {
-                bump(&self.counters.store_errors);
-                tracing::warn!(rule = %self.name, "recording an abuse event timed out");
+        let writes = recorder
+            .refused(key, now, mono, d.source.store, self.timeout)
+            .await;
+        self.count_writes(writes);
+    }
+
+    fn count_writes(&self, writes: Writes) {
+        let c = &self.counters;
+        c.abuse_events.fetch_add(writes.written, Ordering::Relaxed);
+        c.store_errors.fetch_add(writes.failed, Ordering::Relaxed);
+        c.abuse_dropped.fetch_add(writes.dropped, Ordering::Relaxed);
+    }
+
+    /// Undoes the admissions of a request that was refused after all.
+    async fn refund(&self, storage_key: &[u8], charges: &[Charge], now: Timestamp) {
+        for charge in charges.iter().rev() {
+            let Some((store, policy)) = self.holder(charge.holder) else {
+                continue;
+            };
+            // A store whose breaker is open has just failed: a refund would
+            // cost a timeout to save a unit, and failing it is the strict
+            // side anyway.
+            let skip = match charge.holder {
+                Holder::Authoritative => self.breaker.state() == BreakerState::Open,
+                Holder::Durable => self
+                    .escalation
+                    .as_ref()
+                    .is_some_and(|e| e.breaker.state() == BreakerState::Open),
+                Holder::Fallback => false,
+            };
+            let result = if skip {
+                Err(StoreError::new(
+                    ErrorKind::CircuitOpen,
+                    store.name(),
+                    "breaker open; refund skipped",
+                ))
+            } else {
+                let call = store.refund(storage_key, policy, self.cost, now, &charge.decision);
+                match tokio::time::timeout(self.timeout, call).await {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+                }
+            };
+            match result {
+                Ok(()) => bump(&self.counters.refunds),
+                Err(e) => {
+                    bump(&self.counters.refund_failures);
+                    tracing::warn!(rule = %self.name, store = store.name(), error = %e,
+                        "refund failed; the admission stays counted");
+                }
             }
         }
     }
 
-    async fn escalate(
-        &self,
-        escalation: &Escalation,
-        client_key: &[u8],
-        key: &[u8],
-        local: Decision,
-        now: Timestamp,
-    ) -> Decision {
-        if !local.allowed {
-            self.record_abuse(escalation, client_key, &local, now).await;
-            return local;
+    /// Applies the rule for one request: the local decision, then the
+    /// escalation, with the admissions a later refusal must undo.
+    async fn apply(&self, key: &[u8], storage_key: &[u8], now: Timestamp, mono: u64) -> Applied {
+        let (decision, holder) = self.decide_local(storage_key, now, mono).await;
+        let mut charges = SmallVec::new();
+        if let (true, Some(holder)) = (decision.allowed, holder) {
+            charges.push(Charge {
+                holder,
+                decision: decision.clone(),
+            });
         }
-        let after = u64::from(local.limit.saturating_sub(local.remaining));
-        let before = after.saturating_sub(u64::from(self.cost));
-        let every = u64::from(escalation.every);
-        if after / every == before / every {
-            return local;
+        let Some(escalation) = &self.escalation else {
+            return Applied { decision, charges };
+        };
+        if !decision.allowed {
+            self.record_abuse(key, &decision, now, mono).await;
+            return Applied { decision, charges };
+        }
+        if !escalation.sampler.sample() {
+            return Applied { decision, charges };
         }
         bump(&self.counters.escalations);
-        match self
+        let durable = self
             .guarded(
                 escalation.store.as_ref(),
                 &escalation.breaker,
-                key,
+                storage_key,
                 &escalation.policy,
                 now,
+                mono,
             )
-            .await
-        {
-            Called::Answered(mut durable) if !durable.allowed => {
-                durable.source.escalated = true;
-                self.record_abuse(escalation, client_key, &durable, now)
-                    .await;
-                durable
+            .await;
+        match durable {
+            Called::Answered(mut refused) if !refused.allowed => {
+                refused.source.escalated = true;
+                self.refund(storage_key, &charges, now).await;
+                self.record_abuse(key, &refused, now, mono).await;
+                Applied {
+                    decision: refused,
+                    charges: SmallVec::new(),
+                }
             }
-            Called::Answered(_) => {
-                let mut local = local;
-                local.source.escalated = true;
-                local
+            Called::Answered(admitted) => {
+                charges.push(Charge {
+                    holder: Holder::Durable,
+                    decision: admitted,
+                });
+                let mut decision = decision;
+                decision.source.escalated = true;
+                Applied { decision, charges }
             }
-            Called::Failed(_) => local,
+            Called::Failed(_) => Applied { decision, charges },
         }
     }
 
-    /// Applies this rule alone to `key` at the clock's current time,
-    /// following its fallback, escalation and failure policy.
-    pub async fn check(&self, key: &[u8], clock: &dyn Clock) -> Decision {
-        let now = clock.now();
-        let storage_key = self.storage_key(key);
-        let mut decision = self.decide_local(&storage_key, now).await;
-        if let Some(escalation) = &self.escalation {
-            decision = self
-                .escalate(escalation, key, &storage_key, decision, now)
-                .await;
-        }
+    fn finish(&self, decision: &mut Decision) {
         decision.source.rule = Some(self.name.clone());
         if decision.allowed {
             bump(&self.counters.allowed);
@@ -608,33 +794,28 @@ impl Rule {
             "outcome" => if decision.allowed { "allowed" } else { "refused" },
             "store" => decision.source.store)
         .increment(1);
+    }
+
+    /// Applies this rule alone to `key` at the clock's current time,
+    /// following its fallback, escalation and failure policy.
+    pub async fn check(&self, key: &[u8], clock: &dyn Clock) -> Decision {
+        let now = clock.now();
+        let mono = micros(clock.monotonic());
+        let storage_key = self.storage_key(key);
+        let mut decision = self.apply(key, &storage_key, now, mono).await.decision;
+        self.finish(&mut decision);
         decision
     }
 }
 
-struct ProbeGuard<'a> {
-    breaker: &'a Breaker,
-    now: Timestamp,
-    armed: bool,
-}
-
-impl ProbeGuard<'_> {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for ProbeGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.breaker.abandon_probe(self.now);
-        }
-    }
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// An ordered list of [`Rule`]s sharing one clock. Each request goes through
-/// the rules in order; the first refusal wins and later rules are not
-/// consulted, so a request refused by a local tier costs no network call.
+/// the rules in order; the first refusal wins, later rules are not
+/// consulted, and what earlier rules admitted for the refused request is
+/// refunded, so that a refused request is recorded by no rule.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -674,6 +855,13 @@ impl fmt::Debug for Limiter {
     }
 }
 
+/// An admitting rule's charges, kept until the request's fate is known.
+struct Pending<'a> {
+    rule: &'a Rule,
+    storage_key: Vec<u8>,
+    charges: SmallVec<[Charge; 2]>,
+}
+
 impl Limiter {
     /// A builder with the system clock and no rules.
     pub fn builder() -> LimiterBuilder {
@@ -686,6 +874,11 @@ impl Limiter {
     /// The rules, in the order they are applied.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The rule named `name`.
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| &*r.name == name)
     }
 
     /// The clock every decision reads.
@@ -701,17 +894,37 @@ impl Limiter {
     /// Decides one request for `key`. Never fails: a store error becomes a
     /// decision under the failing rule's fallback or [`FailurePolicy`].
     ///
-    /// Returns the first refusal, or when every rule admits, the admitting
+    /// Returns the first refusal, after refunding what earlier rules
+    /// admitted for the request; or when every rule admits, the admitting
     /// decision with the fewest units remaining (the one a client should
     /// see in rate-limit headers). A rule admitted by its failure policy
     /// knows nothing of the client's quota, so it is shown only when no
     /// store answered at all.
     pub async fn check(&self, key: &[u8]) -> Decision {
+        let now = self.clock.now();
+        let mono = micros(self.clock.monotonic());
+        let last = self.rules.len() - 1;
+        let mut pending: SmallVec<[Pending<'_>; 3]> = SmallVec::new();
         let mut tightest: Option<Decision> = None;
-        for rule in self.rules.iter() {
-            let decision = rule.check(key, self.clock.as_ref()).await;
+        for (i, rule) in self.rules.iter().enumerate() {
+            let storage_key = rule.storage_key(key);
+            let Applied {
+                mut decision,
+                charges,
+            } = rule.apply(key, &storage_key, now, mono).await;
+            rule.finish(&mut decision);
             if !decision.allowed {
+                for p in pending.iter().rev() {
+                    p.rule.refund(&p.storage_key, &p.charges, now).await;
+                }
                 return decision;
+            }
+            if i < last && !charges.is_empty() {
+                pending.push(Pending {
+                    rule,
+                    storage_key,
+                    charges,
+                });
             }
             let tighter = match &tightest {
                 None => true,
@@ -727,6 +940,23 @@ impl Limiter {
         }
         // The builder refuses a limiter without rules.
         tightest.expect("a limiter has at least one rule")
+    }
+
+    /// Writes every abuse event held back in memory (refusals counted since
+    /// each key's last event), so that none is lost: call it at shutdown,
+    /// and periodically if keys may stay quiet for long. Returns how many
+    /// events were written.
+    pub async fn flush_abuse_events(&self) -> u64 {
+        let mono = micros(self.clock.monotonic());
+        let mut written = 0;
+        for rule in self.rules.iter() {
+            if let Some(recorder) = rule.escalation.as_ref().and_then(|e| e.abuse.as_ref()) {
+                let writes = recorder.flush(mono, rule.timeout).await;
+                written += writes.written;
+                rule.count_writes(writes);
+            }
+        }
+        written
     }
 }
 

@@ -8,8 +8,9 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A point in time: whole microseconds since the Unix epoch.
 ///
@@ -75,6 +76,26 @@ pub(crate) fn duration_to_micros(d: Duration) -> u64 {
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current time.
     fn now(&self) -> Timestamp;
+
+    /// A reading that never goes backwards, for measuring how long
+    /// something lasted (circuit-breaker cool-downs): elapsed time since an
+    /// arbitrary, fixed origin. Wall time ([`now`](Clock::now)) can be
+    /// stepped backwards by an operator or NTP and must not lengthen a
+    /// cool-down.
+    ///
+    /// The default reads [`Instant`] against a process-wide origin, which is
+    /// right for any clock that follows real time. A clock that drives time
+    /// by hand (as [`ManualClock`] does) overrides it so that tests move
+    /// both readings together.
+    fn monotonic(&self) -> Duration {
+        process_monotonic()
+    }
+}
+
+/// Elapsed real time since the first call in this process.
+fn process_monotonic() -> Duration {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed()
 }
 
 /// The operating system's wall clock.
@@ -99,9 +120,13 @@ impl Clock for SystemClock {
 /// other.advance(Duration::from_secs(3600));
 /// assert_eq!(clock.now().saturating_duration_since(start), Duration::from_secs(3600));
 /// ```
+/// Its [`monotonic`](Clock::monotonic) reading advances with every forward
+/// move and stays put when the clock is moved backwards, as a host's
+/// monotonic clock does when its wall clock is stepped back.
 #[derive(Debug, Clone)]
 pub struct ManualClock {
     micros: Arc<AtomicU64>,
+    monotonic: Arc<AtomicU64>,
 }
 
 impl ManualClock {
@@ -122,6 +147,7 @@ impl ManualClock {
     pub fn starting_at(start: Timestamp) -> Self {
         ManualClock {
             micros: Arc::new(AtomicU64::new(start.as_micros())),
+            monotonic: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -134,6 +160,7 @@ impl ManualClock {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
                 Some(t.saturating_add(d))
             });
+        self.monotonic.fetch_add(d, Ordering::SeqCst);
     }
 
     /// Moves the clock backward by `d`, as a host with a skewed clock would.
@@ -148,7 +175,9 @@ impl ManualClock {
 
     /// Sets the clock to `t`, forward or backward.
     pub fn set(&self, t: Timestamp) {
-        self.micros.store(t.as_micros(), Ordering::SeqCst);
+        let before = self.micros.swap(t.as_micros(), Ordering::SeqCst);
+        self.monotonic
+            .fetch_add(t.as_micros().saturating_sub(before), Ordering::SeqCst);
     }
 }
 
@@ -161,6 +190,10 @@ impl Default for ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         Timestamp(self.micros.load(Ordering::SeqCst))
+    }
+
+    fn monotonic(&self) -> Duration {
+        Duration::from_micros(self.monotonic.load(Ordering::SeqCst))
     }
 }
 
@@ -178,6 +211,21 @@ mod tests {
         c.set(Timestamp::from_micros(u64::MAX - 1));
         c.advance(Duration::from_secs(10));
         assert_eq!(c.now().as_micros(), u64::MAX);
+    }
+
+    #[test]
+    fn manual_monotonic_reading_only_moves_forward() {
+        let c = ManualClock::new();
+        let start = c.monotonic();
+        c.advance(Duration::from_secs(5));
+        c.rewind(Duration::from_secs(60));
+        assert_eq!(c.monotonic() - start, Duration::from_secs(5));
+        // Back at the start is a forward move of 55 s from where it was.
+        c.set(ManualClock::DEFAULT_START);
+        assert_eq!(c.monotonic() - start, Duration::from_secs(60));
+        let system = SystemClock;
+        let a = system.monotonic();
+        assert!(system.monotonic() >= a);
     }
 
     #[test]

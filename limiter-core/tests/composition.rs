@@ -92,6 +92,22 @@ impl Store for Switchable {
         let verdict = algorithm::apply(state, policy, cost, now.as_micros());
         Ok(Decision::from_verdict(verdict, policy, self.name))
     }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        limiter_core::check_refund(self.name, policy, cost, admitted)?;
+        if let Some(state) = self.state.lock().unwrap().get_mut(key) {
+            let reset_after = admitted.reset_after.as_micros() as u64;
+            algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -297,41 +313,52 @@ async fn escalation_samples_admitted_requests_and_records_refusals() {
         .build()
         .unwrap();
     let mut outcomes = Vec::new();
-    for _ in 0..16 {
+    for _ in 0..20 {
         let d = limiter.check(b"bot").await;
         outcomes.push((d.allowed, d.source.store, d.source.escalated));
     }
-    // Requests 5 and 10 are sampled and admitted by the durable store; the
-    // 15th is sampled and refused there (its limit is 2), the 16th is
-    // admitted locally again (count 15 -> 16 crosses no multiple of 5).
-    assert_eq!(durable.calls(), 3);
-    assert_eq!(outcomes[4], (true, "memory", true));
-    assert_eq!(outcomes[9], (true, "memory", true));
-    assert_eq!(outcomes[14], (false, "postgres", true));
-    assert_eq!(outcomes[15], (true, "memory", false));
-    assert_eq!(outcomes.iter().filter(|o| !o.0).count(), 1);
-    let recorded = events.0.lock().unwrap().clone();
-    assert_eq!(recorded.len(), 1);
-    assert_eq!(recorded[0].key, b"bot");
-    assert_eq!(recorded[0].refused_by, "postgres");
-
-    // Requests 17 to 20 fill the local window; the 20th is sampled again.
-    for _ in 0..4 {
-        limiter.check(b"bot").await;
-    }
+    // One sample in each run of 5 locally admitted requests: 4 runs. The
+    // durable limit (2) admits the first two samples and refuses the next
+    // two, whose local units are refunded.
     assert_eq!(durable.calls(), 4);
-    // Local refusals are recorded too, and never counted by the durable store.
+    let count = |o: (bool, &str, bool)| outcomes.iter().filter(|&&x| x == o).count();
+    assert_eq!(count((true, "memory", true)), 2);
+    assert_eq!(count((false, "postgres", true)), 2);
+    assert_eq!(count((true, "memory", false)), 16);
+
+    // Hammering on: the local store admits exactly 20 in all (the refunded
+    // units were served again), every durable refusal after the first two
+    // samples is refunded, and local refusals never reach the durable store.
     for _ in 0..10 {
-        assert!(!limiter.check(b"bot").await.allowed);
+        let d = limiter.check(b"bot").await;
+        outcomes.push((d.allowed, d.source.store, d.source.escalated));
     }
-    assert_eq!(
-        durable.calls(),
-        4,
-        "refusals never reach the durable counter"
-    );
+    let admitted = outcomes.iter().filter(|o| o.0).count();
+    assert_eq!(admitted, 20, "{outcomes:?}");
+    let durable_refusals = outcomes
+        .iter()
+        .filter(|o| !o.0 && o.1 == "postgres")
+        .count() as u64;
+    assert_eq!(durable.calls(), 2 + durable_refusals);
     let stats = &limiter.stats()[0];
-    assert_eq!(stats.abuse_events as usize, events.0.lock().unwrap().len());
-    assert!(stats.abuse_events > 1);
+    assert_eq!(stats.refunds, durable_refusals);
+    assert_eq!(stats.escalations, durable.calls());
+
+    // Ten refusals of one key in one window: one write at the first, the
+    // rest held back and written, with their count, by a flush.
+    assert_eq!(events.0.lock().unwrap().len(), 1);
+    assert_eq!(limiter.flush_abuse_events().await, 1);
+    let recorded = events.0.lock().unwrap().clone();
+    assert_eq!(recorded.len(), 2);
+    assert!(recorded.iter().all(|e| e.key == b"bot"));
+    assert_eq!(recorded.iter().map(|e| e.refusals).sum::<u64>(), 10);
+    assert_eq!(recorded[0].refused_by, "postgres");
+    assert_eq!(limiter.stats()[0].abuse_events, 2);
+    assert_eq!(
+        limiter.flush_abuse_events().await,
+        0,
+        "nothing left to flush"
+    );
 }
 
 #[tokio::test(start_paused = true)]

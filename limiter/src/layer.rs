@@ -106,8 +106,9 @@ pub struct RateLimitLayer {
 struct Shared {
     limiter: Limiter,
     identity: ClientIdentity,
-    /// (rule name, header-safe policy name, window in whole seconds).
-    rules: Vec<(String, String, u64)>,
+    /// (rule name, header-safe policy name, window in whole seconds, window
+    /// of its escalation policy).
+    rules: Vec<(String, String, u64, Option<u64>)>,
 }
 
 impl RateLimitLayer {
@@ -121,6 +122,7 @@ impl RateLimitLayer {
                     rule.name().to_owned(),
                     sf_string(rule.name()),
                     ceil_secs(rule.policy().window()),
+                    rule.escalation_policy().map(|p| ceil_secs(p.window())),
                 )
             })
             .collect();
@@ -211,12 +213,19 @@ where
 }
 
 impl Shared {
+    /// The deciding rule, and the window of the policy that decided: a
+    /// durable refusal of an escalating rule carries the escalation policy's
+    /// limit, so it must carry that policy's window too.
     fn rule(&self, decision: &Decision) -> (&str, &str, u64) {
         let name = decision.source.rule.as_deref();
+        let durable = decision.source.escalated && !decision.allowed;
         self.rules
             .iter()
-            .find(|(rule, _, _)| Some(rule.as_str()) == name)
-            .map(|(rule, sf, window)| (rule.as_str(), sf.as_str(), *window))
+            .find(|(rule, ..)| Some(rule.as_str()) == name)
+            .map(|(rule, sf, window, escalated)| {
+                let window = escalated.filter(|_| durable).unwrap_or(*window);
+                (rule.as_str(), sf.as_str(), window)
+            })
             // A limiter always names the deciding rule; be total anyway.
             .unwrap_or(("default", "\"default\"", 0))
     }

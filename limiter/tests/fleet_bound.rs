@@ -151,26 +151,13 @@ async fn local_store_only_admits_the_limit_per_instance() {
     assert_eq!(drive(&fleet, PER_INSTANCE).await, N * L);
 }
 
-#[derive(Debug, Default)]
-struct CountingSink(AtomicU64);
-
-#[async_trait]
-impl AbuseSink for CountingSink {
-    async fn record(&self, _: AbuseEvent) -> Result<(), StoreError> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-}
-
 /// Sample interval and durable limit of the escalation tests.
 const K: u32 = 5;
 const D: u32 = 3;
 
-/// The documented bound: `N·L − max(0, N·⌊L/k⌋ − D)`.
-fn escalation_bound() -> u32 {
-    N * L - (N * (L / K)).saturating_sub(D)
-}
-
+/// The documented bound for escalation is the local one, `N·L`: every
+/// durable refusal refuses its sampled request and refunds its local unit,
+/// which a later request of the flood then takes.
 async fn escalation(durable: Arc<dyn Store>, sink: Arc<dyn AbuseSink>) -> Vec<Limiter> {
     let clock = ManualClock::new();
     let fleet = fleet(&clock, || {
@@ -185,13 +172,15 @@ async fn escalation(durable: Arc<dyn Store>, sink: Arc<dyn AbuseSink>) -> Vec<Li
             .unwrap()
     });
     let admitted = drive(&fleet, PER_INSTANCE).await;
-    assert_eq!(escalation_bound(), 35);
-    assert_eq!(admitted, escalation_bound());
-    assert_eq!(
-        total(&fleet, |s| s.escalations),
-        u64::from(N * (L / K)),
-        "one sample per K locally admitted requests per instance"
-    );
+    assert_eq!(admitted, N * L, "the documented bound, exactly");
+    let escalations = total(&fleet, |s| s.escalations);
+    let refunds = total(&fleet, |s| s.refunds);
+    // Each instance locally admits L plus one per refund, and samples one
+    // in every K of those: at least ⌊L/K⌋ each, and all but D of the
+    // samples are refused by the durable limit and refunded.
+    assert!(escalations >= u64::from(N * (L / K)), "{escalations}");
+    assert_eq!(refunds, escalations - u64::from(D));
+    assert_eq!(total(&fleet, |s| s.refund_failures), 0);
     assert_eq!(
         total(&fleet, |s| s.refused),
         u64::from(N * PER_INSTANCE - admitted)
@@ -199,25 +188,65 @@ async fn escalation(durable: Arc<dyn Store>, sink: Arc<dyn AbuseSink>) -> Vec<Li
     fleet
 }
 
+/// Every refusal is counted by the sink, in one event per instance per
+/// window plus the counts a flush writes: never one write per refusal.
+async fn check_abuse_writes(fleet: &[Limiter], written: impl Fn() -> u64) -> u64 {
+    let refused = total(fleet, |s| s.refused);
+    assert_eq!(
+        written(),
+        u64::from(N),
+        "one write per instance for one key"
+    );
+    let mut flushed = 0;
+    for limiter in fleet {
+        flushed += limiter.flush_abuse_events().await;
+    }
+    assert_eq!(flushed, u64::from(N), "each instance held back the rest");
+    assert_eq!(total(fleet, |s| s.abuse_events), 2 * u64::from(N));
+    refused
+}
+
+#[derive(Debug, Default)]
+struct CountingSink {
+    writes: AtomicU64,
+    refusals: AtomicU64,
+}
+
+#[async_trait]
+impl AbuseSink for CountingSink {
+    async fn record(&self, event: AbuseEvent) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.refusals.fetch_add(event.refusals, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escalation_to_redis_admits_the_documented_bound() {
     let sink = Arc::new(CountingSink::default());
     let fleet = escalation(redis_store(redis_common::shared_url()), sink.clone()).await;
-    let refused = total(&fleet, |s| s.refused);
+    let refused = check_abuse_writes(&fleet, || sink.writes.load(Ordering::SeqCst)).await;
     assert_eq!(
-        sink.0.load(Ordering::SeqCst),
+        sink.refusals.load(Ordering::SeqCst),
         refused,
-        "every refusal recorded"
+        "every refusal counted"
     );
-    assert_eq!(total(&fleet, |s| s.abuse_events), refused);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() {
     let durable = Arc::new(pg_common::fresh_store("fleet_escalation").await);
     let fleet = escalation(durable.clone(), durable.clone()).await;
-    let refused = total(&fleet, |s| s.refused);
-    let events = durable.abuse_events(b"attacker").await.unwrap();
-    assert_eq!(events.len() as u64, refused, "every refusal is a row");
+    let rows = || async { durable.abuse_events(b"attacker").await.unwrap() };
+    let before = rows().await.len() as u64;
+    let sink_rows = Arc::new(AtomicU64::new(before));
+    let refused = check_abuse_writes(&fleet, {
+        let sink_rows = sink_rows.clone();
+        move || sink_rows.load(Ordering::SeqCst)
+    })
+    .await;
+    let events = rows().await;
+    assert_eq!(events.len() as u64, 2 * u64::from(N), "one row per write");
     assert!(events.iter().all(|e| e.rule.as_deref() == Some("search")));
+    let _ = refused;
 }
