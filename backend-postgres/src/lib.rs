@@ -25,8 +25,18 @@
 //!   `maintenance` every minute by default and stops when the store is
 //!   dropped. The request path never scans a table.
 //! * **Abuse events**: refusals can be recorded, in the same statement, in
-//!   an `abuse_events` table with a retention period; the store is also an
-//!   [`AbuseSink`] for a [`Limiter`](limiter_core::Limiter).
+//!   an `abuse_events` table with a retention period, at most one row per
+//!   key and window ([`PostgresStoreBuilder::record_refusals`]); the store
+//!   is also an [`AbuseSink`] for a [`Limiter`](limiter_core::Limiter),
+//!   whose events carry how many refusals they stand for.
+//! * **Refunds** ([`Store::refund`]) are one statement too: a call of
+//!   `refund_gcra`, `refund_fixed_window`, … that locks the key's row and
+//!   gives back exactly the units the admission wrote, or nothing when the
+//!   row no longer holds them. A refund never creates a row and never moves
+//!   `expires_at`. A store in
+//!   [server-clock mode](PostgresStoreBuilder::server_clock) refuses refunds
+//!   with [`ErrorKind::Unsupported`]: the admission's time, which locates
+//!   its units, was the server's and is not known to the caller.
 //! * **Failure**: every call is bounded by a timeout (server-side
 //!   `statement_timeout`, pool acquire timeout and a client-side timer). A
 //!   dead or slow database is a [`StoreError`] within it, never a hang.
@@ -94,14 +104,22 @@ pub const DEFAULT_ABUSE_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600
 
 /// The schema version this build creates and understands: the number of the
 /// last embedded migration.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
-/// The embedded migrations, in order.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "state tables",
-    include_str!("../migrations/0001_state_tables.sql"),
-)];
+/// The embedded migrations, in order. Applied ones are never edited (their
+/// checksums are checked against deployed schemas); changes are new files.
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "state tables",
+        include_str!("../migrations/0001_state_tables.sql"),
+    ),
+    (
+        2,
+        "refunds and bounded abuse events",
+        include_str!("../migrations/0002_refunds_and_bounded_abuse_events.sql"),
+    ),
+];
 
 /// The tables that hold per-key state, swept by expiry and switched between
 /// logged and unlogged.
@@ -284,6 +302,13 @@ impl PostgresStoreBuilder {
     /// Hosts with skewed clocks then agree; the store declares it in
     /// [`Capabilities::server_clock`] and cannot be driven by a manual clock.
     /// The background sweeper then uses the server's clock too.
+    ///
+    /// [`Store::refund`] is not available in this mode: it locates the
+    /// admission's units by the time it was decided at, which is the
+    /// server's and unknown to the caller. It answers
+    /// [`ErrorKind::Unsupported`] without a statement, and a
+    /// [`Limiter`](limiter_core::Limiter) then keeps the admission (stricter,
+    /// never more permissive).
     pub fn server_clock(mut self, on: bool) -> Self {
         self.server_clock = on;
         self
@@ -298,8 +323,20 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// Records every refusal in the `abuse_events` table, in the decision's
-    /// own statement (default `false`).
+    /// Records refusals in the `abuse_events` table, in the decision's own
+    /// statement (default `false`), **at most one row per key and window**:
+    /// a refusal inserts a row only if the key has none for the same
+    /// algorithm, limit and window from the last window, which is an index
+    /// lookup and no write. A flood of refusals therefore costs one write
+    /// per window, not one per refusal, and a row means "refused at least
+    /// once in the window from its `at`" (its
+    /// [`refusals`](RecordedRefusal::refusals) is 1).
+    ///
+    /// Counted events come from a [`Limiter`](limiter_core::Limiter)
+    /// instead: give the store as the abuse sink of
+    /// [`Rule::with_escalation`](limiter_core::Rule::with_escalation), and
+    /// each [`AbuseEvent`] is a row with the number of refusals it stands
+    /// for and the first one's time.
     pub fn record_refusals(mut self, on: bool) -> Self {
         self.record_refusals = on;
         self
@@ -466,6 +503,7 @@ struct Shared {
     pool: PgPool,
     schema: String,
     decide_sql: [String; 4],
+    refund_sql: [String; 4],
     sweep_sql: Vec<(&'static str, String)>,
     record_sql: String,
     events_sql: String,
@@ -488,6 +526,8 @@ impl Shared {
                 a = a.as_str()
             )
         });
+        let refund_sql = Algorithm::ALL
+            .map(|a| format!("SELECT {s}.refund_{a}($1, $2, $3, $4, $5)", a = a.as_str()));
         // ctid = ANY(ARRAY(...)) is a TID scan of at most $2 rows found via
         // the expires_at index (the bound is an init-plan so that a volatile
         // server clock still yields an index condition). A row updated meanwhile has a new ctid, which
@@ -511,14 +551,16 @@ impl Shared {
             pool,
             schema: b.schema.clone(),
             decide_sql,
+            refund_sql,
             sweep_sql,
             record_sql: format!(
-                "INSERT INTO {s}.abuse_events (key_hash, rule, refused_by, at_us, expires_at) \
-                 VALUES (sha256($1), $2, $3, $4, $4 + $5)"
+                "INSERT INTO {s}.abuse_events \
+                 (key_hash, rule, refused_by, at_us, since_us, refusals, expires_at) \
+                 VALUES (sha256($1), $2, $3, $4, $5, $6, $4 + $7)"
             ),
             events_sql: format!(
-                "SELECT rule, refused_by, algorithm, at_us FROM {s}.abuse_events \
-                 WHERE key_hash = sha256($1) ORDER BY at_us, id"
+                "SELECT rule, refused_by, algorithm, at_us, since_us, refusals \
+                 FROM {s}.abuse_events WHERE key_hash = sha256($1) ORDER BY at_us, id"
             ),
             timeout: b.timeout,
             server_clock: b.server_clock,
@@ -654,6 +696,17 @@ impl SweepReport {
     }
 }
 
+/// An `abuse_events` row: rule, refused_by, algorithm, at_us, since_us,
+/// refusals.
+type EventRow = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<i64>,
+    i64,
+);
+
 /// One recorded refusal, as read back by [`PostgresStore::abuse_events`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedRefusal {
@@ -664,8 +717,17 @@ pub struct RecordedRefusal {
     pub refused_by: Option<String>,
     /// The algorithm, when the refusal was recorded by the decision itself.
     pub algorithm: Option<String>,
-    /// When.
+    /// The latest refusal the row stands for; for a row recorded by the
+    /// decision itself, the first refusal of its window.
     pub at: Timestamp,
+    /// The earliest refusal the row stands for ([`AbuseEvent::since`]);
+    /// `at` for rows recorded by the decision itself and rows written
+    /// before schema version 2.
+    pub since: Timestamp,
+    /// How many refusals the row stands for ([`AbuseEvent::refusals`]); 1
+    /// for a row recorded by the decision itself, which means "at least
+    /// one in this window".
+    pub refusals: u64,
 }
 
 /// A rate-limit store in PostgreSQL; cheap to clone (clones share one pool).
@@ -780,21 +842,24 @@ impl PostgresStore {
         let rows = shared
             .bounded(
                 "reading abuse events",
-                sqlx::query_as::<_, (Option<String>, Option<String>, Option<String>, i64)>(
-                    &shared.events_sql,
-                )
-                .bind(key)
-                .fetch_all(&shared.pool),
+                sqlx::query_as::<_, EventRow>(&shared.events_sql)
+                    .bind(key)
+                    .fetch_all(&shared.pool),
             )
             .await?;
+        let time = |us: i64| Timestamp::from_micros(u64::try_from(us).unwrap_or(0));
         Ok(rows
             .into_iter()
-            .map(|(rule, refused_by, algorithm, at)| RecordedRefusal {
-                rule,
-                refused_by,
-                algorithm,
-                at: Timestamp::from_micros(u64::try_from(at).unwrap_or(0)),
-            })
+            .map(
+                |(rule, refused_by, algorithm, at, since, refusals)| RecordedRefusal {
+                    rule,
+                    refused_by,
+                    algorithm,
+                    at: time(at),
+                    since: time(since.unwrap_or(at)),
+                    refusals: u64::try_from(refusals).unwrap_or(0),
+                },
+            )
             .collect())
     }
 }
@@ -860,12 +925,60 @@ impl Store for PostgresStore {
             source: Source::store(NAME),
         })
     }
+
+    /// One statement, a call of the algorithm's `refund_*` function; see the
+    /// [crate documentation](crate). In server-clock mode, an
+    /// [`ErrorKind::Unsupported`] error without contacting the database.
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        limiter_core::check_refund(NAME, policy, cost, admitted)?;
+        let shared = &self.inner.shared;
+        if shared.server_clock {
+            return Err(StoreError::new(
+                ErrorKind::Unsupported,
+                NAME,
+                "refund needs the time the admission was decided at; a store deciding with \
+                 the database server's clock cannot locate it",
+            ));
+        }
+        let now = to_i64(now)?;
+        let reset_after = i64::try_from(admitted.reset_after.as_micros()).unwrap_or(i64::MAX);
+        // Every stored time is below 2^62 (to_i64); an anchor past it
+        // matches nothing, and the functions' arithmetic must not overflow.
+        let Some(anchor) = now.checked_add(reset_after).filter(|a| *a < 1 << 62) else {
+            return Ok(());
+        };
+        let index = Algorithm::ALL
+            .iter()
+            .position(|a| *a == policy.algorithm())
+            .unwrap_or(0);
+        shared
+            .bounded(
+                "refund",
+                sqlx::query_scalar::<_, bool>(&shared.refund_sql[index])
+                    .bind(key)
+                    .bind(i64::from(policy.limit()))
+                    .bind(policy.window_micros() as i64)
+                    .bind(i64::from(cost))
+                    .bind(anchor)
+                    .fetch_one(&shared.pool),
+            )
+            .await?;
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl AbuseSink for PostgresStore {
-    /// Inserts the refusal into `abuse_events` with the hashed key, kept for
-    /// the configured retention.
+    /// Inserts the event into `abuse_events` with the hashed key, the number
+    /// of refusals it stands for and the first one's time, kept for the
+    /// configured retention after the latest.
     async fn record(&self, event: AbuseEvent) -> Result<(), StoreError> {
         let shared = &self.inner.shared;
         shared
@@ -876,6 +989,8 @@ impl AbuseSink for PostgresStore {
                     .bind(&*event.rule)
                     .bind(event.refused_by)
                     .bind(to_i64(event.at)?)
+                    .bind(to_i64(event.since)?)
+                    .bind(i64::try_from(event.refusals).unwrap_or(i64::MAX))
                     .bind(shared.abuse_retention_us)
                     .execute(&shared.pool),
             )

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use limiter_core::{
-    AbuseEvent, AbuseSink, Algorithm, ConfigError, ManualClock, Policy, Store, Timestamp,
+    AbuseEvent, AbuseSink, Algorithm, ConfigError, ErrorKind, ManualClock, Policy, Store, Timestamp,
 };
 use limiter_postgres::{BuildError, PostgresStore, SCHEMA_VERSION};
 use sqlx::{Connection, PgConnection};
@@ -36,13 +36,9 @@ async fn count_rows(store: &PostgresStore, table: &str) -> i64 {
     .expect("count")
 }
 
-/// pg_stat_statements (track = top) counts every statement a client sends,
-/// and not those the decide functions run inside. Counting every statement
-/// in a database of this test's own proves that N decisions are N
-/// statements, whatever they are; a transaction counter would not be exact,
-/// since backends flush those stats lazily.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_statement_per_decision() {
+/// A store in a database of the calling test's own, recording refusals,
+/// and the database's name for [`statement_calls`].
+async fn store_in_own_database(prefix: &str) -> (PostgresStore, String) {
     let mut admin = admin().await;
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .execute(&mut admin)
@@ -53,7 +49,7 @@ async fn one_statement_per_decision() {
         .await
         .unwrap();
     assert_eq!(track, "top");
-    let db = common::unique_schema("stmts");
+    let db = common::unique_schema(prefix);
     sqlx::query(&format!("CREATE DATABASE {db}"))
         .execute(&mut admin)
         .await
@@ -68,28 +64,45 @@ async fn one_statement_per_decision() {
         .build()
         .await
         .unwrap();
-    let policies: Vec<Policy> = Algorithm::ALL
+    (store, db)
+}
+
+/// Every statement clients have sent to database `db`, by
+/// pg_stat_statements.
+async fn statement_calls(db: &str) -> i64 {
+    let mut admin = admin().await;
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
+    )
+    .bind(db)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap()
+}
+
+fn counted_policies() -> Vec<Policy> {
+    Algorithm::ALL
         .iter()
         .map(|&a| Policy::new(a, 3, Duration::from_secs(60)).unwrap())
-        .collect();
+        .collect()
+}
+
+/// pg_stat_statements (track = top) counts every statement a client sends,
+/// and not those the decide functions run inside. Counting every statement
+/// in a database of this test's own proves that N decisions are N
+/// statements, whatever they are; a transaction counter would not be exact,
+/// since backends flush those stats lazily.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_per_decision() {
+    let (store, db) = store_in_own_database("stmts").await;
+    let policies = counted_policies();
     // Warm up: connections opened and statements prepared.
     for p in &policies {
         store.decide(b"warm", p, 1, T0).await.unwrap();
     }
-    let calls = |db: String| async move {
-        let mut admin = PgConnection::connect(&common::server_url()).await.unwrap();
-        let n: i64 = sqlx::query_scalar(
-            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
-             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
-        )
-        .bind(db)
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
-        n
-    };
-    let before = calls(db.clone()).await;
-    let mut refused = 0;
+    let before = statement_calls(&db).await;
+    let mut refused_by = std::collections::BTreeSet::new();
     let n = 40;
     for i in 0..n {
         let p = &policies[i % 4];
@@ -97,15 +110,63 @@ async fn one_statement_per_decision() {
             .decide(b"counted key", p, 1, at(i as u64))
             .await
             .unwrap();
-        refused += usize::from(!d.allowed);
+        if !d.allowed {
+            refused_by.insert(p.algorithm());
+        }
     }
-    let after = calls(db.clone()).await;
-    assert!(refused > 0, "the run must include refusals (abuse events)");
+    let after = statement_calls(&db).await;
+    assert!(
+        !refused_by.is_empty(),
+        "the run must include refusals (abuse events)"
+    );
     assert_eq!(after - before, n as i64, "statements for {n} decisions");
+    // Recorded in the same statements: one row per key, policy and window.
     assert_eq!(
         store.abuse_events(b"counted key").await.unwrap().len(),
-        refused
+        refused_by.len()
     );
+    drop(store);
+}
+
+/// A refund is one statement too, whether it gives units back or finds
+/// nothing to give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_per_refund() {
+    let (store, db) = store_in_own_database("refund_stmts").await;
+    let policies = counted_policies();
+    // Warm up: connections opened and statements prepared.
+    for p in &policies {
+        let d = store.decide(b"warm", p, 1, T0).await.unwrap();
+        store.refund(b"warm", p, 1, T0, &d).await.unwrap();
+    }
+    let mut admitted = Vec::new();
+    for p in &policies {
+        for i in 0..3u64 {
+            let key = format!("client-{i}");
+            let d = store.decide(key.as_bytes(), p, 1, at(i)).await.unwrap();
+            assert!(d.allowed);
+            admitted.push((*p, key, at(i), d));
+        }
+    }
+    let before = statement_calls(&db).await;
+    let mut n = 0;
+    for (p, key, now, d) in &admitted {
+        store.refund(key.as_bytes(), p, 1, *now, d).await.unwrap();
+        n += 1;
+    }
+    for p in &policies {
+        let (_, _, now, d) = &admitted[0];
+        store.refund(b"never seen", p, 1, *now, d).await.unwrap();
+        n += 1;
+    }
+    let after = statement_calls(&db).await;
+    assert_eq!(after - before, n, "statements for {n} refunds");
+    // Each refund gave its unit back: the keys are as they were.
+    for (p, key, now, d) in &admitted {
+        let again = store.decide(key.as_bytes(), p, 1, *now).await.unwrap();
+        assert_eq!(again, *d, "{p}: {key} after its refund");
+    }
+    assert_eq!(count_rows(&store, "sliding_log").await, 3, "no row created");
     drop(store);
 }
 
@@ -466,10 +527,13 @@ async fn refusals_are_recorded_with_retention() {
                 .allowed
         );
     }
+    // Three refusals in one window: one row, from the first.
     let events = store.abuse_events(b"offender").await.unwrap();
-    assert_eq!(events.len(), 3);
+    assert_eq!(events.len(), 1);
     assert_eq!(events[0].algorithm.as_deref(), Some("fixed_window"));
     assert_eq!(events[0].at, at(1));
+    assert_eq!(events[0].since, at(1));
+    assert_eq!(events[0].refusals, 1);
     assert!(store.abuse_events(b"honest").await.unwrap().is_empty());
     // Only the hash of a key is stored.
     let raw: i64 = sqlx::query_scalar(&format!(
@@ -487,23 +551,222 @@ async fn refusals_are_recorded_with_retention() {
             rule: Arc::from("login"),
             key: b"offender".to_vec(),
             at: at(10),
-            since: at(10),
-            refusals: 1,
+            since: at(4),
+            refusals: 7,
             refused_by: "memory",
         })
         .await
         .unwrap();
     let events = store.abuse_events(b"offender").await.unwrap();
-    assert_eq!(events.len(), 4);
-    assert_eq!(events[3].rule.as_deref(), Some("login"));
-    assert_eq!(events[3].refused_by.as_deref(), Some("memory"));
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1].rule.as_deref(), Some("login"));
+    assert_eq!(events[1].refused_by.as_deref(), Some("memory"));
+    assert_eq!(events[1].algorithm, None);
+    assert_eq!((events[1].since, events[1].at), (at(4), at(10)));
+    assert_eq!(events[1].refusals, 7);
 
     // Kept for the retention, then swept.
     assert_eq!(store.sweep(at(4 * S), 100).await.unwrap().abuse_events, 0);
     let report = store.sweep(at(6 * S), 100).await.unwrap();
-    assert_eq!(report.abuse_events, 4);
+    assert_eq!(report.abuse_events, 2);
     assert_eq!(report.state_rows, 0, "the windows are still open");
     assert!(store.abuse_events(b"offender").await.unwrap().is_empty());
+}
+
+/// A flood of refusals is one write per key and window, not one per
+/// refusal: the decision looks for the window's row and inserts only when
+/// there is none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refusals_records_one_row_per_window() {
+    let store = common::builder("flood")
+        .record_refusals(true)
+        .build()
+        .await
+        .unwrap();
+    let w = 10 * S;
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new(algorithm, 2, Duration::from_micros(w)).unwrap();
+        let key = format!("flooder:{algorithm}");
+        let key = key.as_bytes();
+        let mut first = None;
+        let mut refusals = 0;
+        for i in 0..1_100 {
+            let now = at(i * 1_000);
+            if !store.decide(key, &policy, 1, now).await.unwrap().allowed {
+                first.get_or_insert(now);
+                refusals += 1;
+            }
+        }
+        assert!(refusals >= 1_000, "{algorithm}: {refusals} refusals");
+        let first = first.expect("refusals");
+        let events = store.abuse_events(key).await.unwrap();
+        assert_eq!(events.len(), 1, "{algorithm}: {refusals} refusals");
+        assert_eq!(events[0].at, first, "{algorithm}");
+        assert_eq!(events[0].refusals, 1, "{algorithm}");
+
+        // A window after the first recorded refusal, refused again: a new
+        // row.
+        let later = Timestamp::from_micros(first.as_micros() + w);
+        let mut refused = None;
+        for _ in 0..=policy.limit() {
+            if !store.decide(key, &policy, 1, later).await.unwrap().allowed {
+                refused = Some(later);
+                break;
+            }
+        }
+        assert!(refused.is_some(), "{algorithm}: refused again");
+        let events = store.abuse_events(key).await.unwrap();
+        assert_eq!(events.len(), 2, "{algorithm}");
+        assert_eq!(events[1].at, later, "{algorithm}");
+        // And only one for that window too.
+        for i in 1..50 {
+            store
+                .decide(
+                    key,
+                    &policy,
+                    1,
+                    Timestamp::from_micros(later.as_micros() + i),
+                )
+                .await
+                .unwrap();
+        }
+        assert_eq!(store.abuse_events(key).await.unwrap().len(), 2);
+    }
+}
+
+/// A refund in server-clock mode is refused before any statement: the
+/// admission's time, which locates its units, was the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_clock_mode_refuses_refunds() {
+    let store = common::builder("server_clock_refund")
+        .server_clock(true)
+        .build()
+        .await
+        .unwrap();
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new(algorithm, 5, Duration::from_secs(60)).unwrap();
+        let admitted = limiter_core::Decision::from_verdict(
+            limiter_core::algorithm::Verdict {
+                allowed: true,
+                remaining: 4,
+                reset_after_us: policy.window_micros(),
+                retry_after_us: 0,
+            },
+            &policy,
+            "postgres",
+        );
+        let err = store
+            .refund(b"k", &policy, 1, T0, &admitted)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{algorithm}: {err}");
+        assert!(!err.is_transient(), "{err}");
+        assert!(err.to_string().contains("clock"), "{err}");
+    }
+    // The pool connects lazily: no statement was sent.
+    assert_eq!(store.pool().size(), 0, "a refusal needs no connection");
+
+    // On a real admission the same, and the admission is kept.
+    let policy = Policy::fixed_window(3, Duration::from_secs(3600)).unwrap();
+    let d = store.decide(b"k", &policy, 1, T0).await.unwrap();
+    assert!(d.allowed);
+    let err = store.refund(b"k", &policy, 1, T0, &d).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert_eq!(
+        store.decide(b"k", &policy, 1, T0).await.unwrap().remaining,
+        1
+    );
+}
+
+/// Schemas at version 1 are deployed: building a store on one migrates it
+/// in place, keeping state and abuse events, and refunds work on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_schema_is_migrated_in_place() {
+    const V1: &str = include_str!("../migrations/0001_state_tables.sql");
+    let schema = common::unique_schema("v1");
+    let mut admin = admin().await;
+    // What version 1 of this crate left: its tables and functions, and
+    // sqlx's record of the migration.
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query(&format!("SET search_path TO \"{schema}\""))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::raw_sql(V1).execute(&mut admin).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+         installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), success BOOLEAN NOT NULL, \
+         checksum BYTEA NOT NULL, execution_time BIGINT NOT NULL)",
+    )
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (1, 'state tables', true, sha384(convert_to($1, 'UTF8')), 0)",
+    )
+    .bind(V1)
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let policy = Policy::gcra(2, Duration::from_secs(10)).unwrap();
+    for i in 0..3 {
+        let _: (bool,) = sqlx::query_as(
+            "SELECT allowed FROM decide_gcra('old', 2, 10000000, 1, $1, 1000000, 3600000000)",
+        )
+        .bind((T0.as_micros() + i) as i64)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    }
+
+    // A build that may not migrate says what is missing.
+    let err = common::builder("unused")
+        .schema(&schema)
+        .migrate(false)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BuildError::SchemaOutdated {
+                found: 1,
+                required: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let store = common::builder("unused")
+        .schema(&schema)
+        .record_refusals(true)
+        .build()
+        .await
+        .expect("a version 1 schema is migrated");
+    let version: i64 = sqlx::query_scalar(&format!(
+        "SELECT max(version) FROM \"{schema}\"._sqlx_migrations"
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    // The old abuse event reads as one refusal at its own time.
+    let events = store.abuse_events(b"old").await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].refusals, 1);
+    assert_eq!(events[0].since, events[0].at);
+    // The old state is kept, and refunds apply to it.
+    let refused = store.decide(b"old", &policy, 1, at(3)).await.unwrap();
+    assert!(!refused.allowed, "the key's state survived the migration");
+    let later = at(5 * S);
+    let d = store.decide(b"old", &policy, 1, later).await.unwrap();
+    assert!(d.allowed);
+    store.refund(b"old", &policy, 1, later, &d).await.unwrap();
+    assert_eq!(store.decide(b"old", &policy, 1, later).await.unwrap(), d);
 }
 
 /// In server-clock mode the `now` passed in is ignored; short real windows

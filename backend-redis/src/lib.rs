@@ -28,6 +28,14 @@
 //!   [`DEFAULT_TIMEOUT`]); a dead, paused or misbehaving server becomes a
 //!   [`StoreError`] of kind `Timeout`, `Unavailable` or `Protocol`, never a
 //!   hang or a panic.
+//! * **Refunds** ([`Store::refund`]) are one `EVALSHA` of a refund script
+//!   per algorithm ([`refund_script_source`]), on the decision's own key
+//!   (so the same Redis Cluster slot), under the same timeout. They give
+//!   back exactly the units the admission wrote, or nothing when the key no
+//!   longer holds them; they never create a key and never touch a TTL. A
+//!   store in [server-clock mode](RedisStoreBuilder::server_clock) refuses
+//!   them with [`ErrorKind::Unsupported`]: the admission's time, which
+//!   locates its units, was the server's and is not known to the caller.
 //! * **Connections** are opened lazily by the first decision, on the runtime
 //!   that makes it, and then shared: one multiplexed connection (the redis
 //!   crate's `ConnectionManager`, which reconnects on its own), or a cluster
@@ -59,11 +67,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use limiter_core::algorithm::Verdict;
 use limiter_core::{
-    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Policy, Store, StoreError, Timestamp,
+    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, MAX_EXACT, Policy, Store,
+    StoreError, Timestamp,
 };
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script, Value};
+use redis::{RedisError, Script, ScriptInvocation, Value};
 use tokio::sync::OnceCell;
 
 /// The name this store reports in decisions and errors.
@@ -101,15 +110,46 @@ pub fn script_source(algorithm: Algorithm) -> &'static str {
     }
 }
 
+macro_rules! refund_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("scripts/refund_header.lua"),
+            include_str!($file)
+        )
+    };
+}
+
+/// The Lua source of the script that refunds an admission under
+/// `algorithm` (see [`Store::refund`]), as the store sends it; exposed for
+/// audit like [`script_source`].
+pub fn refund_script_source(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingLog => refund_script!("scripts/refund_sliding_log.lua"),
+        Algorithm::FixedWindow => refund_script!("scripts/refund_fixed_window.lua"),
+        Algorithm::SlidingWindow => refund_script!("scripts/refund_sliding_window.lua"),
+        Algorithm::Gcra => refund_script!("scripts/refund_gcra.lua"),
+    }
+}
+
 static SCRIPTS: LazyLock<[Script; 4]> =
     LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(script_source(a))));
 
-fn script(algorithm: Algorithm) -> &'static Script {
-    let i = Algorithm::ALL
+static REFUND_SCRIPTS: LazyLock<[Script; 4]> =
+    LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(refund_script_source(a))));
+
+fn algorithm_index(algorithm: Algorithm) -> usize {
+    Algorithm::ALL
         .iter()
         .position(|a| *a == algorithm)
-        .unwrap_or(0);
-    &SCRIPTS[i]
+        .unwrap_or(0)
+}
+
+fn script(algorithm: Algorithm) -> &'static Script {
+    &SCRIPTS[algorithm_index(algorithm)]
+}
+
+fn refund_script(algorithm: Algorithm) -> &'static Script {
+    &REFUND_SCRIPTS[algorithm_index(algorithm)]
 }
 
 fn algorithm_tag(algorithm: Algorithm) -> &'static [u8] {
@@ -308,6 +348,12 @@ impl RedisStore {
         if policy.algorithm() == Algorithm::Gcra {
             invocation.arg(policy.emission_interval_micros());
         }
+        self.invoke(invocation).await
+    }
+
+    /// One `EVALSHA` (plus a `SCRIPT LOAD` the first time a server sees the
+    /// script), on whichever connection the store holds.
+    async fn invoke(&self, invocation: ScriptInvocation<'static>) -> Result<Value, StoreError> {
         let conn = self.conn().await?;
         let result = match conn {
             Conn::Single(mut c) => invocation.invoke_async::<Value>(&mut c).await,
@@ -319,6 +365,18 @@ impl RedisStore {
             }
         };
         result.map_err(store_error)
+    }
+
+    /// Runs `call` under the store's timeout, connecting included.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let timeout = self.inner.timeout;
+        match tokio::time::timeout(timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::timeout(STORE_NAME, timeout)),
+        }
     }
 }
 
@@ -347,6 +405,13 @@ impl RedisStoreBuilder {
     /// store (tests must use real time), and on Redis Cluster each master's
     /// clock decides for its own keys. Declared as
     /// [`Capabilities::server_clock`].
+    ///
+    /// [`Store::refund`] is not available in this mode: it locates the
+    /// admission's units by the time it was decided at, which is the
+    /// server's and unknown to the caller. It answers
+    /// [`ErrorKind::Unsupported`] without a round trip, and a
+    /// [`Limiter`](limiter_core::Limiter) then keeps the admission (stricter,
+    /// never more permissive).
     pub fn server_clock(mut self, enabled: bool) -> Self {
         self.server_clock = enabled;
         self
@@ -605,13 +670,53 @@ impl Store for RedisStore {
             .check_cost(cost)
             .map_err(|e| StoreError::invalid_request(STORE_NAME, e))?;
         let redis_key = self.redis_key(key, policy.algorithm());
-        let timeout = self.inner.timeout;
-        let value =
-            match tokio::time::timeout(timeout, self.run(redis_key, policy, cost, now)).await {
-                Ok(r) => r?,
-                Err(_) => return Err(StoreError::timeout(STORE_NAME, timeout)),
-            };
+        let value = self.bounded(self.run(redis_key, policy, cost, now)).await?;
         Ok(Decision::from_verdict(verdict(value)?, policy, STORE_NAME))
+    }
+
+    /// One `EVALSHA` of the algorithm's refund script; see the
+    /// [crate documentation](crate). In server-clock mode, an
+    /// [`ErrorKind::Unsupported`] error without contacting the server.
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        limiter_core::check_refund(STORE_NAME, policy, cost, admitted)?;
+        if self.inner.server_clock {
+            return Err(StoreError::new(
+                ErrorKind::Unsupported,
+                STORE_NAME,
+                "refund needs the time the admission was decided at; a store deciding with \
+                 the Redis server's clock cannot locate it",
+            ));
+        }
+        let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
+        // The scripts hold times exactly only below 2^53: an anchor past it
+        // (or past u64) cannot be compared exactly, and locates no units a
+        // decision could have written.
+        let Some(anchor) = now
+            .as_micros()
+            .checked_add(reset_after)
+            .filter(|a| *a < MAX_EXACT)
+        else {
+            return Ok(());
+        };
+        let mut invocation =
+            refund_script(policy.algorithm()).key(self.redis_key(key, policy.algorithm()));
+        invocation.arg(anchor).arg(policy.window_micros()).arg(cost);
+        if policy.algorithm() == Algorithm::Gcra {
+            invocation.arg(policy.emission_interval_micros());
+        }
+        match self.bounded(self.invoke(invocation)).await? {
+            Value::Int(0 | 1) => Ok(()),
+            other => Err(protocol(format!(
+                "a refund script answers 0 or 1, got {other:?}"
+            ))),
+        }
     }
 }
 

@@ -81,6 +81,74 @@ async fn reset_stats(conn: &mut MultiplexedConnection) {
         .unwrap();
 }
 
+/// What MONITOR saw between [`Monitor::start`] and [`Monitor::finish`]:
+/// every command with its origin, `[db host:port]` for a client's, `[db
+/// lua]` for those a script runs inside the server.
+struct Monitor {
+    lines: std::pin::Pin<Box<dyn futures::Stream<Item = String> + Send>>,
+    /// The test's own commands come from this address; they are not counted.
+    admin_addr: String,
+}
+
+impl Monitor {
+    async fn start(url: &str, conn: &mut MultiplexedConnection) -> Monitor {
+        let monitor = redis::Client::open(url)
+            .unwrap()
+            .get_async_monitor()
+            .await
+            .unwrap();
+        let lines = Box::pin(monitor.into_on_message::<String>());
+        let me: String = redis::cmd("CLIENT")
+            .arg("INFO")
+            .query_async(conn)
+            .await
+            .unwrap();
+        let admin_addr = me
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("addr="))
+            .map(|a| format!(" {a}"))
+            .expect("CLIENT INFO has addr=");
+        Monitor { lines, admin_addr }
+    }
+
+    /// (commands sent by clients other than the test's own connection, by
+    /// name; commands run by scripts).
+    async fn finish(mut self, conn: &mut MultiplexedConnection) -> (BTreeMap<String, u64>, u64) {
+        let _: String = redis::cmd("ECHO")
+            .arg("limiter-monitor-done")
+            .query_async(conn)
+            .await
+            .unwrap();
+        let mut from_clients: BTreeMap<String, u64> = BTreeMap::new();
+        let mut from_scripts = 0u64;
+        loop {
+            let line = tokio::time::timeout(HANG_GUARD, self.lines.next())
+                .await
+                .expect("MONITOR went silent")
+                .expect("MONITOR stream ended");
+            if line.contains("limiter-monitor-done") {
+                break;
+            }
+            let origin = line
+                .split('[')
+                .nth(1)
+                .and_then(|r| r.split(']').next())
+                .unwrap_or("");
+            let command = line
+                .split('"')
+                .nth(1)
+                .unwrap_or_default()
+                .to_ascii_uppercase();
+            if origin.ends_with(" lua") {
+                from_scripts += 1;
+            } else if !origin.ends_with(&self.admin_addr) {
+                *from_clients.entry(command).or_default() += 1;
+            }
+        }
+        (from_clients, from_scripts)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_evalsha_per_decision_and_nothing_else() {
     // A server of its own: nothing else may run commands on it.
@@ -104,25 +172,7 @@ async fn one_evalsha_per_decision_and_nothing_else() {
     assert_eq!(loads, 4, "one SCRIPT LOAD per algorithm: {first_use:?}");
     assert_eq!(first_use.get("evalsha"), Some(&8), "{first_use:?}");
 
-    // MONITOR sees every command with its origin: `[db host:port]` for a
-    // client's, `[db lua]` for those a script runs inside the server.
-    let monitor = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_async_monitor()
-        .await
-        .unwrap();
-    let mut lines = monitor.into_on_message::<String>();
-    // The test's own commands come from this address; they are not counted.
-    let me: String = redis::cmd("CLIENT")
-        .arg("INFO")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let admin_addr = me
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("addr="))
-        .map(|a| format!(" {a}"))
-        .expect("CLIENT INFO has addr=");
+    let monitor = Monitor::start(&url, &mut conn).await;
     reset_stats(&mut conn).await;
     let mut n = 0u64;
     let mut refused = 0;
@@ -138,38 +188,8 @@ async fn one_evalsha_per_decision_and_nothing_else() {
     }
     assert!(refused > 0, "the run should include refusals");
     let calls = command_calls(&mut conn).await;
-    let _: String = redis::cmd("ECHO")
-        .arg("limiter-monitor-done")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (from_clients, from_scripts) = monitor.finish(&mut conn).await;
 
-    let mut from_clients: BTreeMap<String, u64> = BTreeMap::new();
-    let mut from_scripts = 0u64;
-    loop {
-        let line = tokio::time::timeout(HANG_GUARD, lines.next())
-            .await
-            .expect("MONITOR went silent")
-            .expect("MONITOR stream ended");
-        if line.contains("limiter-monitor-done") {
-            break;
-        }
-        let origin = line
-            .split('[')
-            .nth(1)
-            .and_then(|r| r.split(']').next())
-            .unwrap_or("");
-        let command = line
-            .split('"')
-            .nth(1)
-            .unwrap_or_default()
-            .to_ascii_uppercase();
-        if origin.ends_with(" lua") {
-            from_scripts += 1;
-        } else if !origin.ends_with(&admin_addr) {
-            *from_clients.entry(command).or_default() += 1;
-        }
-    }
     let mut expected = BTreeMap::new();
     expected.insert("EVALSHA".to_string(), n);
     assert_eq!(
@@ -184,6 +204,87 @@ async fn one_evalsha_per_decision_and_nothing_else() {
     assert_eq!(calls.get("evalsha"), Some(&n), "{calls:?}");
     assert_eq!(calls.get("script|load"), None, "{calls:?}");
     assert_eq!(calls.get("eval"), None, "{calls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evalsha_per_refund_and_nothing_else() {
+    // A server of its own: nothing else may run commands on it.
+    let (_container, url) = common::start_redis().await;
+    let mut conn = admin(&url).await;
+    let store = RedisStore::builder(&url)
+        .key_prefix(common::unique_prefix("refund-round-trips"))
+        .timeout(GENEROUS)
+        .build()
+        .unwrap();
+    // Loads the decision and refund scripts: a refund of another key's
+    // admission finds nothing, but its script runs.
+    reset_stats(&mut conn).await;
+    for p in policies() {
+        let d = decide_guarded(&store, b"warm-up", &p, T0).await.unwrap();
+        store
+            .refund(b"warm-up-ghost", &p, 1, Timestamp::from_micros(T0), &d)
+            .await
+            .unwrap();
+    }
+    let first_use = command_calls(&mut conn).await;
+    assert_eq!(
+        first_use.get("script|load"),
+        Some(&8),
+        "one SCRIPT LOAD per algorithm and operation: {first_use:?}"
+    );
+
+    // Admissions to refund, made before counting.
+    let mut admitted = Vec::new();
+    for p in policies() {
+        for i in 0..3u64 {
+            let now = T0 + i * 1000;
+            let key = format!("client-{i}");
+            let d = decide_guarded(&store, key.as_bytes(), &p, now)
+                .await
+                .unwrap();
+            assert!(d.allowed);
+            admitted.push((p, key, now, d));
+        }
+    }
+    let monitor = Monitor::start(&url, &mut conn).await;
+    reset_stats(&mut conn).await;
+    let mut n = 0u64;
+    for (p, key, now, d) in &admitted {
+        store
+            .refund(key.as_bytes(), p, 1, Timestamp::from_micros(*now), d)
+            .await
+            .unwrap();
+        n += 1;
+    }
+    // A refund on a key that holds nothing is a round trip too, and no more.
+    for p in policies() {
+        let (_, _, now, d) = &admitted[0];
+        store
+            .refund(b"never-seen", &p, 1, Timestamp::from_micros(*now), d)
+            .await
+            .unwrap();
+        n += 1;
+    }
+    let calls = command_calls(&mut conn).await;
+    let (from_clients, from_scripts) = monitor.finish(&mut conn).await;
+
+    let mut expected = BTreeMap::new();
+    expected.insert("EVALSHA".to_string(), n);
+    assert_eq!(
+        from_clients, expected,
+        "the store sent exactly {n} EVALSHA and nothing else"
+    );
+    assert!(from_scripts > 0, "the refunds ran their scripts");
+    assert_eq!(calls.get("evalsha"), Some(&n), "{calls:?}");
+    assert_eq!(calls.get("script|load"), None, "{calls:?}");
+    assert_eq!(calls.get("eval"), None, "{calls:?}");
+    // Each refund gave its unit back: the keys are as they were.
+    for (p, key, now, d) in &admitted {
+        let again = decide_guarded(&store, key.as_bytes(), p, *now)
+            .await
+            .unwrap();
+        assert_eq!(again, *d, "{p}: {key} after its refund");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -364,6 +465,111 @@ async fn server_clock_mode_decides_with_real_time() {
             decide_guarded(&store, b"k", &p, 0).await.unwrap().allowed,
             "{algorithm}: admitted again once the server's window passed"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
+    // Nothing listens here: an answer other than Unsupported would mean the
+    // store tried to reach a server.
+    let port = common::free_port(false);
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .server_clock(true)
+        .build()
+        .unwrap();
+    for p in policies() {
+        let admitted = limiter_core::Decision::from_verdict(
+            limiter_core::algorithm::Verdict {
+                allowed: true,
+                remaining: 4,
+                reset_after_us: p.window_micros(),
+                retry_after_us: 0,
+            },
+            &p,
+            "redis",
+        );
+        let err = tokio::time::timeout(
+            HANG_GUARD,
+            store.refund(b"k", &p, 1, Timestamp::from_micros(T0), &admitted),
+        )
+        .await
+        .expect("a refusal needs no server")
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{p}: {err}");
+        assert!(!err.is_transient(), "{p}: {err}");
+        assert!(err.to_string().contains("clock"), "{p}: {err}");
+    }
+
+    // The same against a live server, on a real admission.
+    let store = RedisStore::builder(common::shared_url())
+        .key_prefix(common::unique_prefix("server-clock-refund"))
+        .timeout(GENEROUS)
+        .server_clock(true)
+        .build()
+        .unwrap();
+    let p = Policy::fixed_window(3, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    let d = store.decide(b"k", &p, 1, now).await.unwrap();
+    assert!(d.allowed);
+    let err = store.refund(b"k", &p, 1, now, &d).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let after = store.decide(b"k", &p, 1, now).await.unwrap();
+    assert_eq!(after.remaining, 1, "the admission was kept");
+}
+
+async fn key_ttl(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+async fn key_exists(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_create_nothing_and_never_extend_a_ttl() {
+    let url = common::shared_url();
+    let mut conn = admin(url).await;
+    let store = RedisStore::builder(url)
+        .key_prefix(common::unique_prefix("refund-ttl"))
+        .timeout(GENEROUS)
+        .build()
+        .unwrap();
+    for p in policies() {
+        let now = Timestamp::from_micros(T0);
+        let first = decide_guarded(&store, b"k", &p, T0).await.unwrap();
+        let second = decide_guarded(&store, b"k", &p, T0 + S).await.unwrap();
+        let key = store.redis_key(b"k", p.algorithm());
+        let before = key_ttl(&mut conn, &key).await;
+        assert!(before > 0, "{p}");
+        // Let real time pass, so that a TTL set again would show.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        store
+            .refund(b"k", &p, 1, Timestamp::from_micros(T0 + S), &second)
+            .await
+            .unwrap();
+        let after = key_ttl(&mut conn, &key).await;
+        assert!(
+            after > 0 && after < before,
+            "{p}: PTTL {before} -> {after} over a refund"
+        );
+        // The first admission still holds its unit, or the key is gone with
+        // the log's last entry.
+        store.refund(b"k", &p, 1, now, &first).await.unwrap();
+        let exists = key_exists(&mut conn, &key).await;
+        if p.algorithm() == Algorithm::SlidingLog {
+            assert_eq!(exists, 0, "{p}: an emptied log is deleted");
+        } else {
+            assert!(key_ttl(&mut conn, &key).await <= after, "{p}");
+        }
+        // A key that holds nothing stays absent.
+        let ghost = store.redis_key(b"ghost", p.algorithm());
+        store.refund(b"ghost", &p, 1, now, &first).await.unwrap();
+        let exists = key_exists(&mut conn, &ghost).await;
+        assert_eq!(exists, 0, "{p}: a refund created {ghost:?}");
     }
 }
 
@@ -632,4 +838,74 @@ async fn scripts_match_the_reference_algorithm_decision_for_decision() {
         }
     }
     assert_eq!(checked, 4 * 5 * 300);
+}
+
+/// Decisions interleaved with refunds of earlier admissions (each at most
+/// once, in any order, some long after the fact): the scripts and
+/// `algorithm::refund` leave every key in the same state, as the decisions
+/// that follow show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_match_the_reference_algorithm_decision_for_decision() {
+    use limiter_core::Decision;
+    use limiter_core::algorithm::{apply, refund};
+
+    let store = RedisStore::builder(common::shared_url())
+        .key_prefix(common::unique_prefix("refund-differential"))
+        .timeout(GENEROUS)
+        // Keys expire in real time; the caller's time here runs faster, but
+        // a loaded machine must not lose state the reference still holds.
+        .expiry_margin(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let shapes: [(u32, Duration); 4] = [
+        (1, Duration::from_millis(1)),
+        (3, Duration::from_millis(7)),
+        (10, Duration::from_secs(1)),
+        (7, Duration::from_micros(1_000_003)),
+    ];
+    let mut rng = Lcg(7);
+    let (mut decisions, mut refunds) = (0, 0);
+    for algorithm in Algorithm::ALL {
+        for (i, (limit, window)) in shapes.iter().enumerate() {
+            let p = Policy::new(algorithm, *limit, *window).unwrap();
+            let key = format!("{algorithm}-{i}");
+            let mut state = None;
+            let mut admitted: Vec<(u64, u32, Decision)> = Vec::new();
+            let w = p.window_micros();
+            let mut now = T0 + rng.next(w);
+            for step in 0..200 {
+                if !admitted.is_empty() && rng.next(3) == 0 {
+                    let (at, cost, d) =
+                        admitted.swap_remove(rng.next(admitted.len() as u64) as usize);
+                    let reset_after = d.reset_after.as_micros() as u64;
+                    refund(&mut state, &p, cost, at, reset_after);
+                    store
+                        .refund(key.as_bytes(), &p, cost, Timestamp::from_micros(at), &d)
+                        .await
+                        .unwrap();
+                    refunds += 1;
+                    continue;
+                }
+                now = match rng.next(20) {
+                    0 => now.saturating_sub(rng.next(w)),
+                    1 => now + w + rng.next(2 * w),
+                    _ => now + rng.next(w / 4 + 1),
+                };
+                let cost = 1 + rng.next(u64::from(*limit).min(4)) as u32;
+                let expected =
+                    Decision::from_verdict(apply(&mut state, &p, cost, now), &p, "redis");
+                let got = store
+                    .decide(key.as_bytes(), &p, cost, Timestamp::from_micros(now))
+                    .await
+                    .unwrap();
+                assert_eq!(got, expected, "{p}, step {step}, cost {cost}, now {now}");
+                if got.allowed {
+                    admitted.push((now, cost, got));
+                }
+                decisions += 1;
+            }
+        }
+    }
+    assert!(refunds > 500, "{refunds} refunds");
+    assert!(decisions > 1_000, "{decisions} decisions");
 }
