@@ -9,3 +9,10 @@ async fn store() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new(1_000))
 }
 limiter_conformance::conformance_tests!(store);
+
+/// The composition scenarios with a memory store as the shared tier.
+mod composition {
+    use super::*;
+
+    limiter_conformance::composition_tests!(store);
+}

@@ -22,3 +22,10 @@ async fn store() -> Arc<dyn Store> {
 }
 
 limiter_conformance::conformance_tests!(store);
+
+/// The composition scenarios with this store as the shared tier.
+mod composition {
+    use super::*;
+
+    limiter_conformance::composition_tests!(store);
+}

@@ -92,6 +92,7 @@ pub use limiter_core;
 use limiter_core::Store;
 
 pub mod broken;
+pub mod composition;
 pub mod model;
 mod scenarios;
 mod support;
@@ -284,6 +285,7 @@ macro_rules! __conformance_tests_for {
 pub mod __private {
     pub use tokio;
 
+    use crate::composition::{COMPOSITION_SCENARIOS, LimiterComposer};
     use crate::{SCENARIOS, StoreFactory};
 
     /// The scenarios [`conformance_tests!`](crate::conformance_tests)
@@ -315,6 +317,22 @@ pub mod __private {
             .build()
             .unwrap_or_else(|e| panic!("cannot build a tokio runtime for {name}: {e}"));
         match runtime.block_on(scenario.run(&factory)) {
+            Ok(evidence) => println!("{name}: pass: {evidence}"),
+            Err(failure) => panic!("{name} failed: {failure}"),
+        }
+    }
+
+    /// Runs one composition scenario as a test, with a real `Limiter`.
+    pub fn run_composition_test<F: StoreFactory>(name: &str, factory: F) {
+        let Some(scenario) = COMPOSITION_SCENARIOS.iter().find(|s| s.name == name) else {
+            panic!("limiter-conformance has no composition scenario named {name:?}");
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot build a tokio runtime for {name}: {e}"));
+        match runtime.block_on(scenario.run(&factory, &LimiterComposer)) {
             Ok(evidence) => println!("{name}: pass: {evidence}"),
             Err(failure) => panic!("{name} failed: {failure}"),
         }

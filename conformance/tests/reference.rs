@@ -24,3 +24,10 @@ mod two_algorithms {
         )) as Arc<dyn Store>
     });
 }
+
+/// The composition scenarios with the reference store as the shared tier.
+mod composition {
+    use super::*;
+
+    limiter_conformance::composition_tests!(store);
+}

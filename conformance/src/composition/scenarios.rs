@@ -1,0 +1,605 @@
+//! The composition scenarios. Each builds its compositions through the
+//! [`Composer`] it is given, with local tiers on the reference store and
+//! shared tiers from the factory, and checks hand-derived numbers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use limiter_core::{
+    AbuseSink, Algorithm, BreakerConfig, Decision, FailurePolicy, ManualClock, Policy, Store,
+    Timestamp,
+};
+
+use super::support::{Events, Health, Switch};
+use super::{Composer, Composition, EscalationSpec, TierSpec};
+use crate::broken::ReferenceStore;
+use crate::support::{S, T0, dur, evidence, fail, guarded, num, policy};
+use crate::{Failure, ScenarioResult, StoreFactory};
+
+/// A short timeout for tiers whose store is made to hang: what a dead
+/// store costs, once per cool-down.
+const DEAD: Duration = Duration::from_millis(20);
+
+fn local() -> Arc<dyn Store> {
+    Arc::new(ReferenceStore::new(10_000))
+}
+
+async fn shared(factory: &dyn StoreFactory) -> Result<Arc<dyn Store>, Failure> {
+    let store = factory.fresh().await;
+    if store.capabilities().server_clock {
+        return fail(format!(
+            "the {} store decides with its server's clock, so the suite cannot drive time; \
+             the factory must return a store in client-clock mode",
+            store.name()
+        ));
+    }
+    Ok(store)
+}
+
+fn compose(
+    composer: &dyn Composer,
+    tiers: Vec<TierSpec>,
+    clock: &ManualClock,
+) -> Result<Box<dyn Composition>, Failure> {
+    composer
+        .compose(tiers, clock.clone())
+        .map_err(|e| Failure(format!("scenario bug: the composition was refused: {e}")))
+}
+
+fn at(clock: &ManualClock, offset_us: u64) {
+    clock.set(Timestamp::from_micros(T0 + offset_us));
+}
+
+fn log(limit: u32, window_s: u64) -> Result<Policy, Failure> {
+    policy(Algorithm::SlidingLog, limit, window_s * S)
+}
+
+fn show(d: &Decision) -> String {
+    format!(
+        "{} by rule {:?} (store {}{}{}), remaining {}, retry_after {}",
+        if d.allowed { "admitted" } else { "refused" },
+        d.source.rule.as_deref().unwrap_or("?"),
+        d.source.store,
+        if d.source.fallback { ", fallback" } else { "" },
+        if d.source.degraded { ", degraded" } else { "" },
+        d.remaining,
+        dur(d.retry_after.as_micros() as u64)
+    )
+}
+
+fn breaker(failures: u32, cool_down_s: u64) -> Result<BreakerConfig, Failure> {
+    BreakerConfig::new(failures, Duration::from_secs(cool_down_s))
+        .map_err(|e| Failure(format!("scenario bug: {e}")))
+}
+
+pub(super) async fn later_tier_refusal_not_charged_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // Tiers: "day" 12 per day in a local store, then "minute" 10 per minute
+    // in the shared store. 110 requests at t0: the minute tier admits 10 and
+    // refuses 100; if those refusals stayed counted in "day" (10 + 2 before
+    // "day" itself refused), the client would be locked out for a day.
+    let clock = ManualClock::new();
+    let day = policy(Algorithm::FixedWindow, 12, 86_400 * S)?;
+    let c = compose(
+        composer,
+        vec![
+            TierSpec::new("day", local(), day),
+            TierSpec::new("minute", shared(factory).await?, log(10, 60)?),
+        ],
+        &clock,
+    )?;
+    at(&clock, 0);
+    let mut admitted = 0;
+    for i in 1..=110 {
+        let d = c.check(b"client").await;
+        if d.allowed {
+            admitted += 1;
+            continue;
+        }
+        if d.source.rule.as_deref() != Some("minute") || d.retry_after != Duration::from_secs(60) {
+            return fail(format!(
+                "request #{i} at t0: must be refused by \"minute\" with retry_after 60 s (its \
+                 10 entries at t0); got {}",
+                show(&d)
+            ));
+        }
+    }
+    if admitted != 10 {
+        return fail(format!(
+            "110 requests at t0: 10 must be admitted, got {admitted}"
+        ));
+    }
+    // At t0+61 s the minute window has passed; "day" has counted 10.
+    at(&clock, 61 * S);
+    for (i, left) in [(1, 1), (2, 0)] {
+        let d = c.check(b"client").await;
+        if !d.allowed || d.source.rule.as_deref() != Some("day") || d.remaining != left {
+            return fail(format!(
+                "request {i} at t0+61 s: \"day\" has counted the 10 served requests only, so it \
+                 must be admitted with {left} left in \"day\"; got {}",
+                show(&d)
+            ));
+        }
+    }
+    let d = c.check(b"client").await;
+    if d.allowed
+        || d.source.rule.as_deref() != Some("day")
+        || d.retry_after != Duration::from_secs(86_400 - 61)
+    {
+        return fail(format!(
+            "the 13th served request: must be refused by \"day\" until its window ends, \
+             retry_after 86,339 s; got {}",
+            show(&d)
+        ));
+    }
+    evidence(vec![
+        "110 requests at t0: 10 admitted, 100 refused by the shared tier and refunded by \"day\""
+            .into(),
+        "at t0+61 s exactly 2 more served before \"day\" (12/day) refused with retry 86,339 s"
+            .into(),
+    ])
+}
+
+pub(super) async fn shared_retry_after_honoured_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // Two instances, each a local tier of 10 per minute in front of one
+    // shared tier of 5 per minute. Instance A serves 5 at t0, then refuses 20
+    // at t0+1 s with retry_after 59 s. A client that waits exactly that long
+    // must be served by A and by B: A's local tier must not hold the 20
+    // refused requests.
+    let clock = ManualClock::new();
+    let store = shared(factory).await?;
+    let tiers = |store: &Arc<dyn Store>| -> Result<Vec<TierSpec>, Failure> {
+        Ok(vec![
+            TierSpec::new("local", local(), log(10, 60)?),
+            TierSpec::new("shared", store.clone(), log(5, 60)?),
+        ])
+    };
+    let a = compose(composer, tiers(&store)?, &clock)?;
+    let b = compose(composer, tiers(&store)?, &clock)?;
+    at(&clock, 0);
+    for i in 1..=5 {
+        let d = a.check(b"client").await;
+        if !d.allowed {
+            return fail(format!(
+                "request {i} at t0 on A: must be admitted; got {}",
+                show(&d)
+            ));
+        }
+    }
+    at(&clock, S);
+    for i in 1..=20 {
+        let d = a.check(b"client").await;
+        if d.allowed
+            || d.source.rule.as_deref() != Some("shared")
+            || d.retry_after != Duration::from_secs(59)
+        {
+            return fail(format!(
+                "refused request {i} at t0+1 s on A: must be refused by \"shared\" with \
+                 retry_after 59 s; got {}",
+                show(&d)
+            ));
+        }
+    }
+    at(&clock, 60 * S);
+    for (name, c, left) in [("A", &a, 4), ("B", &b, 3)] {
+        let d = c.check(b"client").await;
+        if !d.allowed || d.remaining != left {
+            return fail(format!(
+                "at t0+60 s, exactly the Retry-After later, instance {name}: must be admitted \
+                 with {left} left in the shared tier; got {}",
+                show(&d)
+            ));
+        }
+    }
+    evidence(vec![
+        "20 refusals by the shared tier left nothing in A's local tier".into(),
+        "a client waiting the 59 s Retry-After was served by both instances".into(),
+    ])
+}
+
+pub(super) async fn fallback_never_double_counts_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // One rule, 5 per minute, on the shared store with a local fallback.
+    // While the shared store answers, the fallback counts nothing; when it
+    // fails, the fallback serves a full quota of its own.
+    let clock = ManualClock::new();
+    let store = Switch::<dyn Store>::new(shared(factory).await?);
+    let shared_name = store.name();
+    let mut tier = TierSpec::new("search", store.clone(), log(5, 60)?);
+    tier.fallback = Some(local());
+    tier.on_failure = FailurePolicy::Closed;
+    let c = compose(composer, vec![tier], &clock)?;
+    at(&clock, 0);
+    for i in 1..=6 {
+        let d = c.check(b"client").await;
+        let ok = d.allowed == (i <= 5) && !d.source.fallback && d.source.store == shared_name;
+        if !ok {
+            return fail(format!(
+                "request {i} at t0, shared store up: must be {} by the {shared_name} store; got {}",
+                if i <= 5 { "admitted" } else { "refused" },
+                show(&d)
+            ));
+        }
+    }
+    store.set(Health::Failing);
+    at(&clock, S);
+    for i in 1..=6 {
+        let d = c.check(b"client").await;
+        let ok = d.allowed == (i <= 5) && d.source.fallback && !d.source.degraded;
+        if !ok {
+            return fail(format!(
+                "request {i} at t0+1 s, shared store failing: must be {} by the fallback, which \
+                 has counted nothing so far; got {}",
+                if i <= 5 { "admitted" } else { "refused" },
+                show(&d)
+            ));
+        }
+    }
+    evidence(vec![
+        "5 served by the shared store, none counted by the fallback".into(),
+        "during the outage the fallback served its own 5 and refused the 6th".into(),
+    ])
+}
+
+pub(super) async fn escalation_rate_independent_of_pace_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // A local tier of 60 per minute escalates one admitted request in 10 to
+    // the shared store (10,000 per hour: it never refuses here). A client
+    // pacing itself at 1/s and one bursting 60 at the top of each minute are
+    // each admitted 600 times and must each be sampled exactly 60 times, one
+    // in every run of 10 admitted requests.
+    let clock = ManualClock::new();
+    let durable = Switch::<dyn Store>::new(shared(factory).await?);
+    let tier = |durable: Arc<dyn Store>| -> Result<TierSpec, Failure> {
+        let mut t = TierSpec::new("search", local(), log(60, 60)?);
+        t.escalation = Some(EscalationSpec {
+            store: durable,
+            policy: log(10_000, 3_600)?,
+            every: 10,
+            sink: None,
+        });
+        Ok(t)
+    };
+    let c = compose(composer, vec![tier(durable.clone())?], &clock)?;
+    let mut parts = Vec::new();
+    let mut sampled_positions = Vec::new();
+    for (client, offsets) in [
+        ("paced", (0..600).map(|i| i * S).collect::<Vec<_>>()),
+        (
+            "bursty",
+            (0..600).map(|i| 600 * S + (i / 60) * 60 * S).collect(),
+        ),
+    ] {
+        let before = durable.calls();
+        let mut sampled = Vec::new();
+        for (i, &offset) in offsets.iter().enumerate() {
+            at(&clock, offset);
+            let d = c.check(client.as_bytes()).await;
+            if !d.allowed {
+                return fail(format!(
+                    "{client} request {} at t0+{}: within the local limit, must be admitted; got {}",
+                    i + 1,
+                    dur(offset),
+                    show(&d)
+                ));
+            }
+            if d.source.escalated {
+                sampled.push(i);
+            }
+        }
+        let calls = durable.calls() - before;
+        if calls != 60 || sampled.len() != 60 {
+            return fail(format!(
+                "{client} client, 600 admitted requests: the durable store must be consulted \
+                 exactly 60 times (one in 10), got {calls} calls and {} escalated decisions",
+                sampled.len()
+            ));
+        }
+        for run in 0..60 {
+            let n = sampled.iter().filter(|&&i| i / 10 == run).count();
+            if n != 1 {
+                return fail(format!(
+                    "{client} client: admitted requests {}..={} must contain exactly one sample, \
+                     got {n}",
+                    run * 10 + 1,
+                    run * 10 + 10
+                ));
+            }
+        }
+        parts.push(format!(
+            "{client}: 60 samples in 600 admitted, one per run of 10"
+        ));
+        sampled_positions.push(sampled.iter().map(|i| i % 10).collect::<Vec<_>>());
+    }
+    // The same traffic through a second composition samples other positions:
+    // a client cannot learn which of its requests will be checked.
+    let durable2 = Switch::<dyn Store>::new(shared(factory).await?);
+    let c2 = compose(composer, vec![tier(durable2)?], &clock)?;
+    let mut again = Vec::new();
+    for i in 0..600 {
+        at(&clock, 7_200 * S + i * S);
+        if c2.check(b"paced-again").await.source.escalated {
+            again.push((i % 10) as usize);
+        }
+    }
+    if again == sampled_positions[0] {
+        return fail(
+            "two compositions sampled the same 60 positions in the same traffic: the sample \
+             is predictable from a client's own count",
+        );
+    }
+    parts.push("a second composition sampled different positions".into());
+    evidence(parts)
+}
+
+pub(super) async fn abuse_writes_bounded_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // 20 keys, each 100 requests in each of 3 windows against 5 per minute:
+    // 5,700 refusals. The sink gets one write per key per window (60), each
+    // carrying the refusals held back since the key's last one, and a flush
+    // writes what the last window held (20 more): 5,700 refusals in 80 writes.
+    let clock = ManualClock::new();
+    let sink = Switch::<dyn AbuseSink>::new(Arc::new(Events::default()));
+    let mut tier = TierSpec::new("form", local(), log(5, 60)?);
+    tier.escalation = Some(EscalationSpec {
+        store: shared(factory).await?,
+        policy: log(10_000, 3_600)?,
+        every: 10_000,
+        sink: Some(sink.clone()),
+    });
+    let c = compose(composer, vec![tier], &clock)?;
+    for window in 0..3u64 {
+        at(&clock, window * 60 * S);
+        for k in 0..20 {
+            let key = format!("bot-{k}");
+            let admitted = {
+                let mut n = 0;
+                for _ in 0..100 {
+                    n += u32::from(c.check(key.as_bytes()).await.allowed);
+                }
+                n
+            };
+            if admitted != 5 {
+                return fail(format!(
+                    "{key} in window {window}: 5 of 100 must be admitted, got {admitted}"
+                ));
+            }
+        }
+        let want = 20 * (window + 1);
+        if sink.calls() != want {
+            return fail(format!(
+                "after {} windows of 20 refused keys: the sink must have been written {want} \
+                 times (one per key per window), got {}",
+                window + 1,
+                num(sink.calls())
+            ));
+        }
+    }
+    let flushed = c.flush_abuse_events().await;
+    if flushed != 20 || sink.calls() != 80 || sink.refusals() != 5_700 {
+        return fail(format!(
+            "a flush must write the 20 keys' held-back refusals: 80 writes standing for 5,700 \
+             refusals in all; got {flushed} flushed, {} writes, {} refusals",
+            sink.calls(),
+            num(sink.refusals())
+        ));
+    }
+    evidence(vec![
+        "5,700 refusals from 20 keys over 3 windows: 60 writes, then 20 at the flush".into(),
+        "every refusal counted in the events' totals".into(),
+    ])
+}
+
+pub(super) async fn dead_store_costs_one_timeout_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    let clock = ManualClock::new();
+    let store = Switch::<dyn Store>::new(shared(factory).await?);
+    store.set(Health::Hanging);
+    let mut tier = TierSpec::new("search", store.clone(), log(10, 60)?);
+    tier.timeout = DEAD;
+    tier.breaker = breaker(1, 30)?;
+    let c = compose(composer, vec![tier], &clock)?;
+    at(&clock, 0);
+    for round in 0..2u64 {
+        for i in 1..=100 {
+            let d = c.check(b"client").await;
+            if !d.allowed || !d.source.degraded {
+                return fail(format!(
+                    "request {i} with the store hanging: must be admitted by the fail-open \
+                     policy; got {}",
+                    show(&d)
+                ));
+            }
+        }
+        if store.calls() != round + 1 {
+            return fail(format!(
+                "{} requests with the store hanging{}: it must be called {} time(s), once per \
+                 cool-down; it was called {}",
+                100 * (round + 1),
+                if round == 0 {
+                    ""
+                } else {
+                    " and one cool-down passed"
+                },
+                round + 1,
+                store.calls()
+            ));
+        }
+        clock.advance(Duration::from_secs(30));
+    }
+
+    // A dead abuse sink: 50 keys refused once each cost one sink call, and
+    // nothing is lost: the counts are written once it is back.
+    let sink = Switch::<dyn AbuseSink>::new(Arc::new(Events::default()));
+    sink.set(Health::Hanging);
+    let mut tier = TierSpec::new("form", local(), log(1, 60)?);
+    tier.timeout = DEAD;
+    tier.breaker = breaker(1, 30)?;
+    tier.escalation = Some(EscalationSpec {
+        store: shared(factory).await?,
+        policy: log(10_000, 3_600)?,
+        every: 10_000,
+        sink: Some(sink.clone()),
+    });
+    let c = compose(composer, vec![tier], &clock)?;
+    for k in 0..50 {
+        let key = format!("bot-{k}");
+        let first = c.check(key.as_bytes()).await;
+        let second = c.check(key.as_bytes()).await;
+        if !first.allowed || second.allowed {
+            return fail(format!(
+                "{key}: the first request must be admitted and the second refused; got {} then {}",
+                show(&first),
+                show(&second)
+            ));
+        }
+    }
+    if sink.calls() != 1 {
+        return fail(format!(
+            "50 refusals with the abuse sink hanging: it must be called once (then its breaker \
+             opens), it was called {} times",
+            sink.calls()
+        ));
+    }
+    sink.set(Health::Up);
+    clock.advance(Duration::from_secs(30));
+    let flushed = c.flush_abuse_events().await;
+    if flushed != 50 || sink.refusals() != 50 {
+        return fail(format!(
+            "with the sink back after its cool-down, a flush must write the 50 held refusals; \
+             wrote {flushed} events standing for {}",
+            sink.refusals()
+        ));
+    }
+    evidence(vec![
+        format!(
+            "a hanging store was called once per 30 s cool-down over 200 requests ({} ms timeout)",
+            DEAD.as_millis()
+        ),
+        "a hanging abuse sink was called once for 50 refusals, all 50 written when it came back"
+            .into(),
+    ])
+}
+
+pub(super) async fn breaker_recovery_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    let clock = ManualClock::new();
+    let store = Switch::<dyn Store>::new(shared(factory).await?);
+    let tier = |name: &'static str| -> Result<TierSpec, Failure> {
+        let mut t = TierSpec::new(name, store.clone(), log(10, 60)?);
+        t.timeout = DEAD;
+        t.breaker = breaker(1, 10)?;
+        Ok(t)
+    };
+    at(&clock, 0);
+
+    // A probe whose caller goes away.
+    let c = compose(composer, vec![tier("cancelled")?], &clock)?;
+    store.set(Health::Hanging);
+    c.check(b"client").await;
+    clock.advance(Duration::from_secs(10));
+    let calls = store.calls();
+    let cancelled = tokio::time::timeout(Duration::from_millis(5), c.check(b"client")).await;
+    if cancelled.is_ok() || store.calls() != calls + 1 {
+        return fail(
+            "scenario bug: the probe did not reach the hanging store before its cancellation",
+        );
+    }
+    store.set(Health::Up);
+    let d = c.check(b"client").await;
+    if !d.allowed || d.source.degraded || store.calls() != calls + 2 {
+        return fail(format!(
+            "after a cancelled probe, with the store back: the next request must probe the store \
+             at once and be answered by it; got {} ({} store calls after the cancelled one)",
+            show(&d),
+            store.calls() - calls - 1
+        ));
+    }
+
+    // A probe answered with InvalidRequest.
+    let c = compose(composer, vec![tier("invalid")?], &clock)?;
+    store.set(Health::Hanging);
+    c.check(b"client").await;
+    clock.advance(Duration::from_secs(10));
+    store.set(Health::Invalid);
+    c.check(b"client").await;
+    store.set(Health::Up);
+    let d = c.check(b"client").await;
+    if !d.allowed || d.source.degraded {
+        return fail(format!(
+            "after a probe answered InvalidRequest, with the store up: the next request must be \
+             answered by the store, the breaker neither half-open for ever nor re-opened; got {}",
+            show(&d)
+        ));
+    }
+    evidence(vec![
+        "a cancelled probe released its slot: the next request probed and closed the breaker"
+            .into(),
+        "a probe answered InvalidRequest left the breaker able to probe again".into(),
+    ])
+}
+
+macro_rules! public {
+    ($($(#[$doc:meta])* $name:ident => $imp:ident,)*) => {
+        $(
+            $(#[$doc])*
+            pub async fn $name(shared: &dyn StoreFactory, composer: &dyn Composer) -> ScenarioResult {
+                guarded($imp(shared, composer)).await
+            }
+        )*
+    };
+}
+
+public! {
+    /// Tiers "day" (12 per day, local) then "minute" (10 per minute,
+    /// shared): 110 requests at t0 admit 10, every refusal from "minute"
+    /// with retry 60 s; at t0+61 s exactly 2 more are admitted before "day"
+    /// refuses with retry 86,339 s. Catches refusals by a later tier left
+    /// counted in an earlier one.
+    later_tier_refusal_not_charged => later_tier_refusal_not_charged_impl,
+    /// Two instances, each a local tier (10/min) in front of one shared tier
+    /// (5/min): 5 served on A at t0, 20 refused at t0+1 s with retry 59 s;
+    /// at t0+60 s both A and B serve the client. Catches local tiers that
+    /// keep the shared tier's refusals and refuse a client that obeyed
+    /// `Retry-After`.
+    shared_retry_after_honoured => shared_retry_after_honoured_impl,
+    /// One rule (5/min) on the shared store with a local fallback: 5 served
+    /// by the shared store; once it fails, the fallback serves 5 and refuses
+    /// the 6th. Catches a fallback consulted beside its store.
+    fallback_never_double_counts => fallback_never_double_counts_impl,
+    /// A local tier (60/min) escalating one in 10 admitted requests: a client
+    /// at 1/s and one bursting 60 a minute are each sampled exactly 60 times
+    /// in 600 admitted requests, one in every run of 10, and a second
+    /// composition samples other positions. Catches sampling by a key's
+    /// count, which a client's pace switches off or on.
+    escalation_rate_independent_of_pace => escalation_rate_independent_of_pace_impl,
+    /// 20 keys × 3 windows × 95 refusals: 60 sink writes, then 20 at the
+    /// flush, standing for all 5,700 refusals. Catches one write per
+    /// refusal.
+    abuse_writes_bounded => abuse_writes_bounded_impl,
+    /// A hanging store (20 ms timeout, breaker 1 failure / 30 s, fail open)
+    /// is called once for 100 requests and once more after the cool-down; a
+    /// hanging abuse sink is called once for 50 refusals, all written when it
+    /// is back. Catches a breaker that never opens.
+    dead_store_costs_one_timeout => dead_store_costs_one_timeout_impl,
+    /// After a cool-down, a probe cancelled by its caller lets the next
+    /// request probe at once; a probe answered `InvalidRequest` leaves the
+    /// breaker able to probe again. Catches a breaker that re-opens for a
+    /// full cool-down on a cancelled probe.
+    breaker_recovery => breaker_recovery_impl,
+}
