@@ -119,7 +119,13 @@ BEGIN
     WHERE f.key_hash = sha256(p_key)
       AND f.start_us = p_anchor - p_window
       AND f.count > 0;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- A window holding nothing was opened by refunded requests only:
+    -- without them it would open at the next admission, not end early.
+    DELETE FROM fixed_window f WHERE f.key_hash = sha256(p_key) AND f.count = 0;
+    RETURN true;
 END;
 $$;
 

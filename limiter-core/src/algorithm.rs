@@ -307,12 +307,19 @@ fn gcra(state: &mut Option<KeyState>, l: u64, t: u64, c: u64, now: u64) -> Verdi
 /// window has rolled past, the entries expired or were evicted, or (GCRA
 /// only) another admission has moved the arrival time since — the refund
 /// removes less or nothing. A refund therefore leaves the key exactly as if
-/// the request had never been admitted, or stricter; never more permissive.
+/// the request had never been admitted, or stricter; never more permissive,
+/// with one exception under concurrency: a fixed window keeps its opening
+/// time when the request that opened it is refunded after another request
+/// was admitted into it, so it ends up to the gap between those two
+/// requests earlier than it would have. Applied in order (each refund
+/// before the next request of the key), as a [`Limiter`](crate::Limiter)
+/// applies a single client's sequential requests, refunds are exact for
+/// every algorithm when time moves forward.
 ///
 /// | algorithm | anchor `a = now + reset_after` | refund |
 /// |---|---|---|
 /// | sliding log | entries at `t = a − W` | remove up to `c` entries equal to `t` |
-/// | fixed window | window start `a − W` | `count −= c` if the window is still that one |
+/// | fixed window | window start `a − W` | `count −= c` if the window is still that one; the window is dropped when its count reaches 0 |
 /// | sliding window | window start `s = a − 2W` | `current −= c` if the window is `s`; `previous −= c` if it rolled once to `s + W` |
 /// | GCRA | arrival time `a` | `tat −= c·T` only if `tat = a` (no admission since) |
 ///
@@ -357,6 +364,12 @@ pub fn refund(
                 return false;
             }
             *count -= c.min(*count);
+            // A window holding nothing was opened by refunded requests
+            // only: without them it would open at the next admission, not
+            // end early at `start + W`.
+            if *count == 0 {
+                *state = None;
+            }
             true
         }
         (

@@ -78,6 +78,12 @@ fn table(algorithm: Algorithm) -> (u32, u64, Vec<Step>, &'static str) {
                 Refund { step: 0 },
                 Refund { step: 3 },
                 hit(10 * S, 1, refuse(0, 10 * S, 10 * S)),
+                // A window opened at 20 s by a request that is refunded
+                // holds nothing: without that request the next one opens
+                // its own window, ending 10 s after it, not at 30 s.
+                hit(20 * S, 1, admit(2, 10 * S)),
+                Refund { step: 8 },
+                hit(25 * S, 3, admit(0, 10 * S)),
             ],
             "a refund from a closed window leaking into the next one",
         ),
