@@ -4,10 +4,11 @@
 //! a key cap small enough to evict.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
-use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Timestamp};
-use limiter_conformance::model::{Expected, Model, Step, replay};
+use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
+use limiter_conformance::model::{Expected, Model, Step, replay, replay_tiers};
 use limiter_memory::MemoryStore;
 use proptest::prelude::*;
 
@@ -197,4 +198,30 @@ fn eviction_is_visible_to_the_model() {
         assert_eq!(got, want);
     }
     panic!("the model never refused the second request of \"a\"");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A `Limiter` of two or three memory tiers decides as the composition
+    /// model does: refusals by a later tier are refunded in earlier ones.
+    #[test]
+    fn limiter_of_memory_tiers_agrees_with_the_model(
+        policies in policies(),
+        picks in prop::collection::vec((0usize..4, 0u32..6), 2..=3),
+        steps in prop::collection::vec((0u8..3, prop_oneof![3 => Just(0u64), 4 => 0u64..=3_000, 2 => 0u64..=45_000]), 1..120),
+    ) {
+        let tiers: Vec<(Policy, u32)> = picks
+            .iter()
+            .map(|&(p, cost)| (policies[p], 1 + cost % policies[p].limit()))
+            .collect();
+        let stores: Vec<Arc<dyn Store>> = tiers
+            .iter()
+            .map(|_| Arc::new(MemoryStore::new(1_000)) as Arc<dyn Store>)
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        if let Err(failure) = rt.block_on(replay_tiers(&stores, &tiers, &steps)) {
+            return Err(TestCaseError::fail(failure.0));
+        }
+    }
 }

@@ -135,6 +135,16 @@ impl Model {
         self.keys.remove(&(*policy, key.to_vec()));
     }
 
+    /// Removes the most recent admission of `key` under `policy`, as if that
+    /// request had never been admitted; returns whether there was one. What
+    /// evaluating it expired (a sliding log's horizon) stays expired.
+    pub fn undo_last(&mut self, key: &[u8], policy: &Policy) -> bool {
+        self.keys
+            .get_mut(&(*policy, key.to_vec()))
+            .and_then(|h| h.admitted.pop())
+            .is_some()
+    }
+
     /// Whether the model holds any history for `key` under `policy`.
     pub fn knows(&self, key: &[u8], policy: &Policy) -> bool {
         self.keys.contains_key(&(*policy, key.to_vec()))
@@ -426,4 +436,113 @@ pub async fn replay(
         refusals += usize::from(!expected.allowed);
     }
     Ok(refusals)
+}
+
+/// The model of a [`Limiter`](limiter_core::Limiter) of tiers, none failing:
+/// each tier a policy and a cost, keys namespaced per tier, tiers applied in
+/// order; the first refusal wins and the admissions of the tiers before it
+/// are undone, as if the request had never come; when every tier admits,
+/// the answer is the admission with the fewest units remaining (the first
+/// of equals).
+#[derive(Debug, Clone)]
+pub struct TiersModel {
+    tiers: Vec<(Policy, u32)>,
+    model: Model,
+}
+
+/// What [`TiersModel::check`] says a limiter must answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TiersExpected {
+    /// The decision's fields.
+    pub expected: Expected,
+    /// The index of the tier whose decision it is.
+    pub tier: usize,
+}
+
+impl TiersModel {
+    /// Tiers of `(policy, cost)`, applied in order.
+    pub fn new(tiers: Vec<(Policy, u32)>) -> Self {
+        TiersModel {
+            tiers,
+            model: Model::new(),
+        }
+    }
+
+    fn tier_key(tier: usize, key: &[u8]) -> Vec<u8> {
+        let mut k = vec![u8::try_from(tier).unwrap_or(u8::MAX)];
+        k.extend_from_slice(key);
+        k
+    }
+
+    /// Decides one request for `key` at `now`.
+    pub fn check(&mut self, key: &[u8], now: Timestamp) -> Result<TiersExpected, ConfigError> {
+        let mut best: Option<TiersExpected> = None;
+        for (i, &(policy, cost)) in self.tiers.iter().enumerate() {
+            let expected = self.model.decide(&Self::tier_key(i, key), &policy, cost, now)?;
+            if !expected.allowed {
+                for (j, (p, _)) in self.tiers[..i].iter().enumerate() {
+                    self.model.undo_last(&Self::tier_key(j, key), p);
+                }
+                return Ok(TiersExpected { expected, tier: i });
+            }
+            if best.is_none_or(|b| expected.remaining < b.expected.remaining) {
+                best = Some(TiersExpected { expected, tier: i });
+            }
+        }
+        best.ok_or_else(|| ConfigError::Invalid("a tiers model needs at least one tier".into()))
+    }
+}
+
+/// Sends one request per `(key, advance_us)` step to a
+/// [`Limiter`](limiter_core::Limiter) of one rule per store in `stores`
+/// (rule `i` named `t{i}`, with `tiers[i]`'s policy and cost) and to a
+/// [`TiersModel`], moving a shared [`ManualClock`](limiter_core::ManualClock)
+/// forward by `advance_us` before each; fails at the first decision where
+/// they differ (allowed, the deciding rule, remaining, reset_after,
+/// retry_after). Returns the number of refusals by a tier other than the
+/// first, which are the requests whose earlier admissions were refunded.
+pub async fn replay_tiers(
+    stores: &[std::sync::Arc<dyn limiter_core::Store>],
+    tiers: &[(Policy, u32)],
+    steps: &[(u8, u64)],
+) -> Result<usize, crate::Failure> {
+    use limiter_core::{Limiter, ManualClock, Rule};
+    let fail = |m: String| crate::Failure(m);
+    if stores.len() != tiers.len() || tiers.is_empty() {
+        return Err(fail("replay_tiers needs one store per tier, and a tier".into()));
+    }
+    let clock = ManualClock::new();
+    let mut builder = Limiter::builder().clock(clock.clone());
+    for (i, (store, &(policy, cost))) in stores.iter().zip(tiers).enumerate() {
+        let rule = Rule::new(format!("t{i}"), store.clone(), policy)
+            .and_then(|r| r.with_cost(cost))
+            .and_then(|r| r.with_timeout(Duration::from_secs(30)))
+            .map_err(|e| fail(format!("tier {i}: {e}")))?;
+        builder = builder.rule(rule);
+    }
+    let limiter = builder.build().map_err(|e| fail(e.to_string()))?;
+    let mut model = TiersModel::new(tiers.to_vec());
+    let mut later_refusals = 0;
+    for (n, &(key, advance_us)) in steps.iter().enumerate() {
+        clock.advance(Duration::from_micros(advance_us));
+        let k = [key];
+        let want = model
+            .check(&k, limiter_core::Clock::now(&clock))
+            .map_err(|e| fail(format!("model refused step {n}: {e}")))?;
+        let d = limiter.check(&k).await;
+        let rule = format!("t{}", want.tier);
+        if d.source.degraded || d.source.rule.as_deref() != Some(rule.as_str()) || Expected::of(&d) != want.expected {
+            return Err(fail(format!(
+                "step {n} of {} (key {key}, +{advance_us} µs): the limiter answered {:?} by rule \
+                 {:?}{}, the model {:?} by rule {rule}",
+                steps.len(),
+                Expected::of(&d),
+                d.source.rule,
+                if d.source.degraded { " (degraded: a store failed)" } else { "" },
+                want.expected,
+            )));
+        }
+        later_refusals += usize::from(!want.expected.allowed && want.tier > 0);
+    }
+    Ok(later_refusals)
 }

@@ -4,11 +4,14 @@
 //! decisions required. Cheap, so it runs many cases.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use limiter_conformance::limiter_core::algorithm::{self, KeyState};
 use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Timestamp};
-use limiter_conformance::model::{Expected, Model};
+use limiter_conformance::broken::{BrokenStore, Defect, ReferenceStore};
+use limiter_conformance::limiter_core::Store;
+use limiter_conformance::model::{Expected, Model, replay_tiers};
 use proptest::prelude::*;
 
 /// A policy of `algorithm` with a small limit and a window of 1–20 ms,
@@ -140,4 +143,73 @@ fn model_sliding_log_forgets_expired_units_after_clock_regression() {
         algorithm::apply(&mut state, &p, 1, at(ms).as_micros());
     }
     assert!(matches!(state, Some(KeyState::SlidingLog(ref log)) if log.len() == 1));
+}
+
+/// Tiers of 2 or 3 random policies (any algorithm, limit 1–6, window
+/// 1–20 ms) and costs, for the composition model.
+fn tiers() -> impl Strategy<Value = Vec<(Policy, u32)>> {
+    let algorithm = prop_oneof![
+        Just(Algorithm::SlidingLog),
+        Just(Algorithm::FixedWindow),
+        Just(Algorithm::SlidingWindow),
+        Just(Algorithm::Gcra),
+    ];
+    let tier = (algorithm, 1u32..=6, 1_000u64..=20_000, 0u32..6).prop_map(
+        |(algorithm, limit, window_us, cost)| {
+            let p = Policy::new(algorithm, limit, Duration::from_micros(window_us))
+                .expect("small policies are valid");
+            (p, 1 + cost % limit)
+        },
+    );
+    prop::collection::vec(tier, 2..=3)
+}
+
+/// Forward clock moves, mostly small: refunds are exact when each is made
+/// before the key's next request and time moves forward.
+fn tier_steps() -> impl Strategy<Value = Vec<(u8, u64)>> {
+    let advance = prop_oneof![3 => Just(0u64), 4 => 0u64..=3_000, 2 => 0u64..=45_000];
+    prop::collection::vec((0u8..3, advance), 1..120)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A `Limiter` of two or three tiers on reference stores decides as the
+    /// composition model does: the first refusal wins, the earlier tiers'
+    /// admissions are undone, the tightest admission is shown.
+    #[test]
+    fn limiter_of_tiers_agrees_with_the_model(tiers in tiers(), steps in tier_steps()) {
+        let stores: Vec<Arc<dyn Store>> = tiers
+            .iter()
+            .map(|_| Arc::new(ReferenceStore::new(1_000)) as Arc<dyn Store>)
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        if let Err(failure) = rt.block_on(replay_tiers(&stores, &tiers, &steps)) {
+            return Err(TestCaseError::fail(failure.0));
+        }
+    }
+}
+
+/// The property above sees refusals by later tiers, whose refunds are the
+/// point, and would fail if a store ignored them.
+#[test]
+fn tiers_replay_exercises_refunds_and_catches_a_store_ignoring_them() {
+    let tiers = [
+        (Policy::fixed_window(5, Duration::from_secs(1)).unwrap(), 1),
+        (Policy::sliding_log(2, Duration::from_millis(100)).unwrap(), 1),
+    ];
+    let steps: Vec<(u8, u64)> = (0..40).map(|i| (0, if i % 4 == 0 { 100_000 } else { 0 })).collect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let honest: Vec<Arc<dyn Store>> = vec![
+        Arc::new(ReferenceStore::new(100)),
+        Arc::new(ReferenceStore::new(100)),
+    ];
+    let later = rt.block_on(replay_tiers(&honest, &tiers, &steps)).unwrap();
+    assert!(later > 0, "no refusal by the second tier");
+    let ignoring: Vec<Arc<dyn Store>> = vec![
+        Arc::new(BrokenStore::new(Defect::RefundIgnored, 100)),
+        Arc::new(ReferenceStore::new(100)),
+    ];
+    let failure = rt.block_on(replay_tiers(&ignoring, &tiers, &steps)).unwrap_err();
+    assert!(failure.0.contains("by rule Some(\"t0\")"), "{failure}");
 }
