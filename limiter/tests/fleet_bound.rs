@@ -238,15 +238,19 @@ async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() 
     let durable = Arc::new(pg_common::fresh_store("fleet_escalation").await);
     let fleet = escalation(durable.clone(), durable.clone()).await;
     let rows = || async { durable.abuse_events(b"attacker").await.unwrap() };
-    let before = rows().await.len() as u64;
-    let sink_rows = Arc::new(AtomicU64::new(before));
-    let refused = check_abuse_writes(&fleet, {
-        let sink_rows = sink_rows.clone();
-        move || sink_rows.load(Ordering::SeqCst)
-    })
-    .await;
+    let count = || async { rows().await.len() as u64 };
+    assert_eq!(count().await, u64::from(N), "one row per instance for one key");
+    let mut flushed = 0;
+    for limiter in &fleet {
+        flushed += limiter.flush_abuse_events().await;
+    }
+    assert_eq!(flushed, u64::from(N), "each instance held back the rest");
     let events = rows().await;
     assert_eq!(events.len() as u64, 2 * u64::from(N), "one row per write");
     assert!(events.iter().all(|e| e.rule.as_deref() == Some("search")));
-    let _ = refused;
+    assert_eq!(
+        events.iter().map(|e| e.refusals).sum::<u64>(),
+        total(&fleet, |s| s.refused),
+        "every refusal counted in the rows"
+    );
 }
