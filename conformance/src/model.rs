@@ -478,7 +478,9 @@ impl TiersModel {
     pub fn check(&mut self, key: &[u8], now: Timestamp) -> Result<TiersExpected, ConfigError> {
         let mut best: Option<TiersExpected> = None;
         for (i, &(policy, cost)) in self.tiers.iter().enumerate() {
-            let expected = self.model.decide(&Self::tier_key(i, key), &policy, cost, now)?;
+            let expected = self
+                .model
+                .decide(&Self::tier_key(i, key), &policy, cost, now)?;
             if !expected.allowed {
                 for (j, (p, _)) in self.tiers[..i].iter().enumerate() {
                     self.model.undo_last(&Self::tier_key(j, key), p);
@@ -509,7 +511,9 @@ pub async fn replay_tiers(
     use limiter_core::{Limiter, ManualClock, Rule};
     let fail = |m: String| crate::Failure(m);
     if stores.len() != tiers.len() || tiers.is_empty() {
-        return Err(fail("replay_tiers needs one store per tier, and a tier".into()));
+        return Err(fail(
+            "replay_tiers needs one store per tier, and a tier".into(),
+        ));
     }
     let clock = ManualClock::new();
     let mut builder = Limiter::builder().clock(clock.clone());
@@ -531,14 +535,21 @@ pub async fn replay_tiers(
             .map_err(|e| fail(format!("model refused step {n}: {e}")))?;
         let d = limiter.check(&k).await;
         let rule = format!("t{}", want.tier);
-        if d.source.degraded || d.source.rule.as_deref() != Some(rule.as_str()) || Expected::of(&d) != want.expected {
+        if d.source.degraded
+            || d.source.rule.as_deref() != Some(rule.as_str())
+            || Expected::of(&d) != want.expected
+        {
             return Err(fail(format!(
                 "step {n} of {} (key {key}, +{advance_us} µs): the limiter answered {:?} by rule \
                  {:?}{}, the model {:?} by rule {rule}",
                 steps.len(),
                 Expected::of(&d),
                 d.source.rule,
-                if d.source.degraded { " (degraded: a store failed)" } else { "" },
+                if d.source.degraded {
+                    " (degraded: a store failed)"
+                } else {
+                    ""
+                },
                 want.expected,
             )));
         }

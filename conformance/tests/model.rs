@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use limiter_conformance::limiter_core::algorithm::{self, KeyState};
-use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Timestamp};
 use limiter_conformance::broken::{BrokenStore, Defect, ReferenceStore};
 use limiter_conformance::limiter_core::Store;
+use limiter_conformance::limiter_core::algorithm::{self, KeyState};
+use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Timestamp};
 use limiter_conformance::model::{Expected, Model, replay_tiers};
 use proptest::prelude::*;
 
@@ -196,10 +196,18 @@ proptest! {
 fn tiers_replay_exercises_refunds_and_catches_a_store_ignoring_them() {
     let tiers = [
         (Policy::fixed_window(5, Duration::from_secs(1)).unwrap(), 1),
-        (Policy::sliding_log(2, Duration::from_millis(100)).unwrap(), 1),
+        (
+            Policy::sliding_log(2, Duration::from_millis(100)).unwrap(),
+            1,
+        ),
     ];
-    let steps: Vec<(u8, u64)> = (0..40).map(|i| (0, if i % 4 == 0 { 100_000 } else { 0 })).collect();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let steps: Vec<(u8, u64)> = (0..40)
+        .map(|i| (0, if i % 4 == 0 { 100_000 } else { 0 }))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
     let honest: Vec<Arc<dyn Store>> = vec![
         Arc::new(ReferenceStore::new(100)),
         Arc::new(ReferenceStore::new(100)),
@@ -210,6 +218,8 @@ fn tiers_replay_exercises_refunds_and_catches_a_store_ignoring_them() {
         Arc::new(BrokenStore::new(Defect::RefundIgnored, 100)),
         Arc::new(ReferenceStore::new(100)),
     ];
-    let failure = rt.block_on(replay_tiers(&ignoring, &tiers, &steps)).unwrap_err();
+    let failure = rt
+        .block_on(replay_tiers(&ignoring, &tiers, &steps))
+        .unwrap_err();
     assert!(failure.0.contains("by rule Some(\"t0\")"), "{failure}");
 }

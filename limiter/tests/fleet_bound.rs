@@ -239,7 +239,11 @@ async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() 
     let fleet = escalation(durable.clone(), durable.clone()).await;
     let rows = || async { durable.abuse_events(b"attacker").await.unwrap() };
     let count = || async { rows().await.len() as u64 };
-    assert_eq!(count().await, u64::from(N), "one row per instance for one key");
+    assert_eq!(
+        count().await,
+        u64::from(N),
+        "one row per instance for one key"
+    );
     let mut flushed = 0;
     for limiter in &fleet {
         flushed += limiter.flush_abuse_events().await;
