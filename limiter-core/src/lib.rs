@@ -33,12 +33,16 @@ mod limiter;
 mod policy;
 mod store;
 mod time;
+#[cfg(feature = "url")]
+pub mod url;
 
 pub use abuse::{ABUSE_TRACKED_KEYS, AbuseEvent, AbuseSink};
 pub use breaker::{BreakerConfig, BreakerState};
 pub use decision::{Decision, Source};
 pub use error::{ConfigError, ErrorKind, StoreError};
-pub use limiter::{DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, Rule, RuleStats};
+pub use limiter::{
+    DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, Rule, RuleStats,
+};
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use store::{Capabilities, Store, check_refund};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

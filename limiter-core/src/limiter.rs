@@ -300,21 +300,17 @@ impl Rule {
     /// [`DEFAULT_TIMEOUT`], the default [`BreakerConfig`], no fallback and
     /// [`FailurePolicy::Open`].
     ///
-    /// Refuses an empty name and a policy the store cannot apply.
+    /// Refuses a policy the store cannot apply, and a name that is not 1 to
+    /// [`MAX_RULE_NAME`] characters of `A–Z a–z 0–9 _ - .`: the name leads
+    /// every storage key (`{rule}:{client key}`), which an operator lists and
+    /// deletes with standard tools, and appears in rate-limit headers.
     pub fn new(
         name: impl Into<Arc<str>>,
         store: Arc<dyn Store>,
         policy: Policy,
     ) -> Result<Self, ConfigError> {
         let name = name.into();
-        if name.is_empty() {
-            return Err(ConfigError::Invalid("rule name must not be empty".into()));
-        }
-        if name.as_bytes().contains(&0) {
-            return Err(ConfigError::Invalid(
-                "rule name must not contain a NUL byte".into(),
-            ));
-        }
+        check_rule_name(&name)?;
         store.check_policy(&policy)?;
         Ok(Rule {
             name,
@@ -485,12 +481,13 @@ impl Rule {
         }
     }
 
-    /// The key this rule stores for a client key: the rule's name, a NUL
-    /// byte, then the client key, so two rules never share state.
-    fn storage_key(&self, key: &[u8]) -> Vec<u8> {
+    /// The key this rule stores for a client key: the rule's name, `:`,
+    /// then the client key. Names hold no `:`, so two rules never share
+    /// state, and the key is printable whenever the client key is.
+    pub fn storage_key(&self, key: &[u8]) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.name.len() + 1 + key.len());
         k.extend_from_slice(self.name.as_bytes());
-        k.push(0);
+        k.push(b':');
         k.extend_from_slice(key);
         k
     }
@@ -805,6 +802,25 @@ impl Rule {
         let mut decision = self.apply(key, &storage_key, now, mono).await.decision;
         self.finish(&mut decision);
         decision
+    }
+}
+
+/// The longest rule name accepted.
+pub const MAX_RULE_NAME: usize = 64;
+
+fn check_rule_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_RULE_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "rule name {name:?} must be 1 to {MAX_RULE_NAME} characters of A-Z, a-z, 0-9, '_', \
+             '-' and '.'"
+        )))
     }
 }
 

@@ -402,6 +402,14 @@ fn bad_compositions_are_refused_at_construction() {
     let s = Switchable::new("s");
     assert!(Rule::new("", s.clone(), per_minute(1)).is_err());
     assert!(Rule::new("a\0b", s.clone(), per_minute(1)).is_err());
+    assert!(
+        Rule::new("a:b", s.clone(), per_minute(1)).is_err(),
+        "':' separates the rule from the key"
+    );
+    assert!(Rule::new("a b", s.clone(), per_minute(1)).is_err());
+    assert!(Rule::new("x".repeat(65), s.clone(), per_minute(1)).is_err());
+    assert!(Rule::new("x".repeat(64), s.clone(), per_minute(1)).is_ok());
+    assert!(Rule::new("api.search-v2_eu", s.clone(), per_minute(1)).is_ok());
     let rule = Rule::new("r", s.clone(), per_minute(3)).unwrap();
     assert!(rule.clone().with_cost(4).is_err());
     assert!(rule.clone().with_timeout(Duration::ZERO).is_err());

@@ -412,9 +412,9 @@ async fn no_raw_address_ever_reaches_a_store() {
     }
     let mut distinct = std::collections::HashSet::new();
     for key in &keys {
-        // Exactly: rule name, NUL, 32 lowercase hex characters.
-        let (rule, client) = key.split_at(b"search\0".len());
-        assert_eq!(rule, b"search\0");
+        // Exactly: rule name, `:`, 32 lowercase hex characters.
+        let (rule, client) = key.split_at(b"search:".len());
+        assert_eq!(rule, b"search:");
         assert_eq!(client.len(), 32);
         assert!(
             client

@@ -162,7 +162,7 @@ fn take_escalation(tiers: &mut [TierSpec]) -> Option<(&'static str, EscalationSp
 
 fn storage_key(rule: &str, key: &[u8]) -> Vec<u8> {
     let mut k = rule.as_bytes().to_vec();
-    k.push(0);
+    k.push(b':');
     k.extend_from_slice(key);
     k
 }
