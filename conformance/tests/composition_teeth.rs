@@ -117,6 +117,16 @@ async fn breaker_scenario_catches_a_cancelled_probe_that_reopens() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusal_cache_scenario_catches_a_round_trip_per_refusal() {
+    catches(
+        "refused_offender_costs_no_round_trip",
+        CompositionDefect::NoRefusalCache,
+        &["cost 100 shared-store calls", "100 refunds"],
+    )
+    .await;
+}
+
 /// The whole matrix, printed for a reader (`--nocapture`), checked in the
 /// other direction: every defect is caught by some scenario.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,11 @@ use crate::algorithm::Verdict;
 use crate::policy::Policy;
 
 /// Who answered a [`Decision`], and whether it was the store the rule names.
+///
+/// Build one with [`Source::store`] and set the flags that apply; new flags
+/// may be added.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Source {
     /// The [`Store::name`](crate::Store::name) of the store that decided, or
     /// of the store that failed when the failure policy decided instead.
@@ -21,6 +25,10 @@ pub struct Source {
     pub degraded: bool,
     /// An escalating rule consulted its durable store for this request.
     pub escalated: bool,
+    /// A refusal repeated from the rule's refusal cache: the store refused
+    /// this key moments ago and was not asked again (see
+    /// [`Rule::with_refusal_cache`](crate::Rule::with_refusal_cache)).
+    pub cached: bool,
 }
 
 impl Source {
@@ -32,6 +40,7 @@ impl Source {
             fallback: false,
             degraded: false,
             escalated: false,
+            cached: false,
         }
     }
 }

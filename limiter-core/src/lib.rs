@@ -31,6 +31,7 @@ mod decision;
 mod error;
 mod limiter;
 mod policy;
+mod refusal_cache;
 mod store;
 mod time;
 #[cfg(feature = "url")]
@@ -44,5 +45,6 @@ pub use limiter::{
     DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, Rule, RuleStats,
 };
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
+pub use refusal_cache::REFUSAL_CACHE_KEYS;
 pub use store::{Capabilities, Store, check_refund};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

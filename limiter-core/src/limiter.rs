@@ -66,6 +66,7 @@ use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit, Transition};
 use crate::decision::{Decision, Source};
 use crate::error::{ConfigError, ErrorKind, StoreError};
 use crate::policy::Policy;
+use crate::refusal_cache::{REFUSAL_CACHE_KEYS, RefusalCache};
 use crate::store::Store;
 use crate::time::{Clock, SystemClock, Timestamp};
 
@@ -154,6 +155,7 @@ struct Counters {
     abuse_dropped: AtomicU64,
     refunds: AtomicU64,
     refund_failures: AtomicU64,
+    refusals_cached: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -196,6 +198,9 @@ pub struct RuleStats {
     /// refunds, or its breaker was open): the admission stays counted, which
     /// is stricter, never more permissive.
     pub refund_failures: u64,
+    /// Refusals answered from the rule's refusal cache, without a store
+    /// call.
+    pub refusals_cached: u64,
     /// The authoritative store's breaker now.
     pub breaker: BreakerState,
 }
@@ -216,6 +221,7 @@ pub struct Rule {
     fallback: Option<Arc<dyn Store>>,
     breaker: Arc<Breaker>,
     escalation: Option<Arc<Escalation>>,
+    refusals: Option<Arc<RefusalCache>>,
     counters: Arc<Counters>,
 }
 
@@ -312,6 +318,13 @@ impl Rule {
         let name = name.into();
         check_rule_name(&name)?;
         store.check_policy(&policy)?;
+        // A shared store is a round trip away: repeating its refusals saves
+        // one per request of a hammering client. An in-process store answers
+        // as fast as the cache would.
+        let refusals = store
+            .capabilities()
+            .shared
+            .then(|| Arc::new(RefusalCache::new(REFUSAL_CACHE_KEYS)));
         Ok(Rule {
             name,
             store,
@@ -322,8 +335,37 @@ impl Rule {
             fallback: None,
             breaker: Arc::new(Breaker::new(BreakerConfig::default())),
             escalation: None,
+            refusals,
             counters: Arc::default(),
         })
+    }
+
+    /// Repeats the store's refusal of a key, locally and without a store
+    /// call, until the retry time it gave; holds at most `keys` keys (the
+    /// least recently refused is forgotten first). On by default, for
+    /// [`REFUSAL_CACHE_KEYS`](crate::REFUSAL_CACHE_KEYS) keys, for a rule
+    /// whose store is [`shared`](crate::Capabilities::shared); off for an
+    /// in-process store, which answers as fast.
+    ///
+    /// A cached refusal records nothing and refunds what earlier rules
+    /// admitted, like any refusal; it is marked
+    /// [`Source::cached`](crate::Source::cached). Within a fleet it can only
+    /// be stricter than asking again (another instance's refund could free a
+    /// unit a moment early), never more permissive. Refuses zero keys.
+    pub fn with_refusal_cache(mut self, keys: usize) -> Result<Self, ConfigError> {
+        if keys == 0 {
+            return Err(ConfigError::Invalid(
+                "a refusal cache needs room for at least one key; use without_refusal_cache".into(),
+            ));
+        }
+        self.refusals = Some(Arc::new(RefusalCache::new(keys)));
+        Ok(self)
+    }
+
+    /// Asks the store on every request, refused or not.
+    pub fn without_refusal_cache(mut self) -> Self {
+        self.refusals = None;
+        self
     }
 
     /// Charges `cost` units per request instead of 1. Refuses a cost the
@@ -477,6 +519,7 @@ impl Rule {
             abuse_dropped: load(&c.abuse_dropped),
             refunds: load(&c.refunds),
             refund_failures: load(&c.refund_failures),
+            refusals_cached: load(&c.refusals_cached),
             breaker: self.breaker.state(),
         }
     }
@@ -725,8 +768,27 @@ impl Rule {
 
     /// Applies the rule for one request: the local decision, then the
     /// escalation, with the admissions a later refusal must undo.
+    /// The refusal cache's answer for `key`, if it holds one, counted as an
+    /// abuse event like any refusal.
+    async fn cached_refusal(
+        &self,
+        key: &[u8],
+        now: Timestamp,
+        clock: &dyn Clock,
+    ) -> Option<Decision> {
+        let mut d = self.refusals.as_ref()?.get(key, now)?;
+        bump(&self.counters.refusals_cached);
+        self.record_abuse(key, &d, now, micros(clock.monotonic()))
+            .await;
+        self.finish(&mut d);
+        Some(d)
+    }
+
     async fn apply(&self, key: &[u8], storage_key: &[u8], now: Timestamp, mono: u64) -> Applied {
         let (decision, holder) = self.decide_local(storage_key, now, mono).await;
+        if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
+            cache.put(key, now, &decision);
+        }
         let mut charges = SmallVec::new();
         if let (true, Some(holder)) = (decision.allowed, holder) {
             charges.push(Charge {
@@ -797,6 +859,9 @@ impl Rule {
     /// following its fallback, escalation and failure policy.
     pub async fn check(&self, key: &[u8], clock: &dyn Clock) -> Decision {
         let now = clock.now();
+        if let Some(d) = self.cached_refusal(key, now, clock).await {
+            return d;
+        }
         let mono = micros(clock.monotonic());
         let storage_key = self.storage_key(key);
         let mut decision = self.apply(key, &storage_key, now, mono).await.decision;
@@ -918,6 +983,14 @@ impl Limiter {
     /// store answered at all.
     pub async fn check(&self, key: &[u8]) -> Decision {
         let now = self.clock.now();
+        // A standing refusal from any rule's cache answers before any store
+        // is asked, so a hammering offender costs no round trip and no
+        // local tier's admit-then-refund either.
+        for rule in self.rules.iter() {
+            if let Some(d) = rule.cached_refusal(key, now, self.clock.as_ref()).await {
+                return d;
+            }
+        }
         let mono = micros(self.clock.monotonic());
         let last = self.rules.len() - 1;
         let mut pending: SmallVec<[Pending<'_>; 3]> = SmallVec::new();

@@ -131,7 +131,13 @@ async fn first_refusal_wins_and_later_tiers_are_not_called() {
     let shared = Switchable::new("shared");
     let limiter = Limiter::builder()
         .clock(ManualClock::new())
-        .rule(Rule::new("burst", local.clone(), per_minute(3)).unwrap())
+        // The test store declares itself shared; this tier stands for a
+        // local one, asked on every request.
+        .rule(
+            Rule::new("burst", local.clone(), per_minute(3))
+                .unwrap()
+                .without_refusal_cache(),
+        )
         .rule(Rule::new("hourly", shared.clone(), per_minute(40)).unwrap())
         .build()
         .unwrap();
@@ -426,5 +432,41 @@ fn bad_compositions_are_refused_at_construction() {
             .build()
             .is_err(),
         "duplicate names would share state"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shared_store_refusal_is_repeated_without_a_call_until_its_retry_time() {
+    let shared = Switchable::new("shared");
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(Rule::new("r", shared.clone(), per_minute(2)).unwrap())
+        .build()
+        .unwrap();
+    assert!(limiter.check(b"k").await.allowed);
+    assert!(limiter.check(b"k").await.allowed);
+    let first = limiter.check(b"k").await;
+    assert!(!first.allowed && !first.source.cached);
+    for _ in 0..50 {
+        let d = limiter.check(b"k").await;
+        assert!(!d.allowed && d.source.cached);
+        assert_eq!(d.retry_after, Duration::from_secs(60));
+    }
+    assert_eq!(shared.calls(), 3, "on by default for a shared store");
+    assert_eq!(limiter.stats()[0].refusals_cached, 50);
+    // Another key is not affected.
+    assert!(limiter.check(b"other").await.allowed);
+    clock.advance(Duration::from_secs(60));
+    assert!(
+        limiter.check(b"k").await.allowed,
+        "asked again at the retry time"
+    );
+    assert_eq!(shared.calls(), 5);
+    assert!(
+        Rule::new("r", shared.clone(), per_minute(2))
+            .unwrap()
+            .with_refusal_cache(0)
+            .is_err()
     );
 }

@@ -41,17 +41,21 @@ pub enum CompositionDefect {
     /// A cancelled probe re-opens the breaker for a full cool-down
     /// (`breaker_recovery`).
     CancelledProbeReopens,
+    /// Asks the store on every refused request
+    /// (`refused_offender_costs_no_round_trip`).
+    NoRefusalCache,
 }
 
 impl CompositionDefect {
     /// Every defect.
-    pub const ALL: [CompositionDefect; 6] = [
+    pub const ALL: [CompositionDefect; 7] = [
         CompositionDefect::NoRefunds,
         CompositionDefect::BothConsulted,
         CompositionDefect::PacedSampling,
         CompositionDefect::AbuseEveryRefusal,
         CompositionDefect::NoBreaker,
         CompositionDefect::CancelledProbeReopens,
+        CompositionDefect::NoRefusalCache,
     ];
 }
 
@@ -87,6 +91,13 @@ impl Composer for BrokenComposer {
                     }
                 }
                 LimiterComposer.compose(out, clock)
+            }
+            CompositionDefect::NoRefusalCache => {
+                let mut builder = Limiter::builder().clock(clock);
+                for t in &tiers {
+                    builder = builder.rule(t.rule()?.without_refusal_cache());
+                }
+                Ok(Box::new(builder.build()?))
             }
             CompositionDefect::NoBreaker => {
                 for t in &mut tiers {

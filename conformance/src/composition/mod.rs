@@ -46,7 +46,8 @@ mod support;
 pub use scenarios::{
     abuse_writes_bounded, breaker_recovery, dead_store_costs_one_timeout,
     escalation_rate_independent_of_pace, fallback_never_double_counts,
-    later_tier_refusal_not_charged, shared_retry_after_honoured,
+    later_tier_refusal_not_charged, refused_offender_costs_no_round_trip,
+    shared_retry_after_honoured,
 };
 pub use support::{Health, Switch};
 
@@ -69,6 +70,8 @@ pub struct TierSpec {
     pub fallback: Option<Arc<dyn Store>>,
     /// A durable store consulted on a sample of admitted requests.
     pub escalation: Option<EscalationSpec>,
+    /// A refusal cache of this many keys; `None` keeps the rule's default.
+    pub refusal_cache: Option<usize>,
 }
 
 impl fmt::Debug for TierSpec {
@@ -97,6 +100,7 @@ impl TierSpec {
             on_failure: FailurePolicy::Open,
             fallback: None,
             escalation: None,
+            refusal_cache: None,
         }
     }
 
@@ -110,6 +114,9 @@ impl TierSpec {
         }
         if let Some(e) = &self.escalation {
             rule = rule.with_escalation(e.store.clone(), e.policy, e.every, e.sink.clone())?;
+        }
+        if let Some(keys) = self.refusal_cache {
+            rule = rule.with_refusal_cache(keys)?;
         }
         Ok(rule.with_breaker(self.breaker))
     }
@@ -240,6 +247,7 @@ composition_list! {
     abuse_writes_bounded => "one abuse write per refusal: a flood of refusals as a flood of writes",
     dead_store_costs_one_timeout => "a dead store or abuse sink costing a timeout per request instead of per cool-down",
     breaker_recovery => "a breaker kept open by a cancelled probe, or half-open for ever by an invalid one",
+    refused_offender_costs_no_round_trip => "a refused client hammering costing a shared-store round trip per request",
 }
 
 #[doc(hidden)]

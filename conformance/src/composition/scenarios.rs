@@ -554,6 +554,77 @@ pub(super) async fn breaker_recovery_impl(
     ])
 }
 
+pub(super) async fn refused_offender_costs_no_round_trip_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // A local tier (100/min) in front of a shared tier (5/min) with a
+    // refusal cache. After 5 served at t0, 100 requests at t0+1 s are
+    // refused with retry 59 s: the shared store is asked once, and the local
+    // tier admits-and-refunds once, not 100 times.
+    let clock = ManualClock::new();
+    let store = Switch::<dyn Store>::new(shared(factory).await?);
+    let local = Switch::<dyn Store>::new(local());
+    let mut shared_tier = TierSpec::new("shared", store.clone(), log(5, 60)?);
+    shared_tier.refusal_cache = Some(1_000);
+    let c = compose(
+        composer,
+        vec![
+            TierSpec::new("local", local.clone(), log(100, 60)?),
+            shared_tier,
+        ],
+        &clock,
+    )?;
+    at(&clock, 0);
+    for i in 1..=5 {
+        if !c.check(b"offender").await.allowed {
+            return fail(format!("request {i} at t0 must be admitted"));
+        }
+    }
+    at(&clock, S);
+    let before = store.calls();
+    for i in 1..=100 {
+        let d = c.check(b"offender").await;
+        if d.allowed
+            || d.source.rule.as_deref() != Some("shared")
+            || d.retry_after != Duration::from_secs(59)
+        {
+            return fail(format!(
+                "request {i} at t0+1 s: must be refused by \"shared\" with retry_after 59 s; got {}",
+                show(&d)
+            ));
+        }
+    }
+    let calls = store.calls() - before;
+    if calls != 1 || local.refunds() != 1 {
+        return fail(format!(
+            "100 refused requests cost {calls} shared-store calls and {} refunds in the local              tier; a refusal standing until t0+60 s must cost one of each",
+            local.refunds()
+        ));
+    }
+    at(&clock, 30 * S);
+    let d = c.check(b"offender").await;
+    if d.allowed || d.retry_after != Duration::from_secs(30) || store.calls() - before != 1 {
+        return fail(format!(
+            "at t0+30 s the standing refusal must answer with retry_after 30 s, still without a              store call; got {} after {} calls",
+            show(&d),
+            store.calls() - before
+        ));
+    }
+    at(&clock, 60 * S);
+    let d = c.check(b"offender").await;
+    if !d.allowed || store.calls() - before != 2 {
+        return fail(format!(
+            "at t0+60 s, when the refusal lapses, the store must be asked again and admit; got {}",
+            show(&d)
+        ));
+    }
+    evidence(vec![
+        "101 refused requests over 30 s: 1 shared-store call, 1 local refund".into(),
+        "asked again exactly when the refusal lapsed, and admitted".into(),
+    ])
+}
+
 macro_rules! public {
     ($($(#[$doc:meta])* $name:ident => $imp:ident,)*) => {
         $(
@@ -602,4 +673,10 @@ public! {
     /// breaker able to probe again. Catches a breaker that re-opens for a
     /// full cool-down on a cancelled probe.
     breaker_recovery => breaker_recovery_impl,
+    /// A local tier (100/min) in front of a shared tier (5/min) with a
+    /// refusal cache: 100 requests refused at t0+1 s cost one shared-store
+    /// call and one local refund; at t0+30 s the refusal still stands
+    /// (retry 30 s) without a call; at t0+60 s the store is asked and admits.
+    /// Catches a composition that asks the store on every refused request.
+    refused_offender_costs_no_round_trip => refused_offender_costs_no_round_trip_impl,
 }

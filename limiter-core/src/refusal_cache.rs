@@ -1,0 +1,93 @@
+//! A rule's refusal cache: after a store refuses a key, the same key is
+//! refused locally until the retry time the store gave, without asking the
+//! store again.
+//!
+//! An offender hammering a shared store at thousands of requests a second
+//! would otherwise cost a round trip per request, every answer "refused
+//! until T": the load the limiter exists to keep off the store. The cached
+//! refusal records nothing anywhere, as a refusal must not.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use hashlink::LruCache;
+
+use crate::decision::Decision;
+use crate::time::Timestamp;
+
+/// How many keys a rule's refusal cache holds by default; past it the key
+/// refused least recently is forgotten (and asks the store again).
+pub const REFUSAL_CACHE_KEYS: usize = 10_000;
+
+#[derive(Debug, Clone)]
+struct Held {
+    /// When the refusal was made (µs): a clock that goes back before it
+    /// makes the entry meaningless.
+    at: u64,
+    /// Until when the same request is refused (µs).
+    until: u64,
+    /// When the key was to be clear (µs), for `reset_after`.
+    reset_at: u64,
+    decision: Decision,
+}
+
+pub(crate) struct RefusalCache {
+    held: Mutex<LruCache<Vec<u8>, Held>>,
+}
+
+impl std::fmt::Debug for RefusalCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefusalCache")
+            .field("keys", &self.lock().len())
+            .finish()
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl RefusalCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        RefusalCache {
+            held: Mutex::new(LruCache::new(capacity)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LruCache<Vec<u8>, Held>> {
+        // Plain data, valid after any panic.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cached refusal of `key` at `now`, with its times brought to
+    /// `now`, if the store's refusal still stands.
+    pub(crate) fn get(&self, key: &[u8], now: Timestamp) -> Option<Decision> {
+        let t = now.as_micros();
+        let mut held = self.lock();
+        let h = held.get(key)?;
+        if t < h.at || t >= h.until {
+            held.remove(key);
+            return None;
+        }
+        let mut d = h.decision.clone();
+        d.retry_after = Duration::from_micros(h.until - t);
+        d.reset_after = Duration::from_micros(h.reset_at.saturating_sub(t));
+        d.source.cached = true;
+        Some(d)
+    }
+
+    /// Remembers a refusal the store made for `key` at `now`.
+    pub(crate) fn put(&self, key: &[u8], now: Timestamp, decision: &Decision) {
+        if decision.allowed || decision.retry_after.is_zero() {
+            return;
+        }
+        let t = now.as_micros();
+        let held = Held {
+            at: t,
+            until: t.saturating_add(micros(decision.retry_after)),
+            reset_at: t.saturating_add(micros(decision.reset_after)),
+            decision: decision.clone(),
+        };
+        self.lock().insert(key.to_vec(), held);
+    }
+}
