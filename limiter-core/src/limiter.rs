@@ -28,6 +28,10 @@
 //!   an [`AbuseSink`] as [`AbuseEvent`]s: at most one write per key per
 //!   window of the rule's policy, each carrying the number of refusals it
 //!   stands for, behind its own breaker and the rule's timeout.
+//! * **Refusal cache** — [`Rule::with_refusal_cache`], on by default for a
+//!   shared store: after the store refuses a key, the key is refused locally
+//!   until the retry time it gave, before any tier is asked, so a hammering
+//!   offender costs no round trip and no local admit-and-refund.
 //!
 //! # Over-admission bounds
 //!
@@ -38,7 +42,7 @@
 //! |---|---|
 //! | shared store only (fail closed) | `L` |
 //! | memory tier (limit `M`) in front of the shared store | `min(N·M, L)` |
-//! | shared store, fallback to local | `L`, plus `L` per instance for each window in which the shared store failed (each local store counts alone) |
+//! | shared store, fallback to local | `L`, plus `L` per instance for each window in which the shared store failed (each local store counts alone; a key the shared store refused before the outage stays refused by the refusal cache until its retry time) |
 //! | local store only | `N·L` |
 //! | escalation, durable limit `D` | `N·L`: escalation samples and records abuse, it does not cap a fleet; the durable store admits at most `D` of the sampled requests, and each one it refuses is refused and its local unit refunded |
 //!

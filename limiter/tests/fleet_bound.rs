@@ -126,22 +126,31 @@ async fn shared_store_with_local_fallback_admits_the_limit_per_instance_more_whe
     let (container, url) = redis_common::start_redis().await;
     let clock = ManualClock::new();
     let shared = redis_store(&url);
-    let fleet = fleet(&clock, || {
-        Rule::new("search", shared.clone(), policy())
+    let rule = |cache: bool| {
+        let r = Rule::new("search", shared.clone(), policy())
             .unwrap()
             .with_timeout(Duration::from_millis(200))
             .unwrap()
             .with_breaker(BreakerConfig::new(2, Duration::from_secs(5)).unwrap())
             .with_fallback(local())
-            .unwrap()
-    });
-    let before = drive(&fleet, PER_INSTANCE / 2).await;
+            .unwrap();
+        if cache { r } else { r.without_refusal_cache() }
+    };
+    // The bound is reached without the refusal cache; with it (the
+    // default), refusals the shared store made before the outage stand
+    // through it, and an offender already refused gets nothing more.
+    let worst = fleet(&clock, || rule(false));
+    let cached = fleet(&clock, || rule(true));
+    let before = drive(&worst, PER_INSTANCE / 2).await;
     assert_eq!(before, L);
+    assert_eq!(drive(&cached, 1).await, 0, "the shared limit is spent");
     container.stop().await.expect("docker stop");
     // Same window: each local store counts alone from zero.
-    let during = drive(&fleet, PER_INSTANCE / 2).await;
+    let during = drive(&worst, PER_INSTANCE / 2).await;
     assert_eq!(during, N * L);
     assert_eq!(before + during, L + N * L, "the documented bound, exactly");
+    assert_eq!(drive(&cached, PER_INSTANCE / 2).await, 0);
+    assert_eq!(total(&cached, |s| s.fallbacks), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
