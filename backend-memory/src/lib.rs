@@ -120,6 +120,7 @@ const MAX_PREALLOCATED_KEYS: usize = 1 << 20;
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     capacity: usize,
+    max_key_len: usize,
     /// Chooses the shard and the slot in it. A keyed hash, with keys drawn
     /// at random per store, not a fixed one: with a predictable hash an
     /// attacker could compute keys that all land in the offender's shard and
@@ -138,6 +139,7 @@ pub struct MemoryStore {
 pub struct MemoryStoreBuilder {
     capacity: usize,
     shards: Option<usize>,
+    max_key_len: usize,
 }
 
 impl Default for MemoryStoreBuilder {
@@ -145,6 +147,7 @@ impl Default for MemoryStoreBuilder {
         MemoryStoreBuilder {
             capacity: DEFAULT_CAPACITY,
             shards: None,
+            max_key_len: limiter_core::DEFAULT_MAX_KEY_LEN,
         }
     }
 }
@@ -154,6 +157,15 @@ impl MemoryStoreBuilder {
     /// Each (algorithm, key) pair counts as one key.
     pub fn capacity(mut self, keys: usize) -> Self {
         self.capacity = keys;
+        self
+    }
+
+    /// The longest key accepted, in bytes (default
+    /// [`DEFAULT_MAX_KEY_LEN`](limiter_core::DEFAULT_MAX_KEY_LEN)); a longer
+    /// one is an `InvalidRequest` error. With the key count capped, this caps
+    /// the store's memory. Refused if zero.
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.max_key_len = bytes;
         self
     }
 
@@ -184,6 +196,11 @@ impl MemoryStoreBuilder {
     /// ```
     pub fn build(self) -> Result<MemoryStore, ConfigError> {
         let capacity = self.capacity;
+        if self.max_key_len == 0 {
+            return Err(ConfigError::Invalid(
+                "memory store max_key_len must be at least 1 byte".into(),
+            ));
+        }
         if capacity == 0 {
             return Err(ConfigError::Invalid(
                 "memory store capacity must be at least 1 key".into(),
@@ -209,7 +226,9 @@ impl MemoryStoreBuilder {
             Some(n) => n,
             None => default_shards(capacity, std::thread::available_parallelism().ok()),
         };
-        Ok(MemoryStore::with_shards(capacity, shards))
+        let mut store = MemoryStore::with_shards(capacity, shards);
+        store.max_key_len = self.max_key_len;
+        Ok(store)
     }
 }
 
@@ -266,6 +285,7 @@ impl MemoryStore {
                 .map(|cap| Mutex::new(Shard::new(cap)))
                 .collect(),
             capacity,
+            max_key_len: limiter_core::DEFAULT_MAX_KEY_LEN,
             hasher: RandomState::new(),
             evictions: AtomicU64::new(0),
         }
@@ -331,6 +351,7 @@ impl MemoryStore {
         policy
             .check_cost(cost)
             .map_err(|e| StoreError::invalid_request(NAME, e))?;
+        limiter_core::check_key(NAME, key, self.max_key_len)?;
         let tag = algorithm_tag(policy.algorithm());
         let hash = self.hash(tag, key);
         let verdict = {
@@ -354,6 +375,7 @@ impl MemoryStore {
         admitted: &Decision,
     ) -> Result<(), StoreError> {
         limiter_core::check_refund(NAME, policy, cost, admitted)?;
+        limiter_core::check_key(NAME, key, self.max_key_len)?;
         let tag = algorithm_tag(policy.algorithm());
         let hash = self.hash(tag, key);
         let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
@@ -420,6 +442,10 @@ impl Store for MemoryStore {
             shared: false,
             server_clock: false,
         }
+    }
+
+    fn max_key_len(&self) -> Option<usize> {
+        Some(self.max_key_len)
     }
 
     async fn decide(
@@ -663,6 +689,9 @@ mod tests {
         let err = |b: MemoryStoreBuilder| b.build().unwrap_err().to_string();
         assert!(err(MemoryStore::builder().capacity(0)).contains("capacity must be at least 1"));
         assert!(err(MemoryStore::builder().shards(0)).contains("at least 1 shard"));
+        assert!(err(MemoryStore::builder().max_key_len(0)).contains("max_key_len"));
+        let small = MemoryStore::builder().max_key_len(8).build().unwrap();
+        assert_eq!(Store::max_key_len(&small), Some(8));
         assert!(err(MemoryStore::builder().shards(MAX_SHARDS + 1)).contains("at most"));
         assert!(
             err(MemoryStore::builder().capacity(4).shards(5)).contains("at least one key"),

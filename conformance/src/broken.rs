@@ -72,11 +72,14 @@ pub enum Defect {
     /// newest log entries, the current counter, the arrival time), without
     /// checking that they are the refunded admission's (`refund_exactness`).
     RefundBlind,
+    /// Declares a key-length bound and stores longer keys anyway
+    /// (`key_length_bound`).
+    UnboundedKeys,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 14] = [
+    pub const ALL: [Defect; 15] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
@@ -91,6 +94,7 @@ impl Defect {
         Defect::SharedBuckets,
         Defect::RefundIgnored,
         Defect::RefundBlind,
+        Defect::UnboundedKeys,
     ];
 
     /// The store name of a [`BrokenStore`] with this defect.
@@ -110,6 +114,7 @@ impl Defect {
             Defect::SharedBuckets => "broken-shared-buckets",
             Defect::RefundIgnored => "broken-refund-ignored",
             Defect::RefundBlind => "broken-refund-blind",
+            Defect::UnboundedKeys => "broken-unbounded-keys",
         }
     }
 }
@@ -138,6 +143,13 @@ impl ReferenceStore {
         ReferenceStore {
             core: Core::new("reference", None, algorithms, capacity),
         }
+    }
+
+    /// The same store accepting keys of at most `bytes` bytes (default
+    /// [`DEFAULT_MAX_KEY_LEN`](limiter_core::DEFAULT_MAX_KEY_LEN)).
+    pub fn with_max_key_len(mut self, bytes: usize) -> Self {
+        self.core.max_key_len = bytes;
+        self
     }
 
     /// How many keys the store holds now.
@@ -210,6 +222,7 @@ struct Core {
     defect: Option<Defect>,
     algorithms: &'static [Algorithm],
     capacity: usize,
+    max_key_len: usize,
     keys: Mutex<Keys>,
 }
 
@@ -225,6 +238,7 @@ impl Core {
             defect,
             algorithms,
             capacity: capacity.max(1),
+            max_key_len: limiter_core::DEFAULT_MAX_KEY_LEN,
             keys: Mutex::new(Keys::default()),
         }
     }
@@ -258,6 +272,13 @@ impl Core {
                 algorithm: policy.algorithm(),
             })
         }
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), StoreError> {
+        if self.has(Defect::UnboundedKeys) {
+            return Ok(());
+        }
+        limiter_core::check_key(self.name, key, self.max_key_len)
     }
 
     fn map_key(&self, algorithm: Algorithm, key: &[u8]) -> MapKey {
@@ -379,6 +400,7 @@ impl Core {
         if let Err(e) = self.check_policy(policy) {
             return Err(StoreError::invalid_request(self.name, e));
         }
+        self.check_key(key)?;
         let now = now.as_micros();
         let key = self.map_key(policy.algorithm(), key);
         let verdict = if self.has(Defect::NonAtomic) {
@@ -420,6 +442,7 @@ impl Core {
         admitted: &Decision,
     ) -> Result<(), StoreError> {
         limiter_core::check_refund(self.name, policy, cost, admitted)?;
+        self.check_key(key)?;
         if self.has(Defect::RefundIgnored) {
             return Ok(());
         }
@@ -498,6 +521,10 @@ macro_rules! impl_store {
 
             fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
                 self.core.check_policy(policy)
+            }
+
+            fn max_key_len(&self) -> Option<usize> {
+                Some(self.core.max_key_len)
             }
 
             async fn decide(

@@ -69,6 +69,7 @@
 //! | [`hostile_keys`] | keys treated as code or text: empty, 10 KB, quotes, SQL, Lua, NUL, invalid UTF-8 |
 //! | [`clock_regression`] | a clock that goes backwards panicking, erroring or resetting a quota |
 //! | [`bad_configuration`] | unsupported or extreme policies accepted, invalid costs panicking |
+//! | [`key_length_bound`] | no bound on key length: memory per key chosen by whoever supplies the keys |
 //! | [`refund_exactness`] | refunds ignored (honest clients stay locked out) or applied blindly (free units) |
 //!
 //! Scenarios skip the algorithms a store does not list in
@@ -99,8 +100,8 @@ mod support;
 
 pub use scenarios::{
     bad_configuration, clock_regression, concurrent_exactness, cost_accounting, distinct_key_flood,
-    hostile_keys, key_independence, policy_semantics, refund_exactness, refused_hammering,
-    window_renewal,
+    hostile_keys, key_independence, key_length_bound, policy_semantics, refund_exactness,
+    refused_hammering, window_renewal,
 };
 
 /// Makes the stores the scenarios attack.
@@ -208,6 +209,7 @@ scenario_list! {
     hostile_keys => "keys treated as code or text: empty, 10 KB, quotes, SQL, Lua, NUL, invalid UTF-8",
     clock_regression => "a clock going backwards panicking, erroring or resetting a quota",
     bad_configuration => "unsupported or extreme policies accepted, invalid costs panicking",
+    key_length_bound => "no bound on key length: memory per key chosen by whoever supplies the keys",
     refund_exactness => "refunds ignored (honest clients stay locked out) or applied blindly (free units)",
 }
 
@@ -262,6 +264,7 @@ macro_rules! conformance_tests {
             hostile_keys
             clock_regression
             bad_configuration
+            key_length_bound
             refund_exactness
         }
     };
@@ -301,6 +304,7 @@ pub mod __private {
         "hostile_keys",
         "clock_regression",
         "bad_configuration",
+        "key_length_bound",
         "refund_exactness",
     ];
 

@@ -213,6 +213,19 @@ async fn refund_exactness_catches_ignored_and_blind_refunds() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_length_bound_catches_a_bound_declared_but_not_enforced() {
+    catches(
+        "key_length_bound",
+        Defect::UnboundedKeys,
+        &[
+            "one over the declared bound",
+            "must be an InvalidRequest error",
+        ],
+    )
+    .await;
+}
+
 /// The whole matrix, printed for a reader (`--nocapture`), and checked in
 /// the other direction: every defect is caught by some scenario.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -111,6 +111,22 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         now: Timestamp,
     ) -> Result<Decision, StoreError>;
 
+    /// The longest key, in bytes, the store accepts; a longer one is an
+    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error (check it
+    /// with [`check_key`]). Bounded memory per key is an invariant: an
+    /// application passing attacker-chosen bytes must not be able to grow a
+    /// store by making keys longer. [`DEFAULT_MAX_KEY_LEN`] is a good
+    /// default.
+    ///
+    /// # Migration
+    ///
+    /// Added after the first release with a default of `None` (no bound
+    /// declared): an existing store keeps compiling, and the conformance
+    /// scenario `key_length_bound` fails until it declares and enforces one.
+    fn max_key_len(&self) -> Option<usize> {
+        None
+    }
+
     /// Undoes one admission that [`decide`](Store::decide) made: `admitted`
     /// is the decision it returned for `key`, `policy`, `cost` and `now`.
     ///
@@ -204,4 +220,31 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     ) -> Result<(), StoreError> {
         (**self).refund(key, policy, cost, now, admitted).await
     }
+
+    fn max_key_len(&self) -> Option<usize> {
+        (**self).max_key_len()
+    }
+}
+
+/// The longest key a store accepts unless configured otherwise: 16 KiB.
+/// Room for any rule name and client key a limiter builds (an HMAC client
+/// key is 32 bytes), and for the 10 KB keys of the conformance suite, while
+/// keeping what one key can cost a store small and fixed.
+pub const DEFAULT_MAX_KEY_LEN: usize = 16 * 1024;
+
+/// Refuses a key longer than `max` bytes with an
+/// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error naming both
+/// lengths (never the key, which may be a client's data).
+pub fn check_key(store: &'static str, key: &[u8], max: usize) -> Result<(), StoreError> {
+    if key.len() > max {
+        return Err(StoreError::new(
+            ErrorKind::InvalidRequest,
+            store,
+            format!(
+                "key of {} bytes is longer than the store's limit of {max}",
+                key.len()
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -40,6 +40,7 @@ fn every_broken_store_fails_the_scorecard() {
         "shared-buckets",
         "refund-ignored",
         "refund-blind",
+        "unbounded-keys",
     ];
     assert_eq!(
         defects.len(),

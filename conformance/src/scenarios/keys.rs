@@ -1,7 +1,7 @@
 //! `key_independence` and `hostile_keys`: a key is data, and one key's
 //! traffic is its own.
 
-use limiter_core::{Algorithm, Policy};
+use limiter_core::{Algorithm, Clock, ErrorKind, Policy};
 
 use crate::support::{Expect, Probe, S, check, evidence, fail, num, policy, refuse, show_key};
 use crate::{Failure, ScenarioResult, StoreFactory};
@@ -189,6 +189,82 @@ pub(super) async fn hostile_keys(factory: &dyn StoreFactory) -> ScenarioResult {
             keys.len()
         ));
     }
+    parts.extend(skipped);
+    evidence(parts)
+}
+
+/// The longest bound the scenario checks: a store may well accept more, but
+/// a bound this large no longer bounds what one key costs.
+const LARGEST_CHECKED_BOUND: usize = 1 << 20;
+
+pub(super) async fn key_length_bound(factory: &dyn StoreFactory) -> ScenarioResult {
+    let probe = Probe::new(factory).await?;
+    let store = probe.store.name();
+    let Some(max) = probe.store.max_key_len() else {
+        return fail(format!(
+            "the {store} store declares no key-length bound (Store::max_key_len): an application \
+             passing attacker-chosen bytes as keys could grow it without limit"
+        ));
+    };
+    if max > LARGEST_CHECKED_BOUND {
+        return fail(format!(
+            "the {store} store declares a key-length bound of {} bytes; at most {} is checked \
+             and useful",
+            num(max as u64),
+            num(LARGEST_CHECKED_BOUND as u64)
+        ));
+    }
+    let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
+    let Some(&algorithm) = algorithms.first() else {
+        return fail("scenario bug: no supported algorithm");
+    };
+    let p = policy(algorithm, 2, 60 * S)?;
+    let longest = vec![b'k'; max];
+    let d = probe.hit(&longest, &p, 1).await?;
+    if !d.allowed || d.remaining != 1 {
+        return fail(format!(
+            "{algorithm}: a key of exactly {} bytes (the declared bound) must be valid and \
+             admitted with 1 left; got {d:?}",
+            num(max as u64)
+        ));
+    }
+    let mut too_long = longest.clone();
+    too_long.push(b'k');
+    let now = probe.clock.now();
+    match probe.store.decide(&too_long, &p, 1, now).await {
+        Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+        other => {
+            return fail(format!(
+                "{algorithm}: a key of {} bytes (one over the declared bound) must be an \
+                 InvalidRequest error; got {other:?}",
+                num(max as u64 + 1)
+            ));
+        }
+    }
+    match probe.store.refund(&too_long, &p, 1, now, &d).await {
+        Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+        other => {
+            return fail(format!(
+                "{algorithm}: refunding with a key one byte over the bound must be an \
+                 InvalidRequest error; got {other:?}"
+            ));
+        }
+    }
+    // Nothing of the refused key leaked into a neighbour's state.
+    let again = probe.hit(&longest, &p, 1).await?;
+    if !again.allowed || again.remaining != 0 {
+        return fail(format!(
+            "{algorithm}: after the over-long key was refused, the {}-byte key must have its \
+             second unit; got {again:?}",
+            num(max as u64)
+        ));
+    }
+    let mut parts = vec![format!(
+        "{algorithm}: keys of {} bytes valid, {} bytes an InvalidRequest error for decide and \
+         refund",
+        num(max as u64),
+        num(max as u64 + 1)
+    )];
     parts.extend(skipped);
     evidence(parts)
 }

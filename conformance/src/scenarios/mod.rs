@@ -82,5 +82,11 @@ public_scenarios! {
     /// on, a GCRA bucket restarted by a later request. Refunding a refusal
     /// is an `InvalidRequest` error; refunding a key that holds nothing is a
     /// no-op that creates nothing.
+    /// The store declares a key-length bound of at most 1 MiB
+    /// (`Store::max_key_len`); a key of exactly that length is valid and
+    /// admitted, one byte more is an `InvalidRequest` error for `decide` and
+    /// `refund`, and the longest valid key's state is untouched by the
+    /// refused one.
+    key_length_bound => keys,
     refund_exactness => refund,
 }

@@ -51,6 +51,7 @@ const DEFECTS: &[(&str, Defect)] = &[
     ("shared-buckets", Defect::SharedBuckets),
     ("refund-ignored", Defect::RefundIgnored),
     ("refund-blind", Defect::RefundBlind),
+    ("unbounded-keys", Defect::UnboundedKeys),
 ];
 
 /// The key capacity of the bounded stores the scorecard builds: small enough
