@@ -57,9 +57,10 @@ pub struct Capabilities {
 ///   never later and never earlier.
 /// * `distinct_key_flood` — an offender at its limit stays limited while an
 ///   attacker floods fresh keys (three times the store's key capacity, if it
-///   has one); a bounded store evicts least-recently-*touched* keys, a
-///   refusal touches its key, and the store never holds more than its
-///   capacity.
+///   has one); a bounded store evicts least-recently-*touched* keys and a
+///   refusal touches its key. (That a bounded store never holds more than
+///   its capacity is for the backend's own tests: the key count is not
+///   visible through this trait.)
 /// * `window_renewal` — a window's expiry is fixed when it opens; hits inside
 ///   it never move it, and the count resets when it ends.
 /// * `concurrent_exactness` — concurrent callers on one key are admitted
@@ -71,6 +72,15 @@ pub struct Capabilities {
 /// * `bad_configuration` — policies a store cannot represent are refused by
 ///   [`check_policy`](Store::check_policy) at construction, and an invalid
 ///   cost is an error, never a panic.
+/// * `key_length_bound` — the store declares the longest key it accepts
+///   ([`max_key_len`](Store::max_key_len), at most 1 MiB); a longer key is an
+///   [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error for `decide`
+///   and `refund` and is never stored, and a key of exactly that length is
+///   valid.
+/// * `refund_exactness` — [`refund`](Store::refund) of an admission leaves the
+///   key as if the request had never been admitted, for every algorithm and
+///   cost, and a refund of units that are no longer held (a closed window, a
+///   later GCRA admission) never makes the key more permissive.
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// A short, stable name (`"memory"`, `"redis"`, …), reported in every

@@ -12,7 +12,7 @@ const TASKS: usize = 64;
 const PER_TASK: usize = 4;
 const LIMIT: u32 = 50;
 
-pub(super) async fn concurrent_exactness(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn concurrent_exactness(factory: &dyn StoreFactory) -> ScenarioResult {
     if tokio::runtime::Handle::try_current().is_err() {
         return fail(
             "concurrent_exactness must run inside a tokio runtime (multi-thread for real \

@@ -28,7 +28,7 @@ fn largest(algorithm: Algorithm) -> Result<Policy, Failure> {
         .map_err(|e| Failure(format!("scenario bug: the largest {algorithm} policy: {e}")))
 }
 
-pub(super) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let store = &probe.store;
     let caps = store.capabilities();

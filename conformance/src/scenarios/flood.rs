@@ -11,7 +11,7 @@ const UNBOUNDED_FLOOD: usize = 2_000;
 /// The offender retries every this many attacker keys on such a store.
 const UNBOUNDED_PROBE_EVERY: usize = 100;
 
-pub(super) async fn distinct_key_flood(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn distinct_key_flood(factory: &dyn StoreFactory) -> ScenarioResult {
     const WINDOW: u64 = 3_600 * S;
     let first = Probe::new(factory).await?;
     let (algorithms, skipped) = first.supported(&Algorithm::ALL);

@@ -53,7 +53,7 @@ async fn exhaust(probe: &Probe, key: &[u8], p: &Policy, who: &str) -> Result<(),
     Ok(())
 }
 
-pub(super) async fn key_independence(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn key_independence(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
     // A bounded store may legitimately evict alice once more keys than it
@@ -136,7 +136,7 @@ fn hostile() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-pub(super) async fn hostile_keys(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn hostile_keys(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
     let keys = hostile();
@@ -197,7 +197,7 @@ pub(super) async fn hostile_keys(factory: &dyn StoreFactory) -> ScenarioResult {
 /// a bound this large no longer bounds what one key costs.
 const LARGEST_CHECKED_BOUND: usize = 1 << 20;
 
-pub(super) async fn key_length_bound(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn key_length_bound(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let store = probe.store.name();
     let Some(max) = probe.store.max_key_len() else {

@@ -176,7 +176,7 @@ async fn run(probe: &Probe, p: &Policy, key: &[u8], steps: &[Step]) -> Result<u3
     Ok(refunds)
 }
 
-pub(super) async fn refund_exactness(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn refund_exactness(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
     let mut parts = Vec::new();

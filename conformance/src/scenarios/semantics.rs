@@ -129,7 +129,7 @@ fn boundary_table(algorithm: Algorithm) -> (u32, u64, Vec<Step>) {
     }
 }
 
-pub(super) async fn policy_semantics(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn policy_semantics(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
     let mut parts = Vec::new();
@@ -183,7 +183,7 @@ fn cost_table(algorithm: Algorithm) -> [Expect; 4] {
     }
 }
 
-pub(super) async fn cost_accounting(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn cost_accounting(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
     let mut parts = Vec::new();

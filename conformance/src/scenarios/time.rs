@@ -25,7 +25,7 @@ async fn admit_all(probe: &Probe, key: &[u8], p: &Policy, n: u32) -> Result<(), 
     Ok(())
 }
 
-pub(super) async fn refused_hammering(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn refused_hammering(factory: &dyn StoreFactory) -> ScenarioResult {
     const HAMMER_EVERY: u64 = 3 * MS;
     let probe = Probe::new(factory).await?;
     let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
@@ -123,7 +123,7 @@ pub(super) async fn refused_hammering(factory: &dyn StoreFactory) -> ScenarioRes
     evidence(parts)
 }
 
-pub(super) async fn window_renewal(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn window_renewal(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let (algorithms, skipped) = probe.supported(&[Algorithm::FixedWindow, Algorithm::SlidingLog]);
     let mut parts = Vec::new();
@@ -183,7 +183,7 @@ pub(super) async fn window_renewal(factory: &dyn StoreFactory) -> ScenarioResult
     evidence(parts)
 }
 
-pub(super) async fn clock_regression(factory: &dyn StoreFactory) -> ScenarioResult {
+pub(crate) async fn clock_regression(factory: &dyn StoreFactory) -> ScenarioResult {
     const REQUESTS: u64 = 90;
     const STEP: u64 = 100 * MS;
     let probe = Probe::new(factory).await?;
