@@ -39,6 +39,72 @@ pub struct Capabilities {
 ///
 /// The trait is object safe and meant to be shared as `Arc<dyn Store>`.
 ///
+/// # Implementing a store
+///
+/// A complete, correct store: one map under one lock, every algorithm by
+/// [`algorithm::apply`](crate::algorithm::apply) and
+/// [`algorithm::refund`](crate::algorithm::refund), keys bounded in length.
+/// (It never evicts, so it is unbounded in key count: a real in-process
+/// store caps it, evicting the least recently *touched* key, refusals
+/// included.)
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+/// use limiter_core::algorithm::{self, KeyState};
+/// use limiter_core::{
+///     Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp,
+///     DEFAULT_MAX_KEY_LEN, check_key, check_refund,
+/// };
+///
+/// #[derive(Debug, Default)]
+/// struct MapStore(Mutex<HashMap<(Algorithm, Vec<u8>), Option<KeyState>>>);
+///
+/// #[async_trait::async_trait]
+/// impl Store for MapStore {
+///     fn name(&self) -> &'static str { "map" }
+///
+///     fn capabilities(&self) -> Capabilities {
+///         Capabilities { algorithms: &Algorithm::ALL, key_capacity: None, shared: false, server_clock: false }
+///     }
+///
+///     fn max_key_len(&self) -> Option<usize> { Some(DEFAULT_MAX_KEY_LEN) }
+///
+///     async fn decide(&self, key: &[u8], policy: &Policy, cost: u32, now: Timestamp)
+///         -> Result<Decision, StoreError>
+///     {
+///         policy.check_cost(cost).map_err(|e| StoreError::invalid_request("map", e))?;
+///         check_key("map", key, DEFAULT_MAX_KEY_LEN)?;
+///         // The whole algorithm under the lock: never read, then write.
+///         let mut map = self.0.lock().unwrap();
+///         let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
+///         let verdict = algorithm::apply(state, policy, cost, now.as_micros());
+///         Ok(Decision::from_verdict(verdict, policy, "map"))
+///     }
+///
+///     async fn refund(&self, key: &[u8], policy: &Policy, cost: u32, now: Timestamp,
+///         admitted: &Decision) -> Result<(), StoreError>
+///     {
+///         check_refund("map", policy, cost, admitted)?;
+///         check_key("map", key, DEFAULT_MAX_KEY_LEN)?;
+///         if let Some(state) = self.0.lock().unwrap().get_mut(&(policy.algorithm(), key.to_vec())) {
+///             let reset_after = admitted.reset_after.as_micros() as u64;
+///             algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+///
+/// Then two lines in the store crate's `tests/conformance.rs` run every
+/// scenario of the contract below against it, and a third the composition
+/// scenarios with it as a limiter's shared tier (`limiter-conformance`):
+///
+/// ```text
+/// async fn store() -> Arc<dyn Store> { Arc::new(MapStore::default()) }
+/// limiter_conformance::conformance_tests!(store);
+/// ```
+///
 /// # Contract
 ///
 /// Each item is the name of a scenario in `limiter-conformance`, which checks
