@@ -1,10 +1,11 @@
 //! The scorecard command: every scenario passes on the memory store, and
 //! every deliberately broken store makes it fail.
+#![cfg(feature = "scorecard")]
 
 use std::process::Command;
 
 fn scorecard(target: &str) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_limiter-conformance"))
+    let out = Command::new(env!("CARGO_BIN_EXE_limiter-scorecard"))
         .arg(target)
         .output()
         .expect("the scorecard binary runs");
