@@ -142,7 +142,10 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
             "contact" => post(|| async { json(r#"{"status":"sent"}"#) }),
             _ => get(|| async { json(r#"{"results":[]}"#) }),
         };
-        router = router.route(endpoint.path, handler.layer(layer));
+        // `route_layer`, not `layer`: a request for another method (a GET
+        // of a POST endpoint, a CORS preflight) is answered 405 by the
+        // router and never charged to the client's quota.
+        router = router.route(endpoint.path, handler.route_layer(layer));
     }
     Ok(router)
 }
@@ -318,10 +321,21 @@ impl Config {
     }
 
     /// The client identity, with the given secret or `random` when none was
-    /// given. Refuses a short secret and a bad prefix.
-    pub fn identity(&self, random: &[u8]) -> Result<ClientIdentity, ConfigError> {
+    /// given. Refuses a short secret and a bad prefix, and a missing secret
+    /// when `shared` (the store is shared by a fleet): each instance would
+    /// draw its own random secret and derive other keys for the same
+    /// client, so a fleet of N would admit N times the limit.
+    pub fn identity(&self, random: &[u8], shared: bool) -> Result<ClientIdentity, ConfigError> {
         let secret = match &self.secret {
             Some(s) => s.as_bytes(),
+            None if shared => {
+                return Err(ConfigError::Invalid(format!(
+                    "{} is shared by every instance using it, so they must derive the same \
+                     client keys: give the same --secret (or LIMITER_SECRET) of at least 32 \
+                     bytes to each",
+                    limiter::store::redact(&self.store)
+                )));
+            }
             None => random,
         };
         ClientIdentity::new(secret)?

@@ -26,10 +26,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if config.secret.is_none() {
         getrandom::fill(&mut random).map_err(|e| format!("no random secret available: {e}"))?;
     }
+    let stores = config.stores().await?;
+    let identity = config.identity(&random, stores.primary.capabilities().shared)?;
     let settings = Settings {
         limits: config.limits,
-        stores: config.stores().await?,
-        identity: config.identity(&random)?,
+        stores,
+        identity,
         clock: Arc::new(SystemClock),
         on_failure: config.on_failure,
     };

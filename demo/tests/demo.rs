@@ -39,6 +39,32 @@ async fn post(client: &TestClient, path: &str) -> Reply {
 }
 
 #[tokio::test]
+async fn wrong_methods_and_preflights_are_never_charged() {
+    let clock = ManualClock::new();
+    let client = TestClient::new(start(&settings(&clock)).await, None);
+    for _ in 0..10 {
+        let get = client.get("/api/feedback").await;
+        assert_eq!(get.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert!(
+            get.headers.get("x-ratelimit-remaining").is_none(),
+            "a 405 is not limited"
+        );
+        let preflight = client.send(Method::OPTIONS, "/api/feedback", &[]).await;
+        assert_eq!(preflight.status, StatusCode::METHOD_NOT_ALLOWED);
+    }
+    // The full quota of 5 feedback posts is still there.
+    for i in 1..=5u64 {
+        let reply = post(&client, "/api/feedback").await;
+        assert_eq!(reply.status, StatusCode::OK, "post {i}");
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), 5 - i);
+    }
+    assert_eq!(
+        post(&client, "/api/feedback").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
 async fn the_61st_search_in_a_minute_is_refused() {
     let clock = ManualClock::new();
     let client = TestClient::new(start(&settings(&clock)).await, None);
@@ -223,7 +249,7 @@ fn command_line_defaults_and_overrides() {
     assert_eq!(config.limits.feedback_per_hour, 5);
     assert_eq!(config.address_source.to_string(), "x-forwarded-for:2");
     assert_eq!(config.on_failure, FailurePolicy::Closed);
-    assert!(config.identity(&[]).is_ok());
+    assert!(config.identity(&[], true).is_ok());
 
     // A short secret is refused; a missing one uses the random bytes given.
     let short = Config::from_matches(
@@ -234,14 +260,20 @@ fn command_line_defaults_and_overrides() {
     .unwrap();
     assert!(
         short
-            .identity(&[0; 32])
+            .identity(&[0; 32], false)
             .unwrap_err()
             .to_string()
             .contains("at least 32 bytes")
     );
     let none =
         Config::from_matches(&cli().try_get_matches_from(["limiter-demo"]).unwrap()).unwrap();
-    assert!(none.identity(&[1; 32]).is_ok());
+    assert!(none.identity(&[1; 32], false).is_ok());
+    // With a shared store, a missing secret is refused, naming the flag.
+    let err = none.identity(&[1; 32], true).unwrap_err().to_string();
+    assert!(
+        err.contains("--secret") && err.contains("LIMITER_SECRET"),
+        "{err}"
+    );
 
     assert!(
         cli()
