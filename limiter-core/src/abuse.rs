@@ -236,7 +236,7 @@ impl AbuseRecorder {
     /// One sink call behind the breaker and the timeout. An event that
     /// cannot be written is held back again, to ride on the key's next one.
     async fn write(&self, event: AbuseEvent, mono: u64, timeout: Duration) -> Writes {
-        let permit = self.breaker.permit(mono);
+        let permit = self.breaker.permit(|| mono);
         if permit == Permit::Skip {
             return self.hold_back(event, Writes::default());
         }

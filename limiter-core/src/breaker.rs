@@ -143,12 +143,13 @@ impl Breaker {
         }
     }
 
-    /// `mono` is the clock's monotonic reading in µs.
-    pub(crate) fn permit(&self, mono: u64) -> Permit {
+    /// `mono` reads the clock's monotonic time in µs; a closed breaker (the
+    /// common case) never needs it, so it is read only when open.
+    pub(crate) fn permit(&self, mono: impl FnOnce() -> u64) -> Permit {
         let mut inner = self.lock();
         match *inner {
             Inner::Closed { .. } => Permit::Call,
-            Inner::Open { until } if mono >= until => {
+            Inner::Open { until } if mono() >= until => {
                 *inner = Inner::HalfOpen { until };
                 Permit::Probe
             }
@@ -221,34 +222,34 @@ mod tests {
     fn opens_after_consecutive_failures_and_probes_after_cool_down() {
         let b = Breaker::new(BreakerConfig::new(2, Duration::from_secs(5)).unwrap());
         let t = S;
-        assert_eq!(b.permit(t), Permit::Call);
+        assert_eq!(b.permit(|| t), Permit::Call);
         assert_eq!(b.failure(t), Transition::None);
         assert_eq!(b.success(), Transition::None);
         assert_eq!(b.failure(t), Transition::None);
         assert_eq!(b.failure(t), Transition::Opened);
-        assert_eq!(b.permit(t), Permit::Skip);
-        assert_eq!(b.permit(t + 5 * S - 1), Permit::Skip);
+        assert_eq!(b.permit(|| t), Permit::Skip);
+        assert_eq!(b.permit(|| t + 5 * S - 1), Permit::Skip);
         let later = t + 5 * S;
-        assert_eq!(b.permit(later), Permit::Probe);
-        assert_eq!(b.permit(later), Permit::Skip, "only one probe at a time");
+        assert_eq!(b.permit(|| later), Permit::Probe);
+        assert_eq!(b.permit(|| later), Permit::Skip, "only one probe at a time");
         assert_eq!(b.failure(later), Transition::Opened);
         assert_eq!(b.state(), BreakerState::Open);
         let again = later + 5 * S;
-        assert_eq!(b.permit(again), Permit::Probe);
+        assert_eq!(b.permit(|| again), Permit::Probe);
         assert_eq!(b.success(), Transition::Closed);
-        assert_eq!(b.permit(again), Permit::Call);
+        assert_eq!(b.permit(|| again), Permit::Call);
     }
 
     #[test]
     fn a_released_probe_lets_the_next_call_probe_at_once() {
         let b = Breaker::new(BreakerConfig::new(1, Duration::from_secs(1)).unwrap());
         b.failure(0);
-        assert_eq!(b.permit(S), Permit::Probe);
+        assert_eq!(b.permit(|| S), Permit::Probe);
         assert_eq!(b.state(), BreakerState::HalfOpen);
         b.release(Permit::Probe);
         assert_eq!(b.state(), BreakerState::Open);
         // Not a new cool-down: the expired deadline stands.
-        assert_eq!(b.permit(S), Permit::Probe);
+        assert_eq!(b.permit(|| S), Permit::Probe);
         assert_eq!(b.success(), Transition::Closed);
     }
 
@@ -258,9 +259,9 @@ mod tests {
         b.release(Permit::Call);
         assert_eq!(b.state(), BreakerState::Closed);
         b.failure(0);
-        assert_eq!(b.permit(0), Permit::Skip);
+        assert_eq!(b.permit(|| 0), Permit::Skip);
         b.release(Permit::Skip);
-        assert_eq!(b.permit(0), Permit::Skip, "still cooling down");
+        assert_eq!(b.permit(|| 0), Permit::Skip, "still cooling down");
     }
 
     #[test]

@@ -573,9 +573,9 @@ impl Rule {
         key: &[u8],
         policy: &Policy,
         now: Timestamp,
-        mono: u64,
+        clock: &dyn Clock,
     ) -> Called {
-        let permit = breaker.permit(mono);
+        let permit = breaker.permit(|| micros(clock.monotonic()));
         if permit == Permit::Skip {
             return Called::Failed(StoreError::new(
                 ErrorKind::CircuitOpen,
@@ -593,7 +593,7 @@ impl Rule {
                 breaker.release(permit);
                 Transition::None
             }
-            Err(_) => breaker.failure(mono),
+            Err(_) => breaker.failure(micros(clock.monotonic())),
         };
         self.report(store, breaker, transition);
         match result {
@@ -671,7 +671,7 @@ impl Rule {
         &self,
         key: &[u8],
         now: Timestamp,
-        mono: u64,
+        clock: &dyn Clock,
     ) -> (Decision, Option<Holder>) {
         let error = match self
             .guarded(
@@ -680,7 +680,7 @@ impl Rule {
                 key,
                 &self.policy,
                 now,
-                mono,
+                clock,
             )
             .await
         {
@@ -712,10 +712,11 @@ impl Rule {
         }
     }
 
-    async fn record_abuse(&self, key: &[u8], d: &Decision, now: Timestamp, mono: u64) {
+    async fn record_abuse(&self, key: &[u8], d: &Decision, now: Timestamp, clock: &dyn Clock) {
         let Some(recorder) = self.escalation.as_ref().and_then(|e| e.abuse.as_ref()) else {
             return;
         };
+        let mono = micros(clock.monotonic());
         let writes = recorder
             .refused(key, now, mono, d.source.store, self.timeout)
             .await;
@@ -782,19 +783,29 @@ impl Rule {
     ) -> Option<Decision> {
         let mut d = self.refusals.as_ref()?.get(key, now)?;
         bump(&self.counters.refusals_cached);
-        self.record_abuse(key, &d, now, micros(clock.monotonic()))
-            .await;
+        self.record_abuse(key, &d, now, clock).await;
         self.finish(&mut d);
         Some(d)
     }
 
-    async fn apply(&self, key: &[u8], storage_key: &[u8], now: Timestamp, mono: u64) -> Applied {
-        let (decision, holder) = self.decide_local(storage_key, now, mono).await;
+    /// `keep` says whether a later refusal could need this rule's
+    /// admission undone: not for the last rule of a limiter, which then
+    /// skips copying its decision.
+    async fn apply(
+        &self,
+        key: &[u8],
+        storage_key: &[u8],
+        now: Timestamp,
+        clock: &dyn Clock,
+        keep: bool,
+    ) -> Applied {
+        let (decision, holder) = self.decide_local(storage_key, now, clock).await;
         if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
             cache.put(key, now, &decision);
         }
         let mut charges = SmallVec::new();
-        if let (true, Some(holder)) = (decision.allowed, holder) {
+        let keep = keep || self.escalation.is_some();
+        if let (true, true, Some(holder)) = (keep, decision.allowed, holder) {
             charges.push(Charge {
                 holder,
                 decision: decision.clone(),
@@ -804,7 +815,7 @@ impl Rule {
             return Applied { decision, charges };
         };
         if !decision.allowed {
-            self.record_abuse(key, &decision, now, mono).await;
+            self.record_abuse(key, &decision, now, clock).await;
             return Applied { decision, charges };
         }
         if !escalation.sampler.sample() {
@@ -818,14 +829,14 @@ impl Rule {
                 storage_key,
                 &escalation.policy,
                 now,
-                mono,
+                clock,
             )
             .await;
         match durable {
             Called::Answered(mut refused) if !refused.allowed => {
                 refused.source.escalated = true;
                 self.refund(storage_key, &charges, now).await;
-                self.record_abuse(key, &refused, now, mono).await;
+                self.record_abuse(key, &refused, now, clock).await;
                 Applied {
                     decision: refused,
                     charges: SmallVec::new(),
@@ -866,9 +877,11 @@ impl Rule {
         if let Some(d) = self.cached_refusal(key, now, clock).await {
             return d;
         }
-        let mono = micros(clock.monotonic());
         let storage_key = self.storage_key(key);
-        let mut decision = self.apply(key, &storage_key, now, mono).await.decision;
+        let mut decision = self
+            .apply(key, &storage_key, now, clock, false)
+            .await
+            .decision;
         self.finish(&mut decision);
         decision
     }
@@ -995,7 +1008,7 @@ impl Limiter {
                 return d;
             }
         }
-        let mono = micros(self.clock.monotonic());
+        let clock = self.clock.as_ref();
         let last = self.rules.len() - 1;
         let mut pending: SmallVec<[Pending<'_>; 3]> = SmallVec::new();
         let mut tightest: Option<Decision> = None;
@@ -1004,7 +1017,7 @@ impl Limiter {
             let Applied {
                 mut decision,
                 charges,
-            } = rule.apply(key, &storage_key, now, mono).await;
+            } = rule.apply(key, &storage_key, now, clock, i < last).await;
             rule.finish(&mut decision);
             if !decision.allowed {
                 for p in pending.iter().rev() {
