@@ -12,18 +12,14 @@
 //!   the server's clock instead ([`RedisStoreBuilder::server_clock`]): every
 //!   host then agrees on time, at the price of tests that cannot move time
 //!   and of the server's clock being the one that matters.
-//! * **Keys**: `<prefix>{<16 hex digits>}:<algorithm>:<user key>`. The
-//!   braces are a Redis Cluster hash tag over a stable 64-bit FNV-1a hash of
-//!   the user key, so a key with `{` or `}` in it cannot move the tag, and
-//!   the user key itself is stored raw (a 10 KB key costs 10 KB, not 20).
-//!   Any byte string is a valid key. Every key carries a TTL of the time its
-//!   state stays meaningful plus a margin, so Redis memory is bounded by live
-//!   windows; the TTL is garbage collection, never part of a decision.
-//!   A fixed or sliding window's expiry is set when the window opens and
-//!   never moved by the hits it counts; a log's and GCRA's state lives as
-//!   long as its last *admitted* request says (the newest entry, the
-//!   theoretical arrival time), so only admissions set it. A refusal
-//!   records nothing and never moves an expiry.
+//! * **Expiry**: every key carries a TTL of the time its state stays
+//!   meaningful plus a margin, so Redis memory is bounded by live windows;
+//!   the TTL is garbage collection, never part of a decision. A fixed or
+//!   sliding window's expiry is set when the window opens and never moved by
+//!   the hits it counts; a log's and GCRA's state lives as long as its last
+//!   *admitted* request says (the newest entry, the theoretical arrival
+//!   time), so only admissions set it. A refusal records nothing and never
+//!   moves an expiry.
 //! * **Failures**: every call is bounded by a timeout (default
 //!   [`DEFAULT_TIMEOUT`]); a dead, paused or misbehaving server becomes a
 //!   [`StoreError`] of kind `Timeout`, `Unavailable` or `Protocol`, never a
@@ -39,7 +35,10 @@
 //! * **Connections** are opened lazily by the first decision, on the runtime
 //!   that makes it, and then shared: one multiplexed connection (the redis
 //!   crate's `ConnectionManager`, which reconnects on its own), or a cluster
-//!   connection for `redis+cluster://` URLs.
+//!   connection for `redis+cluster://` URLs. An application that already
+//!   has a [`redis::Client`] or a [`ConnectionManager`] hands it over with
+//!   [`RedisStore::builder_with_client`] or
+//!   [`RedisStore::builder_with_connection_manager`].
 //!
 //! ```no_run
 //! use limiter_core::{Policy, Store, Timestamp};
@@ -58,22 +57,115 @@
 //! assert!(decision.allowed);
 //! # Ok(()) }
 //! ```
+//!
+//! # Keys
+//!
+//! The state of one storage key under one algorithm is one Redis key:
+//!
+//! ```text
+//! <prefix>{<16 hex digits>}:<algorithm>:<storage key>
+//! ```
+//!
+//! * `<prefix>` is [`key_prefix`](RedisStoreBuilder::key_prefix),
+//!   [`DEFAULT_PREFIX`] (`limiter:`) by default: printable ASCII without
+//!   spaces, `{` or `}` (anything else is refused when the store is built).
+//! * `{<16 hex digits>}` is the FNV-1a 64-bit hash of the storage key, in
+//!   lowercase hex: a Redis Cluster hash tag, so that a decision touches one
+//!   slot, and a `{` or `}` in the storage key cannot move the tag.
+//! * `<algorithm>` is `log` (sliding log, a list), `fw` (fixed window, a
+//!   hash), `sw` (sliding window, a hash) or `gcra` (a string).
+//! * `<storage key>` is the key given to [`Store::decide`], byte for byte
+//!   and last, so none of its bytes can be mistaken for a separator. A
+//!   [`Limiter`](limiter_core::Limiter) passes `{rule}:{client key}`, and
+//!   the HTTP layer's client key is 32 hex digits, so the whole Redis key is
+//!   printable ASCII. Bytes outside printable ASCII in a storage key stay as
+//!   they are: they are data, and any byte string of at most
+//!   [`max_key_len`](RedisStoreBuilder::max_key_len) bytes (16 KiB by
+//!   default) is a valid key.
+//!
+//! The client `0123456789abcdef0123456789abcdef` under the rule `search`
+//! (a sliding log) is held, with the default prefix, in
+//!
+//! ```text
+//! limiter:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef
+//! ```
+//!
+//! which [`RedisStore::redis_key`] computes:
+//!
+//! ```
+//! use limiter_core::Algorithm;
+//! use limiter_redis::RedisStore;
+//!
+//! let store = RedisStore::from_url("redis://127.0.0.1:6379")?;
+//! let key = store.redis_key(b"search:0123456789abcdef0123456789abcdef", Algorithm::SlidingLog);
+//! assert_eq!(key, b"limiter:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef");
+//! # Ok::<(), limiter_core::ConfigError>(())
+//! ```
+//!
+//! An operator lists, inspects and deletes a client's state with
+//! `redis-cli` (in a terminal, `--scan` prints keys in quotes; piped, as
+//! they are):
+//!
+//! ```sh
+//! redis-cli --scan --pattern 'limiter:*:search:0123456789abcdef0123456789abcdef'
+//! redis-cli TYPE 'limiter:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef'
+//! redis-cli PTTL 'limiter:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef'
+//! redis-cli DEL  'limiter:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef'
+//! ```
+//!
+//! After the `DEL`, the store's next decision for that client under that
+//! rule starts a fresh quota.
+//!
+//! # TLS
+//!
+//! With the `tls` feature, `rediss://host[:port][/db]` connects over TLS
+//! (rustls, through the redis crate) and verifies the server's certificate
+//! against the system's roots, or against the CA given to
+//! `RedisStoreBuilder::tls_root_ca`. Verification cannot be turned off:
+//! `#insecure` is refused. If the process has not installed a rustls
+//! crypto provider when such a store is built, ring's is installed. A
+//! server whose certificate the client does not trust fails the decision
+//! with an [`ErrorKind::Unavailable`] error that says why. Without the
+//! feature, `rediss://` is refused when the store is built, with an error
+//! naming the feature; TLS to a Redis Cluster is not supported.
+//!
+//! # One round trip, on the wire
+//!
+//! The crate's tests prove "one round trip per decision" three ways: a TCP
+//! proxy between the store and Redis counts request/answer exchanges (N
+//! decisions are N exchanges, N refunds N exchanges, once the scripts are
+//! loaded); `MONITOR` shows nothing but `EVALSHA` from the store; and the
+//! server's `INFO commandstats` agrees.
 #![deny(missing_docs)]
 
+mod builder;
+mod error;
+mod key;
+mod script;
+#[cfg(feature = "tls")]
+mod tls;
+mod url;
+
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use limiter_core::algorithm::Verdict;
 use limiter_core::{
     Algorithm, Capabilities, ConfigError, Decision, ErrorKind, MAX_EXACT, Policy, Store,
     StoreError, Timestamp,
 };
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script, ScriptInvocation, Value};
+use redis::{ScriptInvocation, Value};
 use tokio::sync::OnceCell;
+
+pub use builder::RedisStoreBuilder;
+pub use script::{refund_script_source, script_source};
+pub use url::URL_SCHEMES;
+
+use error::store_error;
+use script::{refund_script, refunded, script, verdict};
 
 /// The name this store reports in decisions and errors.
 pub const STORE_NAME: &str = "redis";
@@ -92,90 +184,12 @@ pub const DEFAULT_EXPIRY_MARGIN: Duration = Duration::from_secs(1);
 
 const ALGORITHMS: &[Algorithm] = &Algorithm::ALL;
 
-macro_rules! script {
-    ($file:literal) => {
-        concat!(include_str!("scripts/header.lua"), include_str!($file))
-    };
-}
-
-/// The Lua source of the script that applies `algorithm`, as the store sends
-/// it. Exposed so that a benchmark can run the very same script with
-/// `redis-benchmark`, and so that operators can audit it.
-pub fn script_source(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingLog => script!("scripts/sliding_log.lua"),
-        Algorithm::FixedWindow => script!("scripts/fixed_window.lua"),
-        Algorithm::SlidingWindow => script!("scripts/sliding_window.lua"),
-        Algorithm::Gcra => script!("scripts/gcra.lua"),
-    }
-}
-
-macro_rules! refund_script {
-    ($file:literal) => {
-        concat!(
-            include_str!("scripts/refund_header.lua"),
-            include_str!($file)
-        )
-    };
-}
-
-/// The Lua source of the script that refunds an admission under
-/// `algorithm` (see [`Store::refund`]), as the store sends it; exposed for
-/// audit like [`script_source`].
-pub fn refund_script_source(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingLog => refund_script!("scripts/refund_sliding_log.lua"),
-        Algorithm::FixedWindow => refund_script!("scripts/refund_fixed_window.lua"),
-        Algorithm::SlidingWindow => refund_script!("scripts/refund_sliding_window.lua"),
-        Algorithm::Gcra => refund_script!("scripts/refund_gcra.lua"),
-    }
-}
-
-static SCRIPTS: LazyLock<[Script; 4]> =
-    LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(script_source(a))));
-
-static REFUND_SCRIPTS: LazyLock<[Script; 4]> =
-    LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(refund_script_source(a))));
-
-fn algorithm_index(algorithm: Algorithm) -> usize {
-    Algorithm::ALL
-        .iter()
-        .position(|a| *a == algorithm)
-        .unwrap_or(0)
-}
-
-fn script(algorithm: Algorithm) -> &'static Script {
-    &SCRIPTS[algorithm_index(algorithm)]
-}
-
-fn refund_script(algorithm: Algorithm) -> &'static Script {
-    &REFUND_SCRIPTS[algorithm_index(algorithm)]
-}
-
-fn algorithm_tag(algorithm: Algorithm) -> &'static [u8] {
-    match algorithm {
-        Algorithm::SlidingLog => b"log",
-        Algorithm::FixedWindow => b"fw",
-        Algorithm::SlidingWindow => b"sw",
-        Algorithm::Gcra => b"gcra",
-    }
-}
-
-/// FNV-1a, 64 bits: stable across Rust releases and platforms, unlike
-/// `std`'s hasher, so every process of a fleet maps a key to the same slot.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// Where the store connects, parsed and checked at construction.
+/// Where the store connects, checked at construction.
 enum Target {
-    Single(redis::Client),
+    Single(Box<redis::Client>),
     Cluster(Box<redis::cluster::ClusterClient>),
+    /// The application's own, already connected.
+    Manager(ConnectionManager),
     #[cfg(feature = "deadpool")]
     Pool(deadpool_redis::Pool),
 }
@@ -195,13 +209,17 @@ struct Inner {
     timeout: Duration,
     server_clock: bool,
     margin_ms: u64,
+    max_key_len: usize,
+    /// What `Debug` shows of the target: never a password.
     display_url: String,
 }
 
 /// A [`Store`] backed by Redis or Redis Cluster; cheap to clone (clones
 /// share one connection).
 ///
-/// Build it with [`RedisStore::from_url`] or [`RedisStore::builder`].
+/// Build it with [`RedisStore::from_url`], [`RedisStore::builder`],
+/// [`RedisStore::builder_with_client`] or
+/// [`RedisStore::builder_with_connection_manager`].
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -218,29 +236,15 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// Options of a [`RedisStore`]; every one is checked by
-/// [`build`](RedisStoreBuilder::build).
-#[derive(Debug, Clone)]
-pub struct RedisStoreBuilder {
-    url: String,
-    prefix: Vec<u8>,
-    timeout: Duration,
-    server_clock: bool,
-    margin: Duration,
-    #[cfg(feature = "deadpool")]
-    pool_size: Option<usize>,
-}
-
 impl RedisStore {
     /// A store for `url` with default options.
     ///
-    /// Accepted forms: `redis://[user:password@]host[:port][/db]`,
-    /// `redis+unix:///path` or `unix:///path`, and
+    /// Accepted forms ([`URL_SCHEMES`]): `redis://[user:password@]host[:port][/db]`,
+    /// `rediss://…` for TLS (with the `tls` feature; refused without it),
+    /// `redis+unix:///path[?db=N&user=U&pass=P]` or `unix:///path`, and
     /// `redis+cluster://[user:password@]host1:port1,host2:port2,...` for a
-    /// Redis Cluster (any reachable nodes; the rest are discovered).
-    /// `rediss://` (TLS) is refused: TLS support is not built into this
-    /// crate. Nothing is contacted here; the connection opens with the first
-    /// decision.
+    /// Redis Cluster (any reachable nodes; the rest are discovered). Nothing
+    /// is contacted here; the connection opens with the first decision.
     ///
     /// ```
     /// use limiter_redis::RedisStore;
@@ -257,45 +261,47 @@ impl RedisStore {
     /// A builder for a store at `url` (see [`RedisStore::from_url`] for the
     /// accepted forms).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            prefix: DEFAULT_PREFIX.as_bytes().to_vec(),
-            timeout: DEFAULT_TIMEOUT,
-            server_clock: false,
-            margin: DEFAULT_EXPIRY_MARGIN,
-            #[cfg(feature = "deadpool")]
-            pool_size: None,
-        }
+        RedisStoreBuilder::from_url(url.into())
     }
 
-    /// The Redis key that holds `key`'s state under `algorithm`.
+    /// A builder for a store that connects through the application's own
+    /// `client`, whatever its address, credentials and TLS settings: the
+    /// store opens its multiplexed connection from it, lazily, under its
+    /// own timeout. URL-only options (`tls_root_ca`, `pooled`) are refused
+    /// by [`build`](RedisStoreBuilder::build).
+    ///
+    /// ```
+    /// use limiter_redis::RedisStore;
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/0")?;
+    /// let store = RedisStore::builder_with_client(client).key_prefix("myapp:rl:").build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder_with_client(client: redis::Client) -> RedisStoreBuilder {
+        RedisStoreBuilder::from_client(client)
+    }
+
+    /// A builder for a store that sends its scripts over the application's
+    /// own, already connected `manager` (which it shares with the
+    /// application; its reconnection and response-timeout settings stay the
+    /// application's). Every call is still bounded by the store's
+    /// [`timeout`](RedisStoreBuilder::timeout). URL-only options are refused
+    /// by [`build`](RedisStoreBuilder::build).
+    pub fn builder_with_connection_manager(manager: ConnectionManager) -> RedisStoreBuilder {
+        RedisStoreBuilder::from_connection_manager(manager)
+    }
+
+    /// The Redis key that holds `key`'s state under `algorithm` (see
+    /// [Keys](crate#keys)).
     pub fn redis_key(&self, key: &[u8], algorithm: Algorithm) -> Vec<u8> {
-        let tag = algorithm_tag(algorithm);
-        let mut out = Vec::with_capacity(self.inner.prefix.len() + 20 + tag.len() + key.len());
-        out.extend_from_slice(&self.inner.prefix);
-        out.push(b'{');
-        out.extend_from_slice(format!("{:016x}", fnv1a(key)).as_bytes());
-        out.extend_from_slice(b"}:");
-        out.extend_from_slice(tag);
-        out.push(b':');
-        out.extend_from_slice(key);
-        out
-    }
-
-    /// Whether this store decides with the server's clock.
-    pub fn uses_server_clock(&self) -> bool {
-        self.inner.server_clock
+        key::redis_key(&self.inner.prefix, key, algorithm)
     }
 
     /// Opens the connection now (and loads nothing else), so that a
     /// misconfigured address shows at start-up; optional, since the first
     /// decision connects anyway.
     pub async fn connect(&self) -> Result<(), StoreError> {
-        let timeout = self.inner.timeout;
-        match tokio::time::timeout(timeout, self.conn()).await {
-            Ok(r) => r.map(|_| ()),
-            Err(_) => Err(StoreError::timeout(STORE_NAME, timeout)),
-        }
+        self.bounded(async { self.conn().await.map(|_| ()) }).await
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
@@ -311,13 +317,14 @@ impl RedisStore {
                             .set_number_of_retries(2)
                             .set_min_delay(Duration::from_millis(10))
                             .set_max_delay(t);
-                        ConnectionManager::new_with_config(client.clone(), config)
+                        ConnectionManager::new_with_config(redis::Client::clone(client), config)
                             .await
                             .map(Conn::Single)
                     }
                     Target::Cluster(client) => {
                         client.get_async_connection().await.map(Conn::Cluster)
                     }
+                    Target::Manager(manager) => Ok(Conn::Single(manager.clone())),
                     #[cfg(feature = "deadpool")]
                     Target::Pool(pool) => Ok(Conn::Pool(pool.clone())),
                 }
@@ -360,7 +367,10 @@ impl RedisStore {
             Conn::Cluster(mut c) => invocation.invoke_async::<Value>(&mut c).await,
             #[cfg(feature = "deadpool")]
             Conn::Pool(pool) => {
-                let mut c = pool.get().await.map_err(|e| store_error(pool_error(e)))?;
+                let mut c = pool
+                    .get()
+                    .await
+                    .map_err(|e| store_error(error::pool_error(e)))?;
                 invocation.invoke_async::<Value>(&mut c).await
             }
         };
@@ -380,270 +390,6 @@ impl RedisStore {
     }
 }
 
-impl RedisStoreBuilder {
-    /// Prepends `prefix` to every key, so that several applications (or
-    /// tests) share a server without sharing state. It may not contain `{`
-    /// or `}`, which would break the Redis Cluster hash tag. Default
-    /// [`DEFAULT_PREFIX`].
-    pub fn key_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Bounds each decision, connecting included. Default
-    /// [`DEFAULT_TIMEOUT`]; must be above zero.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Decides with the Redis server's clock (`TIME` inside the script)
-    /// instead of the `now` passed by the caller.
-    ///
-    /// The trade: hosts whose clocks are skewed agree on every window, since
-    /// only one clock counts; but a manual clock can no longer drive the
-    /// store (tests must use real time), and on Redis Cluster each master's
-    /// clock decides for its own keys. Declared as
-    /// [`Capabilities::server_clock`].
-    ///
-    /// [`Store::refund`] is not available in this mode: it locates the
-    /// admission's units by the time it was decided at, which is the
-    /// server's and unknown to the caller. It answers
-    /// [`ErrorKind::Unsupported`] without a round trip, and a
-    /// [`Limiter`](limiter_core::Limiter) then keeps the admission (stricter,
-    /// never more permissive).
-    pub fn server_clock(mut self, enabled: bool) -> Self {
-        self.server_clock = enabled;
-        self
-    }
-
-    /// How long a key outlives its state's last meaningful moment. Default
-    /// [`DEFAULT_EXPIRY_MARGIN`]; at most one hour.
-    pub fn expiry_margin(mut self, margin: Duration) -> Self {
-        self.margin = margin;
-        self
-    }
-
-    /// Uses a pool of up to `max_size` connections (deadpool-redis) instead
-    /// of one multiplexed connection. Single servers only.
-    #[cfg(feature = "deadpool")]
-    pub fn pooled(mut self, max_size: usize) -> Self {
-        self.pool_size = Some(max_size);
-        self
-    }
-
-    /// Checks every option and builds the store. Nothing is contacted yet.
-    pub fn build(self) -> Result<RedisStore, ConfigError> {
-        if self.timeout.is_zero() {
-            return Err(ConfigError::Invalid(
-                "redis timeout must be above zero".into(),
-            ));
-        }
-        if self.prefix.iter().any(|b| *b == b'{' || *b == b'}') {
-            return Err(ConfigError::Invalid(
-                "redis key prefix may not contain '{' or '}': they would break the cluster hash tag"
-                    .into(),
-            ));
-        }
-        if self.margin > Duration::from_secs(3600) {
-            return Err(ConfigError::Invalid(
-                "redis expiry margin must be at most one hour".into(),
-            ));
-        }
-        let display_url = redact(&self.url);
-        let invalid = |reason: String| ConfigError::InvalidUrl {
-            url: display_url.clone(),
-            reason,
-        };
-        let (scheme, rest) = self.url.split_once("://").ok_or_else(|| {
-            invalid("expected a scheme such as redis:// or redis+cluster://".into())
-        })?;
-        let target = match scheme {
-            "redis" | "redis+unix" | "unix" => {
-                let info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
-                    .map_err(|e| invalid(e.to_string()))?;
-                check_host(&info).map_err(&invalid)?;
-                #[cfg(feature = "deadpool")]
-                if let Some(size) = self.pool_size {
-                    if size == 0 {
-                        return Err(ConfigError::Invalid(
-                            "redis pool size must be above zero".into(),
-                        ));
-                    }
-                    let mut cfg = deadpool_redis::Config::from_connection_info(info);
-                    cfg.pool = Some(deadpool_redis::PoolConfig::new(size));
-                    let pool = cfg
-                        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-                        .map_err(|e| invalid(e.to_string()))?;
-                    return Ok(self.finish(Target::Pool(pool), display_url));
-                }
-                let client = redis::Client::open(info).map_err(|e| invalid(e.to_string()))?;
-                Target::Single(client)
-            }
-            "rediss" | "rediss+cluster" => {
-                return Err(invalid(
-                    "TLS (rediss://) is not built into limiter-redis; connect through a TLS \
-                     proxy or over a private network with redis://"
-                        .into(),
-                ));
-            }
-            "redis+cluster" => {
-                let (auth, hosts) = match rest.rsplit_once('@') {
-                    Some((auth, hosts)) => (Some(auth), hosts),
-                    None => (None, rest),
-                };
-                let hosts = hosts.trim_end_matches('/');
-                if hosts.is_empty() {
-                    return Err(invalid("a cluster URL needs at least one host:port".into()));
-                }
-                let mut nodes = Vec::new();
-                for host in hosts.split(',') {
-                    let (h, p) = host.rsplit_once(':').ok_or_else(|| {
-                        invalid(format!("cluster node {host:?} is not host:port"))
-                    })?;
-                    if h.is_empty() || h.contains('/') {
-                        return Err(invalid(format!("cluster node {host:?} is not host:port")));
-                    }
-                    p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-                        invalid(format!("cluster node {host:?} has an invalid port"))
-                    })?;
-                    let node = match auth {
-                        Some(a) => format!("redis://{a}@{h}:{p}"),
-                        None => format!("redis://{h}:{p}"),
-                    };
-                    let info = redis::IntoConnectionInfo::into_connection_info(node.as_str())
-                        .map_err(|e| invalid(e.to_string()))?;
-                    nodes.push(info);
-                }
-                let client = redis::cluster::ClusterClientBuilder::new(nodes)
-                    .connection_timeout(self.timeout)
-                    .response_timeout(self.timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| invalid(e.to_string()))?;
-                Target::Cluster(Box::new(client))
-            }
-            other => {
-                return Err(invalid(format!(
-                    "unsupported scheme {other:?}: use redis://, redis+unix:// or redis+cluster://"
-                )));
-            }
-        };
-        Ok(self.finish(target, display_url))
-    }
-
-    fn finish(self, target: Target, display_url: String) -> RedisStore {
-        RedisStore {
-            inner: Arc::new(Inner {
-                target,
-                conn: OnceCell::new(),
-                prefix: self.prefix.into_boxed_slice(),
-                timeout: self.timeout,
-                server_clock: self.server_clock,
-                margin_ms: u64::try_from(self.margin.as_millis()).unwrap_or(u64::MAX),
-                display_url,
-            }),
-        }
-    }
-}
-
-/// The redis crate accepts `redis://` with an empty host; a store that can
-/// never connect is a configuration error.
-fn check_host(info: &redis::ConnectionInfo) -> Result<(), String> {
-    match info.addr() {
-        redis::ConnectionAddr::Tcp(host, port) if host.is_empty() || *port == 0 => {
-            Err("missing host or port".into())
-        }
-        _ => Ok(()),
-    }
-}
-
-/// The URL with any password replaced, for errors and debug output.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
-        }
-        None => url.to_string(),
-    }
-}
-
-fn store_error(e: RedisError) -> StoreError {
-    use redis::ServerErrorKind as S;
-    let kind = if e.is_timeout() {
-        ErrorKind::Timeout
-    } else if e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_cluster_error()
-        || matches!(
-            e.kind(),
-            redis::ErrorKind::ClusterConnectionNotFound
-                | redis::ErrorKind::Server(
-                    S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly
-                )
-        )
-    {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Protocol
-    };
-    StoreError::new(kind, STORE_NAME, e.to_string()).with_source(e)
-}
-
-#[cfg(feature = "deadpool")]
-fn pool_error(e: deadpool_redis::PoolError) -> RedisError {
-    match e {
-        deadpool_redis::PoolError::Backend(e) => e,
-        other => RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            other.to_string(),
-        )),
-    }
-}
-
-fn protocol(message: String) -> StoreError {
-    StoreError::new(ErrorKind::Protocol, STORE_NAME, message)
-}
-
-/// Reads the script's `{allowed, remaining, reset_after_us, retry_after_us}`
-/// without trusting it: anything else is a protocol error.
-fn verdict(value: Value) -> Result<Verdict, StoreError> {
-    let Value::Array(items) = value else {
-        return Err(protocol(format!(
-            "expected an array of 4 integers, got {value:?}"
-        )));
-    };
-    let ints: Vec<i64> = items
-        .iter()
-        .map(|v| match v {
-            Value::Int(i) if *i >= 0 => Ok(*i),
-            other => Err(protocol(format!(
-                "expected a non-negative integer, got {other:?}"
-            ))),
-        })
-        .collect::<Result<_, _>>()?;
-    let [allowed, remaining, reset, retry] = ints[..] else {
-        return Err(protocol(format!("expected 4 integers, got {}", ints.len())));
-    };
-    if allowed > 1 {
-        return Err(protocol(format!(
-            "expected 0 or 1 for allowed, got {allowed}"
-        )));
-    }
-    Ok(Verdict {
-        allowed: allowed == 1,
-        remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-        reset_after_us: reset.unsigned_abs(),
-        retry_after_us: retry.unsigned_abs(),
-    })
-}
-
 #[async_trait]
 impl Store for RedisStore {
     fn name(&self) -> &'static str {
@@ -659,6 +405,10 @@ impl Store for RedisStore {
         }
     }
 
+    fn max_key_len(&self) -> Option<usize> {
+        Some(self.inner.max_key_len)
+    }
+
     async fn decide(
         &self,
         key: &[u8],
@@ -669,6 +419,7 @@ impl Store for RedisStore {
         policy
             .check_cost(cost)
             .map_err(|e| StoreError::invalid_request(STORE_NAME, e))?;
+        limiter_core::check_key(STORE_NAME, key, self.inner.max_key_len)?;
         let redis_key = self.redis_key(key, policy.algorithm());
         let value = self.bounded(self.run(redis_key, policy, cost, now)).await?;
         Ok(Decision::from_verdict(verdict(value)?, policy, STORE_NAME))
@@ -686,6 +437,7 @@ impl Store for RedisStore {
         admitted: &Decision,
     ) -> Result<(), StoreError> {
         limiter_core::check_refund(STORE_NAME, policy, cost, admitted)?;
+        limiter_core::check_key(STORE_NAME, key, self.inner.max_key_len)?;
         if self.inner.server_clock {
             return Err(StoreError::new(
                 ErrorKind::Unsupported,
@@ -711,117 +463,6 @@ impl Store for RedisStore {
         if policy.algorithm() == Algorithm::Gcra {
             invocation.arg(policy.emission_interval_micros());
         }
-        match self.bounded(self.invoke(invocation)).await? {
-            Value::Int(0 | 1) => Ok(()),
-            other => Err(protocol(format!(
-                "a refund script answers 0 or 1, got {other:?}"
-            ))),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_keep_the_hash_tag_whatever_the_user_key() {
-        let store = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
-        for key in [&b""[..], b"}", b"{", b"{a}", b"x}{y", &[0xff; 3]] {
-            let k = store.redis_key(key, Algorithm::Gcra);
-            let open = k.iter().position(|b| *b == b'{').unwrap();
-            let close = k.iter().position(|b| *b == b'}').unwrap();
-            assert_eq!(close - open, 17, "{k:?}");
-            assert!(k.ends_with(key));
-        }
-        assert_ne!(
-            store.redis_key(b"a", Algorithm::Gcra),
-            store.redis_key(b"a", Algorithm::FixedWindow)
-        );
-    }
-
-    #[test]
-    fn fnv_is_the_published_function() {
-        // Test vectors of FNV-1a 64.
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
-    }
-
-    #[test]
-    fn malformed_urls_are_refused_at_construction() {
-        for url in [
-            "",
-            "localhost:6379",
-            "http://localhost",
-            "redis://host:notaport",
-            "redis://:pw@host:99999",
-            "rediss://localhost",
-            "redis+cluster://",
-            "redis+cluster://a:1,b",
-            "redis+cluster://a:1,:2",
-            "redis+cluster://a:0",
-        ] {
-            let err = RedisStore::from_url(url).unwrap_err();
-            assert!(
-                matches!(err, ConfigError::InvalidUrl { .. }),
-                "{url}: {err}"
-            );
-        }
-        let err = RedisStore::from_url("rediss://h").unwrap_err();
-        assert!(err.to_string().contains("TLS"), "{err}");
-        let err = RedisStore::from_url("redis://user:hunter2@h:x").unwrap_err();
-        assert!(!err.to_string().contains("hunter2"), "{err}");
-    }
-
-    #[test]
-    fn bad_options_are_refused_at_construction() {
-        let b = || RedisStore::builder("redis://127.0.0.1");
-        assert!(b().timeout(Duration::ZERO).build().is_err());
-        assert!(b().key_prefix("a{b").build().is_err());
-        assert!(b().key_prefix("a}b").build().is_err());
-        assert!(
-            b().expiry_margin(Duration::from_secs(7200))
-                .build()
-                .is_err()
-        );
-        assert!(b().key_prefix("t:1:").build().is_ok());
-        assert!(RedisStore::from_url("redis+cluster://u:p@a:1,b:2/").is_ok());
-        assert!(RedisStore::from_url("redis+unix:///tmp/redis.sock").is_ok());
-    }
-
-    #[test]
-    fn replies_of_the_wrong_shape_are_protocol_errors() {
-        let bad = [
-            Value::Nil,
-            Value::Int(1),
-            Value::Array(vec![Value::Int(1); 3]),
-            Value::Array(vec![
-                Value::Int(2),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
-            Value::Array(vec![
-                Value::Int(1),
-                Value::Int(-1),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
-            Value::Array(vec![Value::Nil; 4]),
-        ];
-        for v in bad {
-            let e = verdict(v).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::Protocol);
-        }
-        let ok = verdict(Value::Array(vec![
-            Value::Int(1),
-            Value::Int(4),
-            Value::Int(9_007_199_254_740_991),
-            Value::Int(0),
-        ]))
-        .unwrap();
-        assert!(ok.allowed);
-        assert_eq!(ok.reset_after_us, 9_007_199_254_740_991);
+        refunded(self.bounded(self.invoke(invocation)).await?)
     }
 }

@@ -215,3 +215,50 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
     );
     (nodes, url)
 }
+
+/// Runs `redis-cli` inside `container` against its own server and returns
+/// what it printed; panics, with its error output, if it fails. Without a
+/// terminal, redis-cli prints replies raw: one key per line, no quotes.
+pub async fn redis_cli(container: &ContainerAsync<GenericImage>, args: &[&str]) -> String {
+    let mut command = vec!["redis-cli".to_string()];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let mut result = container
+        .exec(ExecCommand::new(command))
+        .await
+        .unwrap_or_else(|e| panic!("cannot run redis-cli {args:?}: {e}"));
+    let out = result.stdout_to_vec().await.unwrap_or_default();
+    let err = result.stderr_to_vec().await.unwrap_or_default();
+    let code = result.exit_code().await.ok().flatten();
+    assert!(
+        matches!(code, Some(0) | None),
+        "redis-cli {args:?} failed ({code:?}): {}",
+        String::from_utf8_lossy(&err)
+    );
+    String::from_utf8(out).expect("redis-cli printed UTF-8")
+}
+
+/// The TCP address of a `redis://` URL.
+pub fn tcp_addr(url: &str) -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    let parsed = limiter_core::url::Url::parse(url).expect("a valid Redis URL");
+    let host = parsed.host_str().expect("a TCP Redis URL");
+    let port = parsed.port().unwrap_or(6379);
+    (host.trim_start_matches('[').trim_end_matches(']'), port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("cannot resolve {host}:{port}"))
+}
+
+/// `url` with its host and port replaced by `addr` (a proxy in front of the
+/// server), credentials and database kept.
+pub fn via(url: &str, addr: std::net::SocketAddr) -> String {
+    let mut parsed = limiter_core::url::Url::parse(url).expect("a valid Redis URL");
+    parsed
+        .set_host(Some(&addr.ip().to_string()))
+        .expect("a URL with a host");
+    parsed
+        .set_port(Some(addr.port()))
+        .expect("a URL with a port");
+    parsed.to_string()
+}

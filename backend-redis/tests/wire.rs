@@ -1,0 +1,121 @@
+//! "Exactly one round trip per decision", counted on the wire: the store
+//! talks to Redis through a loopback proxy (`limiter_test_support::WireCounter`)
+//! that counts request/answer exchanges, whatever the server's own
+//! statistics say. `tests/redis.rs` checks the same claim with `MONITOR`
+//! and `INFO commandstats`.
+
+mod common;
+
+use std::time::Duration;
+
+use limiter_core::{Algorithm, Decision, Policy, Store, Timestamp};
+use limiter_redis::RedisStore;
+use limiter_test_support::WireCounter;
+
+const T0: u64 = 1_767_225_600_000_000;
+
+fn policies() -> Vec<Policy> {
+    Algorithm::ALL
+        .iter()
+        .map(|a| Policy::new(*a, 5, Duration::from_secs(60)).unwrap())
+        .collect()
+}
+
+async fn store_via(wire: &WireCounter, what: &str) -> RedisStore {
+    RedisStore::builder(common::via(common::shared_url(), wire.addr()))
+        .key_prefix(common::unique_prefix(what))
+        // Semantics, not latency: a loaded machine must not fail the test.
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
+    let wire = WireCounter::start(common::tcp_addr(common::shared_url()))
+        .await
+        .unwrap();
+    let store = store_via(&wire, "wire").await;
+
+    // Warm-up, not counted: the connection's handshake, and each script's
+    // first use (EVALSHA answered NOSCRIPT, SCRIPT LOAD, EVALSHA again).
+    for p in policies() {
+        let now = Timestamp::from_micros(T0);
+        let d = store.decide(b"warm-up", &p, 1, now).await.unwrap();
+        store.refund(b"warm-up", &p, 1, now, &d).await.unwrap();
+    }
+
+    let before = wire.exchanges();
+    let mut admitted: Vec<(Policy, String, u64, Decision)> = Vec::new();
+    let (mut decisions, mut refused) = (0u64, 0u64);
+    for p in policies() {
+        for i in 0..12u64 {
+            let key = format!("client-{}", i % 2);
+            let now = T0 + i * 1000;
+            let d = store
+                .decide(key.as_bytes(), &p, 1, Timestamp::from_micros(now))
+                .await
+                .unwrap();
+            decisions += 1;
+            if d.allowed {
+                admitted.push((p, key, now, d));
+            } else {
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "the run should include refusals");
+    assert_eq!(
+        wire.exchanges() - before,
+        decisions,
+        "{decisions} decisions (admitted and refused)"
+    );
+
+    let before = wire.exchanges();
+    let mut refunds = 0u64;
+    for (p, key, now, d) in &admitted {
+        store
+            .refund(key.as_bytes(), p, 1, Timestamp::from_micros(*now), d)
+            .await
+            .unwrap();
+        refunds += 1;
+    }
+    // A refund that finds nothing to give back is one exchange too.
+    for p in policies() {
+        let (_, _, now, d) = &admitted[0];
+        store
+            .refund(b"never-seen", &p, 1, Timestamp::from_micros(*now), d)
+            .await
+            .unwrap();
+        refunds += 1;
+    }
+    assert_eq!(wire.exchanges() - before, refunds, "{refunds} refunds");
+    assert_eq!(wire.connections(), 1, "one multiplexed connection");
+}
+
+/// The proxy itself can see more than one exchange per call: a store that
+/// sent two commands per decision (here, a decision preceded by a `PING`
+/// from a client of the same connection) is counted as two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counter_sees_a_second_round_trip() {
+    let wire = WireCounter::start(common::tcp_addr(common::shared_url()))
+        .await
+        .unwrap();
+    let client = redis::Client::open(common::via(common::shared_url(), wire.addr())).unwrap();
+    let manager = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let store = RedisStore::builder_with_connection_manager(manager.clone())
+        .key_prefix(common::unique_prefix("wire-teeth"))
+        .build()
+        .unwrap();
+    let p = Policy::gcra(100, Duration::from_secs(1)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    store.decide(b"warm-up", &p, 1, now).await.unwrap();
+
+    let before = wire.exchanges();
+    for _ in 0..5 {
+        let mut m = manager.clone();
+        let _: String = redis::cmd("PING").query_async(&mut m).await.unwrap();
+        store.decide(b"k", &p, 1, now).await.unwrap();
+    }
+    assert_eq!(wire.exchanges() - before, 10);
+}
