@@ -26,12 +26,13 @@ use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
 pub const DEFAULT_IMAGE: &str = "limiter-test-postgres:15";
-const LABEL: &str = "limiter.test.postgres-owner-pid";
+/// Labels every container with the pid of the test process that owns it.
+pub const LABEL: &str = "limiter.test.postgres-owner-pid";
 
 static URL: OnceLock<String> = OnceLock::new();
 
 /// The image to run, as (name, tag, is the local test image).
-fn image() -> (String, String, bool) {
+pub fn image() -> (String, String, bool) {
     let spec = std::env::var("LIMITER_POSTGRES_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.into());
     let (name, tag) = spec.rsplit_once(':').unwrap_or((&spec, "latest"));
     (name.to_string(), tag.to_string(), spec == DEFAULT_IMAGE)
@@ -78,7 +79,8 @@ pub async fn start_private() -> (ContainerAsync<GenericImage>, String) {
     (container, url)
 }
 
-fn docker_help(e: &dyn std::fmt::Display) -> String {
+/// What to do when a container does not start.
+pub fn docker_help(e: &dyn std::fmt::Display) -> String {
     let (name, tag, _) = image();
     format!(
         "could not start PostgreSQL container {name}:{tag}: {e}\n\
@@ -115,7 +117,7 @@ fn reap_stale_containers() {
 
 /// Waits until the server accepts a query (the official image restarts once
 /// after initialising).
-async fn wait_ready(url: &str) {
+pub async fn wait_ready(url: &str) {
     use sqlx::Connection;
     for _ in 0..120 {
         if let Ok(mut c) = sqlx::PgConnection::connect(url).await
