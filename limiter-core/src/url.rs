@@ -56,6 +56,16 @@ pub fn redact(url: &str) -> String {
             _ => "<not a valid URL; not shown>".to_owned(),
         };
     };
+    // An `@` that did not end up separating user information from the host
+    // means the user information was cut short: `postgres://app:12/x@db`
+    // parses as host `app`, port `12`, path `/x@db`, and the rest of the
+    // password sits in the path. Show nothing of such a URL.
+    if parsed.username().is_empty() && parsed.password().is_none() && url.contains('@') {
+        return format!(
+            "{}://<an '@' outside the user information; not shown>",
+            parsed.scheme()
+        );
+    }
     if parsed.password().is_some() {
         // Only fails for URLs that cannot have a password, which this one has.
         let _ = parsed.set_password(Some("***"));
@@ -111,6 +121,14 @@ mod tests {
             ("redis://:b#c@db", "redis://<not a valid URL; not shown>"),
             ("not a url hunter2", "<not a valid URL; not shown>"),
             ("memory://?capacity=10", "memory://?capacity=10"),
+            (
+                "postgres://app:12/hunter2@db/x",
+                "postgres://<an '@' outside the user information; not shown>",
+            ),
+            (
+                "redis://cache:6379/0?x=hunter2@y",
+                "redis://<an '@' outside the user information; not shown>",
+            ),
         ];
         for (url, want) in cases {
             let got = redact(url);

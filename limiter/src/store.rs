@@ -4,8 +4,8 @@
 //! | URL | Cargo feature | store |
 //! |---|---|---|
 //! | `memory://` or `memory://?capacity=N` | `memory` (default) | in-process, at most `N` keys (default [`DEFAULT_MEMORY_CAPACITY`]) |
-//! | `redis://…`, `rediss://…`, `redis+cluster://…` | `redis` | Redis or Redis Cluster, shared by every process using it |
-//! | `postgres://…`, `postgresql://…` | `postgres` | Postgres, shared and durable |
+//! | `redis://…`, `redis+unix://…`, `unix://…`, `redis+cluster://…`; `rediss://…` | `redis`; `rediss` also `tls` | Redis or Redis Cluster, shared by every process using it |
+//! | `postgres://…`, `postgresql://…` (`sslmode=require` and stricter need `tls`) | `postgres` | Postgres, shared and durable |
 //!
 //! A URL whose backend was not compiled in is refused with an error that
 //! names the feature to enable.
@@ -19,10 +19,28 @@
 
 use std::sync::Arc;
 
+use limiter_core::url::Url;
 use limiter_core::{ConfigError, Store};
+
+/// `url` with every secret replaced by `***`, fit for errors, logs and
+/// banners: the one redaction of the workspace,
+/// [`limiter_core::url::redact`].
+pub use limiter_core::url::redact;
 
 /// The key capacity of a `memory://` store without `?capacity=`.
 pub const DEFAULT_MEMORY_CAPACITY: usize = 100_000;
+
+/// The schemes of `memory://` URLs.
+pub const MEMORY_SCHEMES: &[&str] = &["memory"];
+
+/// The schemes the Redis store accepts (`limiter_redis::URL_SCHEMES`, kept
+/// equal to it by a test), known here even when the `redis` feature is off
+/// so that such a URL is refused with the feature to enable.
+pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+cluster"];
+
+/// The schemes the Postgres store accepts (`limiter_postgres::URL_SCHEMES`,
+/// kept equal to it by a test).
+pub const POSTGRES_SCHEMES: &[&str] = &["postgres", "postgresql"];
 
 /// Opens the store `url` names.
 ///
@@ -32,35 +50,40 @@ pub const DEFAULT_MEMORY_CAPACITY: usize = 100_000;
 /// rule's failure policy. Postgres connects and migrates its schema here
 /// (with its default options: see `limiter_postgres::PostgresStore` for a
 /// builder with more), so an unreachable database is an error at start-up.
+/// Errors show the URL redacted ([`redact`]).
 pub async fn from_url(url: &str) -> Result<Arc<dyn Store>, ConfigError> {
-    let shown = redact(url);
     let invalid = |reason: String| ConfigError::InvalidUrl {
-        url: shown.clone(),
+        url: redact(url),
         reason,
     };
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(invalid(
-            "expected SCHEME://…, with scheme memory, redis, rediss, redis+cluster, postgres or postgresql"
-                .into(),
-        ));
+    let expected = || {
+        let all: Vec<&str> = [MEMORY_SCHEMES, REDIS_SCHEMES, POSTGRES_SCHEMES].concat();
+        format!(
+            "expected SCHEME://…, with one of the schemes {}",
+            all.join(", ")
+        )
     };
-    match scheme.to_ascii_lowercase().as_str() {
-        "memory" => memory(rest).map_err(invalid),
-        scheme @ ("redis" | "rediss" | "redis+cluster") => redis(url, scheme).await,
-        scheme @ ("postgres" | "postgresql") => postgres(url, scheme).await,
-        other => Err(invalid(format!(
-            "unknown store scheme {other:?}: expected memory, redis, rediss, redis+cluster, postgres or postgresql"
-        ))),
+    let parsed =
+        Url::parse(url).map_err(|e| invalid(format!("not a URL ({e}): {}", expected())))?;
+    let scheme = parsed.scheme();
+    if MEMORY_SCHEMES.contains(&scheme) {
+        memory(&parsed).map_err(invalid)
+    } else if REDIS_SCHEMES.contains(&scheme) {
+        redis(url, scheme).await
+    } else if POSTGRES_SCHEMES.contains(&scheme) {
+        postgres(url, scheme).await
+    } else {
+        Err(invalid(format!(
+            "unknown store scheme {scheme:?}: {}",
+            expected()
+        )))
     }
 }
 
-/// Parses the part of a `memory://` URL after the scheme.
-fn memory_capacity(rest: &str) -> Result<usize, String> {
-    let (path, query) = match rest.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
-        None => (rest, None),
-    };
-    if !path.is_empty() && path != "/" {
+/// The capacity a `memory://` URL asks for.
+fn memory_capacity(url: &Url) -> Result<usize, String> {
+    let path = url.path();
+    if url.has_host() || !url.username().is_empty() || !(path.is_empty() || path == "/") {
         return Err(
             // The rejected part is not echoed: it may hold user info, and
             // the redacted URL is shown beside this reason anyway.
@@ -69,13 +92,9 @@ fn memory_capacity(rest: &str) -> Result<usize, String> {
         );
     }
     let mut capacity = DEFAULT_MEMORY_CAPACITY;
-    for pair in query
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .filter(|p| !p.is_empty())
-    {
-        match pair.split_once('=') {
-            Some(("capacity", value)) => {
+    for (name, value) in url.query_pairs() {
+        match &*name {
+            "capacity" => {
                 capacity = value
                     .parse::<usize>()
                     .ok()
@@ -84,9 +103,9 @@ fn memory_capacity(rest: &str) -> Result<usize, String> {
                         format!("capacity must be a positive whole number, got {value:?}")
                     })?;
             }
-            _ => {
+            other => {
                 return Err(format!(
-                    "unknown parameter {pair:?}; the only one is capacity=N"
+                    "unknown parameter {other:?}; the only one is capacity=N"
                 ));
             }
         }
@@ -95,14 +114,14 @@ fn memory_capacity(rest: &str) -> Result<usize, String> {
 }
 
 #[cfg(feature = "memory")]
-fn memory(rest: &str) -> Result<Arc<dyn Store>, String> {
-    let capacity = memory_capacity(rest)?;
+fn memory(url: &Url) -> Result<Arc<dyn Store>, String> {
+    let capacity = memory_capacity(url)?;
     Ok(Arc::new(crate::memory::MemoryStore::new(capacity)))
 }
 
 #[cfg(not(feature = "memory"))]
-fn memory(rest: &str) -> Result<Arc<dyn Store>, String> {
-    memory_capacity(rest)?;
+fn memory(url: &Url) -> Result<Arc<dyn Store>, String> {
+    memory_capacity(url)?;
     Err("memory:// needs the `memory` feature of the limiter crate".into())
 }
 
@@ -147,56 +166,45 @@ async fn postgres(url: &str, scheme: &str) -> Result<Arc<dyn Store>, ConfigError
     }
 }
 
-/// `url` with any password replaced by `***`, fit for errors and logs.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn capacity(url: &str) -> Result<usize, String> {
+        memory_capacity(&Url::parse(url).unwrap())
+    }
+
     #[test]
     fn memory_urls() {
-        assert_eq!(memory_capacity(""), Ok(DEFAULT_MEMORY_CAPACITY));
-        assert_eq!(memory_capacity("?capacity=10"), Ok(10));
-        assert_eq!(memory_capacity("/?capacity=7&"), Ok(7));
+        assert_eq!(capacity("memory://"), Ok(DEFAULT_MEMORY_CAPACITY));
+        assert_eq!(capacity("memory://?capacity=10"), Ok(10));
+        assert_eq!(capacity("memory:///?capacity=7&"), Ok(7));
         assert!(
-            memory_capacity("?capacity=0")
+            capacity("memory://?capacity=0")
                 .unwrap_err()
                 .contains("positive")
         );
-        assert!(memory_capacity("?capacity=-1").is_err());
+        assert!(capacity("memory://?capacity=-1").is_err());
         assert!(
-            memory_capacity("?size=3")
+            capacity("memory://?size=3")
                 .unwrap_err()
                 .contains("unknown parameter")
         );
         assert!(
-            memory_capacity("host")
+            capacity("memory://host")
                 .unwrap_err()
                 .contains("no user, host or path")
         );
+        assert!(capacity("memory://user@host").is_err());
     }
 
+    /// The scheme lists here are the backends' own, so `from_url` accepts
+    /// exactly what the backends accept.
     #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://app:hunter2@db:5432/limits?sslmode=require"),
-            "postgres://app:***@db:5432/limits?sslmode=require"
-        );
-        assert_eq!(redact("redis://cache:6379/0"), "redis://cache:6379/0");
-        assert_eq!(redact("redis://:p@ss@cache"), "redis://:***@cache");
+    fn scheme_lists_are_the_backends() {
+        #[cfg(feature = "redis")]
+        assert_eq!(REDIS_SCHEMES, limiter_redis::URL_SCHEMES);
+        #[cfg(feature = "postgres")]
+        assert_eq!(POSTGRES_SCHEMES, limiter_postgres::URL_SCHEMES);
     }
 }
