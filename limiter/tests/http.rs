@@ -469,3 +469,37 @@ async fn a_plain_tower_service_reads_a_socket_addr_extension() {
         assert_eq!(response.status(), expected, "{peer}");
     }
 }
+
+/// A refusal by an escalating rule's durable store carries the durable
+/// policy's limit, so its headers carry that policy's window too: one
+/// policy per response, never the local limit beside the durable window.
+#[tokio::test]
+async fn a_durable_refusal_describes_the_durable_policy() {
+    let clock = ManualClock::new();
+    let local = Policy::sliding_log(10, Duration::from_secs(60)).unwrap();
+    let durable = Policy::sliding_log(1, Duration::from_secs(3600)).unwrap();
+    let search = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new("search", Arc::new(MapStore::default()), local)
+                .unwrap()
+                // Every admitted request is checked against the durable store.
+                .with_escalation(Arc::new(MapStore::default()), durable, 1, None)
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let server = serve(app(RateLimitLayer::new(search, identity()), hits.clone())).await;
+    let client = TestClient::new(server, None);
+    let first = client.get("/api/search").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.header("ratelimit-policy"), "\"search\";q=10;w=60");
+    let refused = client.get("/api/search").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header_u64("x-ratelimit-limit"), 1);
+    assert_eq!(refused.header("ratelimit-policy"), "\"search\";q=1;w=3600");
+    assert!(refused.body.contains("\"window\":3600"), "{}", refused.body);
+    assert_eq!(refused.header_u64("retry-after"), 3600);
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}
