@@ -187,41 +187,52 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
             p99_us: p99,
         });
 
-        let mut cmd: Vec<String> = vec![
-            "exec".into(),
-            id.into(),
-            "redis-benchmark".into(),
-            "-h".into(),
-            "127.0.0.1".into(),
-            "-p".into(),
-            port.to_string(),
-            "-c".into(),
-            tasks.to_string(),
-            "-n".into(),
-            n.to_string(),
-            "--csv".into(),
-        ];
-        cmd.extend(args.iter().cloned());
-        let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
-        if tasks == 1 {
-            eprintln!("redis-benchmark command: docker {}", refs.join(" "));
+        // The ceiling at equal concurrency, and for 16 tasks and more the
+        // pipelined one (`-P 16`): the shape a multiplexed connection has.
+        let pipelines: &[usize] = if tasks >= 16 { &[1, 16] } else { &[1] };
+        for &pipeline in pipelines {
+            let mut cmd: Vec<String> = vec![
+                "exec".into(),
+                id.into(),
+                "redis-benchmark".into(),
+                "-h".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                port.to_string(),
+                "-c".into(),
+                tasks.to_string(),
+                "-n".into(),
+                n.to_string(),
+                "-P".into(),
+                pipeline.to_string(),
+                "--csv".into(),
+            ];
+            cmd.extend(args.iter().cloned());
+            let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            if tasks == 1 || pipeline > 1 {
+                eprintln!("redis-benchmark command: docker {}", refs.join(" "));
+            }
+            let csv = docker(&refs);
+            // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+            let line = csv.lines().last().unwrap_or_default().replace('"', "");
+            let f: Vec<&str> = line.split(',').collect();
+            let num = |i: usize| {
+                f.get(i)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(f64::NAN)
+            };
+            rows.push(Row {
+                who: if pipeline == 1 {
+                    "redis-benchmark (ceiling)".into()
+                } else {
+                    format!("redis-benchmark -P {pipeline} (pipelined ceiling)")
+                },
+                tasks,
+                rps: num(1),
+                p50_us: num(4) * 1000.0,
+                p99_us: num(6) * 1000.0,
+            });
         }
-        let csv = docker(&refs);
-        // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-        let line = csv.lines().last().unwrap_or_default().replace('"', "");
-        let f: Vec<&str> = line.split(',').collect();
-        let num = |i: usize| {
-            f.get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(f64::NAN)
-        };
-        rows.push(Row {
-            who: "redis-benchmark (ceiling)".into(),
-            tasks,
-            rps: num(1),
-            p50_us: num(4) * 1000.0,
-            p99_us: num(6) * 1000.0,
-        });
     }
 
     println!("| client | tasks | decisions/s | p50 µs | p99 µs | % of ceiling |");
@@ -229,7 +240,7 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
     for tasks in CONCURRENCY {
         let ceiling = rows
             .iter()
-            .find(|r| r.tasks == tasks && r.who.starts_with("redis-benchmark"))
+            .find(|r| r.tasks == tasks && r.who == "redis-benchmark (ceiling)")
             .map(|r| r.rps)
             .unwrap_or(f64::NAN);
         for r in rows.iter().filter(|r| r.tasks == tasks) {
