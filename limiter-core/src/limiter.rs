@@ -259,9 +259,22 @@ enum Holder {
 }
 
 /// One admission a rule made for a request whose fate is not yet known.
+///
+/// Only what locates the admission is kept ([`Store::refund`] reads
+/// `reset_after`): a whole decision per rule would be copied on every
+/// admitted request for the rare refusal that needs it.
 struct Charge {
     holder: Holder,
-    decision: Decision,
+    reset_after: Duration,
+}
+
+impl Charge {
+    fn of(holder: Holder, d: &Decision) -> Self {
+        Charge {
+            holder,
+            reset_after: d.reset_after,
+        }
+    }
 }
 
 /// What one rule did for one request: its decision, and the admissions to
@@ -754,7 +767,15 @@ impl Rule {
                     "breaker open; refund skipped",
                 ))
             } else {
-                let call = store.refund(storage_key, policy, self.cost, now, &charge.decision);
+                let admitted = Decision {
+                    allowed: true,
+                    limit: policy.limit(),
+                    remaining: 0,
+                    reset_after: charge.reset_after,
+                    retry_after: Duration::ZERO,
+                    source: Source::store(store.name()),
+                };
+                let call = store.refund(storage_key, policy, self.cost, now, &admitted);
                 match tokio::time::timeout(self.timeout, call).await {
                     Ok(r) => r,
                     Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
@@ -806,10 +827,7 @@ impl Rule {
         let mut charges = SmallVec::new();
         let keep = keep || self.escalation.is_some();
         if let (true, true, Some(holder)) = (keep, decision.allowed, holder) {
-            charges.push(Charge {
-                holder,
-                decision: decision.clone(),
-            });
+            charges.push(Charge::of(holder, &decision));
         }
         let Some(escalation) = &self.escalation else {
             return Applied { decision, charges };
@@ -843,10 +861,7 @@ impl Rule {
                 }
             }
             Called::Answered(admitted) => {
-                charges.push(Charge {
-                    holder: Holder::Durable,
-                    decision: admitted,
-                });
+                charges.push(Charge::of(Holder::Durable, &admitted));
                 let mut decision = decision;
                 decision.source.escalated = true;
                 Applied { decision, charges }
@@ -942,6 +957,8 @@ fn micros(d: Duration) -> u64 {
 pub struct Limiter {
     rules: Arc<[Rule]>,
     clock: Arc<dyn Clock>,
+    /// Some rule has a refusal cache, so each request first asks the caches.
+    caches: bool,
 }
 
 impl fmt::Debug for Limiter {
@@ -1003,12 +1020,24 @@ impl Limiter {
         // A standing refusal from any rule's cache answers before any store
         // is asked, so a hammering offender costs no round trip and no
         // local tier's admit-then-refund either.
-        for rule in self.rules.iter() {
-            if let Some(d) = rule.cached_refusal(key, now, self.clock.as_ref()).await {
-                return d;
+        if self.caches {
+            for rule in self.rules.iter() {
+                if let Some(d) = rule.cached_refusal(key, now, self.clock.as_ref()).await {
+                    return d;
+                }
             }
         }
         let clock = self.clock.as_ref();
+        // One rule, the common case: nothing to refund, no tightest to pick.
+        if let [rule] = &*self.rules {
+            let storage_key = rule.storage_key(key);
+            let mut decision = rule
+                .apply(key, &storage_key, now, clock, false)
+                .await
+                .decision;
+            rule.finish(&mut decision);
+            return decision;
+        }
         let last = self.rules.len() - 1;
         let mut pending: SmallVec<[Pending<'_>; 3]> = SmallVec::new();
         let mut tightest: Option<Decision> = None;
@@ -1108,9 +1137,11 @@ impl LimiterBuilder {
                 )));
             }
         }
+        let caches = self.rules.iter().any(|r| r.refusals.is_some());
         Ok(Limiter {
             rules: self.rules.into(),
             clock: self.clock,
+            caches,
         })
     }
 }

@@ -7,6 +7,7 @@
 //! until T": the load the limiter exists to keep off the store. The cached
 //! refusal records nothing anywhere, as a refusal must not.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -33,6 +34,9 @@ struct Held {
 
 pub(crate) struct RefusalCache {
     held: Mutex<LruCache<Vec<u8>, Held>>,
+    /// Set once anything was put: until a store has refused, a lookup is
+    /// one atomic load instead of a lock and a hash.
+    used: AtomicBool,
 }
 
 impl std::fmt::Debug for RefusalCache {
@@ -51,6 +55,7 @@ impl RefusalCache {
     pub(crate) fn new(capacity: usize) -> Self {
         RefusalCache {
             held: Mutex::new(LruCache::new(capacity)),
+            used: AtomicBool::new(false),
         }
     }
 
@@ -62,6 +67,9 @@ impl RefusalCache {
     /// The cached refusal of `key` at `now`, with its times brought to
     /// `now`, if the store's refusal still stands.
     pub(crate) fn get(&self, key: &[u8], now: Timestamp) -> Option<Decision> {
+        if !self.used.load(Ordering::Relaxed) {
+            return None;
+        }
         let t = now.as_micros();
         let mut held = self.lock();
         let h = held.get(key)?;
@@ -89,5 +97,6 @@ impl RefusalCache {
             decision: decision.clone(),
         };
         self.lock().insert(key.to_vec(), held);
+        self.used.store(true, Ordering::Relaxed);
     }
 }

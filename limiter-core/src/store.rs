@@ -204,7 +204,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Undoes one admission that [`decide`](Store::decide) made: `admitted`
-    /// is the decision it returned for `key`, `policy`, `cost` and `now`.
+    /// is the decision it returned for `key`, `policy`, `cost` and `now`, or
+    /// one with the same `allowed` and `reset_after` (what locates the
+    /// admission; a [`Limiter`](crate::Limiter) keeps only those).
     ///
     /// A [`Limiter`](crate::Limiter) calls it, once per admission and only on
     /// the refusal path, when a later rule refuses a request an earlier rule
