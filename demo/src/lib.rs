@@ -11,6 +11,8 @@
 //! [`cli`] into a [`Config`] and serves [`app`]. Tests build [`app`]
 //! directly with a manual clock and their own stores.
 
+pub mod server;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use limiter::SystemClock;
+use limiter_demo::server::ServerLimits;
 use limiter_demo::{Config, Settings, app, cli};
 
 #[tokio::main]
@@ -70,11 +71,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("  curl -i '{base}/api/search?q=rust'");
     println!("Ctrl-C stops the server.");
 
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
+    limiter_demo::server::serve(listener, router, ServerLimits::default(), async {
         shutdown_signal().await;
         println!("shutting down");
     })
