@@ -71,8 +71,15 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, ConfigError> {
         "rediss+cluster" => Err(invalid(
             "TLS to a Redis Cluster is not supported; use rediss:// for one server".into(),
         )),
-        other => Err(invalid(format!(
+        // Only a well-formed scheme is echoed: text before the first `://`
+        // of a malformed URL may be anything, a password included (the
+        // store_url fuzz target found one).
+        other if is_scheme(other) => Err(invalid(format!(
             "unsupported scheme {other:?}: use one of {}",
+            schemes_for_humans()
+        ))),
+        _ => Err(invalid(format!(
+            "not a URL with a scheme this store accepts: use one of {}",
             schemes_for_humans()
         ))),
     }
@@ -278,4 +285,12 @@ mod tests {
             }
         }
     }
+}
+
+/// A URL scheme as RFC 3986 writes it: a letter, then letters, digits,
+/// `+`, `-` or `.`.
+fn is_scheme(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
 }

@@ -60,7 +60,18 @@ pub fn redact(url: &str) -> String {
     // means the user information was cut short: `postgres://app:12/x@db`
     // parses as host `app`, port `12`, path `/x@db`, and the rest of the
     // password sits in the path. Show nothing of such a URL.
-    if parsed.username().is_empty() && parsed.password().is_none() && url.contains('@') {
+    // Likewise for any `@` beyond the one separator: in the path, the query
+    // or the user name, or a second one in the text (the store_url fuzz
+    // target found `ftp:/\0\0@@…redis://:@host@@@…`, whose user name is
+    // `\0\0@` and whose path holds `:@host@@`).
+    let after_host = &parsed[url::Position::AfterPort..];
+    let stray_at = url.matches('@').count() > 1
+        || after_host.contains('@')
+        || after_host.contains("%40")
+        || parsed.username().contains("%40");
+    if url.contains('@')
+        && (stray_at || (parsed.username().is_empty() && parsed.password().is_none()))
+    {
         return format!(
             "{}://<an '@' outside the user information; not shown>",
             parsed.scheme()
@@ -100,7 +111,14 @@ mod tests {
                 "postgres://app:***@db:5432/limits?sslmode=require",
             ),
             ("redis://cache:6379/0", "redis://cache:6379/0"),
-            ("redis://:p@ss@cache", "redis://:***@cache"),
+            (
+                "redis://:p@ss@cache",
+                "redis://<an '@' outside the user information; not shown>",
+            ),
+            (
+                "ftp:/\0\0@@44444444444redis://:@host@@@\x02\0memor\0\0\0\0r",
+                "ftp://<an '@' outside the user information; not shown>",
+            ),
             (
                 "postgres://app@db/x?password=hunter2&sslmode=require",
                 "postgres://app@db/x?password=***&sslmode=require",

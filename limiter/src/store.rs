@@ -100,17 +100,37 @@ fn memory_capacity(url: &Url) -> Result<usize, String> {
                     .ok()
                     .filter(|c| *c > 0)
                     .ok_or_else(|| {
-                        format!("capacity must be a positive whole number, got {value:?}")
+                        format!(
+                            "capacity must be a positive whole number, got {}",
+                            shown(&value)
+                        )
                     })?;
             }
             other => {
                 return Err(format!(
-                    "unknown parameter {other:?}; the only one is capacity=N"
+                    "unknown parameter {}; the only one is capacity=N",
+                    shown(other)
                 ));
             }
         }
     }
     Ok(capacity)
+}
+
+/// A query part as an error may show it: a plain word, or nothing. What a
+/// malformed URL puts in its query may be anything, a password included
+/// (the store_url fuzz target found one in a parameter name).
+fn shown(part: &str) -> String {
+    if !part.is_empty()
+        && part.len() <= 32
+        && part
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+    {
+        format!("{part:?}")
+    } else {
+        "(not shown)".to_owned()
+    }
 }
 
 #[cfg(feature = "memory")]
