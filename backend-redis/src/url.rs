@@ -182,6 +182,14 @@ fn check_host(info: &ConnectionInfo) -> Result<(), String> {
     }
 }
 
+/// A URL scheme as RFC 3986 writes it: a letter, then letters, digits,
+/// `+`, `-` or `.`.
+fn is_scheme(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,12 +293,4 @@ mod tests {
             }
         }
     }
-}
-
-/// A URL scheme as RFC 3986 writes it: a letter, then letters, digits,
-/// `+`, `-` or `.`.
-fn is_scheme(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
 }
