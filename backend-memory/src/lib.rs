@@ -448,6 +448,27 @@ impl Store for MemoryStore {
         Some(self.max_key_len)
     }
 
+    fn decide_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.decide_sync(key, policy, cost, now))
+    }
+
+    fn refund_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Option<Result<(), StoreError>> {
+        Some(self.refund_sync(key, policy, cost, now, admitted))
+    }
+
     async fn decide(
         &self,
         key: &[u8],

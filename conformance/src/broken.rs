@@ -75,11 +75,17 @@ pub enum Defect {
     /// Declares a key-length bound and stores longer keys anyway
     /// (`key_length_bound`).
     UnboundedKeys,
+    /// Answers [`Store::decide_inline`] (the path a `Limiter` takes for an
+    /// in-process store) with a shortcut that counts refused requests, while
+    /// [`Store::decide`] is honest: a fast path that drifted from the
+    /// tested one (`refused_hammering`, which sends every other request
+    /// inline).
+    InlineRecordsRefusals,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 15] = [
+    pub const ALL: [Defect; 16] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
@@ -95,6 +101,7 @@ impl Defect {
         Defect::RefundIgnored,
         Defect::RefundBlind,
         Defect::UnboundedKeys,
+        Defect::InlineRecordsRefusals,
     ];
 
     /// The store name of a [`BrokenStore`] with this defect.
@@ -115,6 +122,7 @@ impl Defect {
             Defect::RefundIgnored => "broken-refund-ignored",
             Defect::RefundBlind => "broken-refund-blind",
             Defect::UnboundedKeys => "broken-unbounded-keys",
+            Defect::InlineRecordsRefusals => "broken-inline-records-refusals",
         }
     }
 }
@@ -394,16 +402,13 @@ impl Core {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(self.name, e))?;
-        if let Err(e) = self.check_policy(policy) {
-            return Err(StoreError::invalid_request(self.name, e));
+        if !self.has(Defect::NonAtomic) {
+            return self.decide_now(key, policy, cost, now, false);
         }
-        self.check_key(key)?;
+        self.check_request(key, policy, cost)?;
         let now = now.as_micros();
         let key = self.map_key(policy.algorithm(), key);
-        let verdict = if self.has(Defect::NonAtomic) {
+        let verdict = {
             let (mut state, last_now) = {
                 let keys = self.lock();
                 match keys.map.get(&key) {
@@ -418,16 +423,44 @@ impl Core {
             let mut keys = self.lock();
             self.store(&mut keys, key, state, now, verdict.allowed);
             verdict
-        } else {
-            let mut keys = self.lock();
-            let (mut state, last_now) = match keys.map.get_mut(&key) {
-                Some(e) => (e.state.take(), Some(e.last_now)),
-                None => (None, None),
-            };
-            let verdict = self.transition(&mut state, last_now, policy, cost, now);
-            self.store(&mut keys, key, state, now, verdict.allowed);
-            verdict
         };
+        Ok(Decision::from_verdict(verdict, policy, self.name))
+    }
+
+    fn check_request(&self, key: &[u8], policy: &Policy, cost: u32) -> Result<(), StoreError> {
+        policy
+            .check_cost(cost)
+            .map_err(|e| StoreError::invalid_request(self.name, e))?;
+        if let Err(e) = self.check_policy(policy) {
+            return Err(StoreError::invalid_request(self.name, e));
+        }
+        self.check_key(key)?;
+        Ok(())
+    }
+
+    /// The whole decision under the lock, for `decide` and
+    /// `decide_inline` (`inline` says which is asking).
+    fn decide_now(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        inline: bool,
+    ) -> Result<Decision, StoreError> {
+        self.check_request(key, policy, cost)?;
+        let now = now.as_micros();
+        let key = self.map_key(policy.algorithm(), key);
+        let mut keys = self.lock();
+        let (mut state, last_now) = match keys.map.get_mut(&key) {
+            Some(e) => (e.state.take(), Some(e.last_now)),
+            None => (None, None),
+        };
+        let verdict = self.transition(&mut state, last_now, policy, cost, now);
+        if inline && !verdict.allowed && self.has(Defect::InlineRecordsRefusals) {
+            record_refusal(&mut state, policy, cost, now);
+        }
+        self.store(&mut keys, key, state, now, verdict.allowed);
         Ok(Decision::from_verdict(verdict, policy, self.name))
     }
 }
@@ -535,6 +568,31 @@ macro_rules! impl_store {
                 now: Timestamp,
             ) -> Result<Decision, StoreError> {
                 self.core.decide(key, policy, cost, now).await
+            }
+
+            // In process, so answered inline like the memory store, except
+            // where the defect is a wait between read and write.
+            fn decide_inline(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+            ) -> Option<Result<Decision, StoreError>> {
+                (!self.core.has(Defect::NonAtomic))
+                    .then(|| self.core.decide_now(key, policy, cost, now, true))
+            }
+
+            fn refund_inline(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+                admitted: &Decision,
+            ) -> Option<Result<(), StoreError>> {
+                (!self.core.has(Defect::NonAtomic))
+                    .then(|| self.core.refund(key, policy, cost, now, admitted))
             }
 
             async fn refund(

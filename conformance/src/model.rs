@@ -536,7 +536,7 @@ pub async fn replay_tiers(
         let d = limiter.check(&k).await;
         let rule = format!("t{}", want.tier);
         if d.source.degraded
-            || d.source.rule.as_deref() != Some(rule.as_str())
+            || d.source.rule != Some(rule.as_str())
             || Expected::of(&d) != want.expected
         {
             return Err(fail(format!(

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -59,6 +60,9 @@ pub(crate) fn policy(algorithm: Algorithm, limit: u32, window_us: u64) -> Result
 pub(crate) struct Probe {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) clock: ManualClock,
+    /// Requests sent so far by [`hit`](Probe::hit), which alternates
+    /// between the store's two ways of deciding.
+    hits: AtomicU64,
 }
 
 impl Probe {
@@ -82,6 +86,7 @@ impl Probe {
         Ok(Probe {
             store,
             clock: ManualClock::new(),
+            hits: AtomicU64::new(0),
         })
     }
 
@@ -117,9 +122,23 @@ impl Probe {
 
     /// One request at the clock's current time; a store error fails the
     /// scenario, naming the request.
+    ///
+    /// Every other request goes to [`Store::decide_inline`] (when the store
+    /// answers there, as an in-process store does), the rest to
+    /// [`Store::decide`]: a `Limiter` uses the first whenever it answers, so
+    /// both must keep the whole contract, and a difference between them
+    /// shows up as a broken scenario.
     pub(crate) async fn hit(&self, key: &[u8], p: &Policy, cost: u32) -> Result<Decision, Failure> {
         let now = self.clock.now();
-        self.store.decide(key, p, cost, now).await.map_err(|e| {
+        let inline = self.hits.fetch_add(1, Ordering::Relaxed) % 2 == 1;
+        let answer = match inline
+            .then(|| self.store.decide_inline(key, p, cost, now))
+            .flatten()
+        {
+            Some(answer) => answer,
+            None => self.store.decide(key, p, cost, now).await,
+        };
+        answer.map_err(|e| {
             Failure(format!(
                 "{}: request (key {}, cost {cost}) at {} returned an error: {e}",
                 p.algorithm(),

@@ -111,6 +111,14 @@ async fn refused_hammering_catches_recorded_refusals_and_renewed_expiry() {
         &["fixed_window", "pushed access later"],
     )
     .await;
+    // Honest when awaited, counting refusals when answered inline: caught
+    // because the scenario sends every other request inline.
+    catches(
+        "refused_hammering",
+        Defect::InlineRecordsRefusals,
+        &["pushed access later"],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

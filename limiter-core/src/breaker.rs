@@ -1,7 +1,7 @@
 //! A circuit breaker per store, so that a dead store costs one timeout
 //! rather than one per request.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::ConfigError;
@@ -73,23 +73,48 @@ pub enum BreakerState {
     HalfOpen,
 }
 
-/// Times are microseconds on the limiter clock's monotonic reading
+/// The breaker's state in one atomic word, so that the common case — a
+/// closed breaker in front of a healthy store — costs one load per call and
+/// no write, where a mutex would cost two lock round trips on a cache line
+/// every thread shares.
+///
+/// The top two bits are the state, the rest its value: the failure count
+/// when closed, the deadline when open or half-open. Times are microseconds
+/// on the limiter clock's monotonic reading
 /// ([`Clock::monotonic`](crate::Clock::monotonic)), never its wall time: a
-/// wall clock stepped backwards would otherwise lengthen a cool-down, and
-/// one stepped forwards would cut it short.
-#[derive(Debug)]
+/// wall clock stepped backwards would otherwise lengthen a cool-down, and one
+/// stepped forwards would cut it short. A half-open state keeps the deadline
+/// that let its probe through, restored if the probe ends without a verdict
+/// on the store's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Inner {
-    Closed {
-        failures: u32,
-    },
-    Open {
-        until: u64,
-    },
-    /// `until` is the deadline that let the probe through, restored if the
-    /// probe ends without a verdict on the store's health.
-    HalfOpen {
-        until: u64,
-    },
+    Closed { failures: u64 },
+    Open { until: u64 },
+    HalfOpen { until: u64 },
+}
+
+const TAG_SHIFT: u32 = 62;
+const VALUE_MASK: u64 = (1 << TAG_SHIFT) - 1;
+const CLOSED_CLEAN: u64 = 0;
+
+impl Inner {
+    fn encode(self) -> u64 {
+        // Deadlines saturate at 2^62 µs (146,000 years of uptime).
+        match self {
+            Inner::Closed { failures } => failures.min(VALUE_MASK),
+            Inner::Open { until } => (1 << TAG_SHIFT) | until.min(VALUE_MASK),
+            Inner::HalfOpen { until } => (2 << TAG_SHIFT) | until.min(VALUE_MASK),
+        }
+    }
+
+    fn decode(word: u64) -> Inner {
+        let value = word & VALUE_MASK;
+        match word >> TAG_SHIFT {
+            0 => Inner::Closed { failures: value },
+            1 => Inner::Open { until: value },
+            _ => Inner::HalfOpen { until: value },
+        }
+    }
 }
 
 /// What the breaker lets a call do.
@@ -114,21 +139,26 @@ pub(crate) enum Transition {
 #[derive(Debug)]
 pub(crate) struct Breaker {
     config: BreakerConfig,
-    inner: Mutex<Inner>,
+    word: AtomicU64,
 }
 
 impl Breaker {
     pub(crate) fn new(config: BreakerConfig) -> Self {
         Breaker {
             config,
-            inner: Mutex::new(Inner::Closed { failures: 0 }),
+            word: AtomicU64::new(CLOSED_CLEAN),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // The state is a few integers that are valid after any panic, so a
-        // poisoned lock is simply taken over.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn load(&self) -> u64 {
+        self.word.load(Ordering::Acquire)
+    }
+
+    /// Moves from `seen` to `next` unless another call moved it first.
+    fn replace(&self, seen: u64, next: Inner) -> bool {
+        self.word
+            .compare_exchange(seen, next.encode(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     pub(crate) fn config(&self) -> BreakerConfig {
@@ -136,7 +166,7 @@ impl Breaker {
     }
 
     pub(crate) fn state(&self) -> BreakerState {
-        match *self.lock() {
+        match Inner::decode(self.load()) {
             Inner::Closed { .. } => BreakerState::Closed,
             Inner::Open { .. } => BreakerState::Open,
             Inner::HalfOpen { .. } => BreakerState::HalfOpen,
@@ -146,47 +176,53 @@ impl Breaker {
     /// `mono` reads the clock's monotonic time in µs; a closed breaker (the
     /// common case) never needs it, so it is read only when open.
     pub(crate) fn permit(&self, mono: impl FnOnce() -> u64) -> Permit {
-        let mut inner = self.lock();
-        match *inner {
+        let seen = self.load();
+        match Inner::decode(seen) {
             Inner::Closed { .. } => Permit::Call,
             Inner::Open { until } if mono() >= until => {
-                *inner = Inner::HalfOpen { until };
-                Permit::Probe
+                // Of the callers that see the deadline pass, the one that
+                // moves the word is the probe.
+                if self.replace(seen, Inner::HalfOpen { until }) {
+                    Permit::Probe
+                } else {
+                    Permit::Skip
+                }
             }
             Inner::Open { .. } | Inner::HalfOpen { .. } => Permit::Skip,
         }
     }
 
     pub(crate) fn success(&self) -> Transition {
-        let mut inner = self.lock();
-        let was_closed = matches!(*inner, Inner::Closed { .. });
-        *inner = Inner::Closed { failures: 0 };
-        if was_closed {
-            Transition::None
-        } else {
-            Transition::Closed
+        if self.load() == CLOSED_CLEAN {
+            return Transition::None;
+        }
+        match Inner::decode(self.word.swap(CLOSED_CLEAN, Ordering::AcqRel)) {
+            Inner::Closed { .. } => Transition::None,
+            _ => Transition::Closed,
         }
     }
 
     pub(crate) fn failure(&self, mono: u64) -> Transition {
-        let mut inner = self.lock();
         let open = Inner::Open {
             until: mono.saturating_add(micros(self.config.cool_down)),
         };
-        match *inner {
-            Inner::Closed { failures } if failures + 1 < self.config.failures => {
-                *inner = Inner::Closed {
-                    failures: failures + 1,
-                };
-                Transition::None
+        loop {
+            let seen = self.load();
+            let (next, transition) = match Inner::decode(seen) {
+                Inner::Closed { failures } if failures + 1 < u64::from(self.config.failures) => (
+                    Inner::Closed {
+                        failures: failures + 1,
+                    },
+                    Transition::None,
+                ),
+                Inner::Closed { .. } | Inner::HalfOpen { .. } => (open, Transition::Opened),
+                // A call admitted before the breaker opened failed late: the
+                // breaker is already open, keep its original deadline.
+                Inner::Open { .. } => return Transition::None,
+            };
+            if self.replace(seen, next) {
+                return transition;
             }
-            Inner::Closed { .. } | Inner::HalfOpen { .. } => {
-                *inner = open;
-                Transition::Opened
-            }
-            // A call admitted before the breaker opened failed late: the
-            // breaker is already open, keep its original deadline.
-            Inner::Open { .. } => Transition::None,
         }
     }
 
@@ -201,9 +237,10 @@ impl Breaker {
         if permit != Permit::Probe {
             return;
         }
-        let mut inner = self.lock();
-        if let Inner::HalfOpen { until } = *inner {
-            *inner = Inner::Open { until };
+        let seen = self.load();
+        if let Inner::HalfOpen { until } = Inner::decode(seen) {
+            // Lost only to a call that already moved the breaker on.
+            let _ = self.replace(seen, Inner::Open { until });
         }
     }
 }
@@ -262,6 +299,47 @@ mod tests {
         assert_eq!(b.permit(|| 0), Permit::Skip);
         b.release(Permit::Skip);
         assert_eq!(b.permit(|| 0), Permit::Skip, "still cooling down");
+    }
+
+    #[test]
+    fn every_state_survives_its_encoding() {
+        for inner in [
+            Inner::Closed { failures: 0 },
+            Inner::Closed { failures: 7 },
+            Inner::Open { until: 0 },
+            Inner::Open { until: 86_400 * S },
+            Inner::HalfOpen { until: 5 * S },
+        ] {
+            assert_eq!(Inner::decode(inner.encode()), inner);
+        }
+        // A deadline beyond the encoding saturates instead of changing state.
+        assert_eq!(
+            Inner::decode(Inner::Open { until: u64::MAX }.encode()),
+            Inner::Open { until: VALUE_MASK }
+        );
+    }
+
+    #[test]
+    fn of_many_threads_past_the_deadline_exactly_one_probes() {
+        let b = std::sync::Arc::new(Breaker::new(
+            BreakerConfig::new(1, Duration::from_secs(1)).unwrap(),
+        ));
+        b.failure(0);
+        let probes: usize = (0..8)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    (0..1_000)
+                        .filter(|_| b.permit(|| 2 * S) == Permit::Probe)
+                        .count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert_eq!(probes, 1);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
     }
 
     #[test]

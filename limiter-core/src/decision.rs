@@ -1,6 +1,5 @@
 //! The answer to one request.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Verdict;
@@ -17,8 +16,11 @@ pub struct Source {
     /// of the store that failed when the failure policy decided instead.
     pub store: &'static str,
     /// The rule of a [`Limiter`](crate::Limiter) that produced this decision,
-    /// if it came through one.
-    pub rule: Option<Arc<str>>,
+    /// if it came through one. A `&'static str` rather than a shared string:
+    /// naming the rule then costs a decision no reference count, which every
+    /// thread's decisions would otherwise write on one cache line (rule
+    /// names are interned; see [`Rule::new`](crate::Rule::new)).
+    pub rule: Option<&'static str>,
     /// The authoritative store failed and a fallback store answered.
     pub fallback: bool,
     /// No store answered: the failure policy (open or closed) decided.

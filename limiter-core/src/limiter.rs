@@ -19,7 +19,10 @@
 //! * **Failure policy** — [`FailurePolicy`] when no store answers; every call
 //!   bounded by the rule's timeout; a [`BreakerConfig`] per store so a dead
 //!   store costs one timeout per cool-down, not one per request. Cool-downs
-//!   run on the clock's monotonic reading.
+//!   run on the clock's monotonic reading. A store that answers inline
+//!   ([`Store::decide_inline`], the memory store) cannot hang, so its calls
+//!   get neither timeout nor breaker: a local tier costs its own decision
+//!   and little else.
 //! * **Escalation** — [`Rule::with_escalation`]: the local store is
 //!   authoritative and a durable store is consulted with a stricter policy
 //!   on exactly one admitted request in every `every`, at a position drawn
@@ -57,10 +60,11 @@
 //! strict side. A refund that fails leaves the earlier rule's count as it
 //! was: stricter, never more permissive ([`RuleStats::refund_failures`]).
 
+use std::collections::HashSet;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -217,6 +221,8 @@ pub struct RuleStats {
 #[derive(Clone)]
 pub struct Rule {
     name: Arc<str>,
+    /// The same name, interned, for [`Source::rule`].
+    label: &'static str,
     store: Arc<dyn Store>,
     policy: Policy,
     cost: u32,
@@ -316,7 +322,14 @@ impl Drop for ProbeGuard<'_> {
 enum Called {
     Answered(Decision),
     Failed(StoreError),
+    /// The breaker was open: the store was not called.
+    Skipped,
 }
+
+/// A rule's storage key, built on the stack for the keys a limiter usually
+/// sees (a rule name of up to 64 bytes, `:`, a 32-byte client key), so that
+/// a decision allocates nothing for it.
+type StorageKey = SmallVec<[u8; 128]>;
 
 impl Rule {
     /// A rule named `name` applying `policy` in `store`, with cost 1, the
@@ -327,6 +340,11 @@ impl Rule {
     /// [`MAX_RULE_NAME`] characters of `A–Z a–z 0–9 _ - .`: the name leads
     /// every storage key (`{rule}:{client key}`), which an operator lists and
     /// deletes with standard tools, and appears in rate-limit headers.
+    ///
+    /// Each distinct name is kept for the life of the process (at most
+    /// [`MAX_RULE_NAME`] bytes), so that every decision can name its rule as
+    /// a [`Source::rule`] without a reference count: build rule names from
+    /// configuration, not from request data.
     pub fn new(
         name: impl Into<Arc<str>>,
         store: Arc<dyn Store>,
@@ -343,6 +361,7 @@ impl Rule {
             .shared
             .then(|| Arc::new(RefusalCache::new(REFUSAL_CACHE_KEYS)));
         Ok(Rule {
+            label: intern(&name),
             name,
             store,
             policy,
@@ -545,11 +564,7 @@ impl Rule {
     /// then the client key. Names hold no `:`, so two rules never share
     /// state, and the key is printable whenever the client key is.
     pub fn storage_key(&self, key: &[u8]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(self.name.len() + 1 + key.len());
-        k.extend_from_slice(self.name.as_bytes());
-        k.push(b':');
-        k.extend_from_slice(key);
-        k
+        self.storage_key_buf(key).into_vec()
     }
 
     fn holder(&self, holder: Holder) -> Option<(&dyn Store, &Policy)> {
@@ -563,8 +578,39 @@ impl Rule {
         }
     }
 
-    /// One store call under a timeout, without a breaker.
+    fn storage_key_buf(&self, key: &[u8]) -> StorageKey {
+        let mut k = StorageKey::new();
+        self.fill_storage_key(&mut k, key);
+        k
+    }
+
+    /// Writes the storage key into `buf`, which a request reuses for each of
+    /// its rules instead of moving a new key through every call.
+    fn fill_storage_key<'b>(&self, buf: &'b mut StorageKey, key: &[u8]) -> &'b [u8] {
+        buf.clear();
+        buf.extend_from_slice(self.name.as_bytes());
+        buf.push(b':');
+        buf.extend_from_slice(key);
+        buf
+    }
+
+    /// One store call under a timeout, without a breaker: answered inline
+    /// by a store that never waits ([`Store::decide_inline`]), awaited
+    /// under the rule's timeout otherwise.
     async fn timed(
+        &self,
+        store: &dyn Store,
+        key: &[u8],
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        if let Some(result) = store.decide_inline(key, policy, self.cost, now) {
+            return result;
+        }
+        self.awaited(store, key, policy, now).await
+    }
+
+    async fn awaited(
         &self,
         store: &dyn Store,
         key: &[u8],
@@ -578,7 +624,9 @@ impl Rule {
         }
     }
 
-    /// One store call under a timeout and a breaker.
+    /// One store call under a timeout and a breaker. A store that answers
+    /// inline needs neither: it cannot hang, and a failure costs nothing to
+    /// retry.
     async fn guarded(
         &self,
         store: &dyn Store,
@@ -588,16 +636,21 @@ impl Rule {
         now: Timestamp,
         clock: &dyn Clock,
     ) -> Called {
+        if let Some(result) = store.decide_inline(key, policy, self.cost, now) {
+            return match result {
+                Ok(d) => Called::Answered(d),
+                Err(e) => {
+                    self.store_failed(store.name(), &e);
+                    Called::Failed(e)
+                }
+            };
+        }
         let permit = breaker.permit(|| micros(clock.monotonic()));
         if permit == Permit::Skip {
-            return Called::Failed(StoreError::new(
-                ErrorKind::CircuitOpen,
-                store.name(),
-                "breaker open after repeated failures",
-            ));
+            return Called::Skipped;
         }
         let guard = ProbeGuard::new(breaker, permit);
-        let result = self.timed(store, key, policy, now).await;
+        let result = self.awaited(store, key, policy, now).await;
         guard.disarm();
         let transition = match &result {
             Ok(_) => breaker.success(),
@@ -651,16 +704,17 @@ impl Rule {
         .increment(1);
     }
 
-    fn degraded(&self, error: &StoreError) -> Decision {
+    /// The failure policy's decision; `store` is the store that failed.
+    fn degraded(&self, store: &'static str) -> Decision {
         bump(&self.counters.degraded);
         tracing::debug!(
             rule = %self.name,
-            store = error.store(),
+            store,
             on_failure = ?self.on_failure,
             "no store answered; failure policy decides"
         );
         let allowed = self.on_failure == FailurePolicy::Open;
-        let mut source = Source::store(error.store());
+        let mut source = Source::store(store);
         source.degraded = true;
         Decision {
             allowed,
@@ -686,7 +740,7 @@ impl Rule {
         now: Timestamp,
         clock: &dyn Clock,
     ) -> (Decision, Option<Holder>) {
-        let error = match self
+        match self
             .guarded(
                 self.store.as_ref(),
                 &self.breaker,
@@ -698,16 +752,15 @@ impl Rule {
             .await
         {
             Called::Answered(d) => return (d, Some(Holder::Authoritative)),
-            Called::Failed(e) => e,
-        };
-        if error.kind() == ErrorKind::CircuitOpen {
-            bump(&self.counters.short_circuited);
-        }
-        if error.kind() == ErrorKind::InvalidRequest {
-            return (self.degraded(&error), None);
+            // The request itself is wrong: the fallback would refuse it too.
+            Called::Failed(e) if e.kind() == ErrorKind::InvalidRequest => {
+                return (self.degraded(self.store.name()), None);
+            }
+            Called::Failed(_) => {}
+            Called::Skipped => bump(&self.counters.short_circuited),
         }
         let Some(fallback) = &self.fallback else {
-            return (self.degraded(&error), None);
+            return (self.degraded(self.store.name()), None);
         };
         match self.timed(fallback.as_ref(), key, &self.policy, now).await {
             Ok(mut d) => {
@@ -720,7 +773,7 @@ impl Rule {
             }
             Err(e) => {
                 self.store_failed(fallback.name(), &e);
-                (self.degraded(&e), None)
+                (self.degraded(fallback.name()), None)
             }
         }
     }
@@ -775,10 +828,15 @@ impl Rule {
                     retry_after: Duration::ZERO,
                     source: Source::store(store.name()),
                 };
-                let call = store.refund(storage_key, policy, self.cost, now, &admitted);
-                match tokio::time::timeout(self.timeout, call).await {
-                    Ok(r) => r,
-                    Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+                match store.refund_inline(storage_key, policy, self.cost, now, &admitted) {
+                    Some(r) => r,
+                    None => {
+                        let call = store.refund(storage_key, policy, self.cost, now, &admitted);
+                        match tokio::time::timeout(self.timeout, call).await {
+                            Ok(r) => r,
+                            Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+                        }
+                    }
                 }
             };
             match result {
@@ -809,6 +867,37 @@ impl Rule {
         Some(d)
     }
 
+    /// [`apply`](Self::apply) for a rule whose whole answer is the
+    /// authoritative store's and the store answers inline; `None` when the
+    /// rule needs awaiting (an escalation, a store that must be awaited, or
+    /// one that failed, which the full path asks again and handles).
+    fn apply_inline(
+        &self,
+        key: &[u8],
+        storage_key: &[u8],
+        now: Timestamp,
+        keep: bool,
+    ) -> Option<Applied> {
+        if self.escalation.is_some() {
+            return None;
+        }
+        let Some(Ok(decision)) =
+            self.store
+                .decide_inline(storage_key, &self.policy, self.cost, now)
+        else {
+            return None;
+        };
+        let mut charges = SmallVec::new();
+        if decision.allowed {
+            if keep {
+                charges.push(Charge::of(Holder::Authoritative, &decision));
+            }
+        } else if let Some(cache) = &self.refusals {
+            cache.put(key, now, &decision);
+        }
+        Some(Applied { decision, charges })
+    }
+
     /// `keep` says whether a later refusal could need this rule's
     /// admission undone: not for the last rule of a limiter, which then
     /// skips copying its decision.
@@ -820,7 +909,20 @@ impl Rule {
         clock: &dyn Clock,
         keep: bool,
     ) -> Applied {
-        let (decision, holder) = self.decide_local(storage_key, now, clock).await;
+        // A store answering inline, the common case of a local tier, is
+        // decided without building the awaiting machinery at all; a failure
+        // takes the full path, which asks again and handles it.
+        let inline = match self
+            .store
+            .decide_inline(storage_key, &self.policy, self.cost, now)
+        {
+            Some(Ok(d)) => Some((d, Some(Holder::Authoritative))),
+            _ => None,
+        };
+        let (decision, holder) = match inline {
+            Some(answer) => answer,
+            None => self.decide_local(storage_key, now, clock).await,
+        };
         if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
             cache.put(key, now, &decision);
         }
@@ -866,12 +968,12 @@ impl Rule {
                 decision.source.escalated = true;
                 Applied { decision, charges }
             }
-            Called::Failed(_) => Applied { decision, charges },
+            Called::Failed(_) | Called::Skipped => Applied { decision, charges },
         }
     }
 
     fn finish(&self, decision: &mut Decision) {
-        decision.source.rule = Some(self.name.clone());
+        decision.source.rule = Some(self.label);
         if decision.allowed {
             bump(&self.counters.allowed);
         } else {
@@ -892,9 +994,10 @@ impl Rule {
         if let Some(d) = self.cached_refusal(key, now, clock).await {
             return d;
         }
-        let storage_key = self.storage_key(key);
+        let mut buf = StorageKey::new();
+        let storage_key = self.fill_storage_key(&mut buf, key);
         let mut decision = self
-            .apply(key, &storage_key, now, clock, false)
+            .apply(key, storage_key, now, clock, false)
             .await
             .decision;
         self.finish(&mut decision);
@@ -919,6 +1022,25 @@ fn check_rule_name(name: &str) -> Result<(), ConfigError> {
              '-' and '.'"
         )))
     }
+}
+
+/// A rule name as a `&'static str`, the same one for every rule of that
+/// name. Each distinct name is leaked once, for the life of the process: at
+/// most [`MAX_RULE_NAME`] bytes, for the handful of names an application
+/// has, however many rules and limiters it builds with them.
+fn intern(name: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Mutex::default)
+        .lock()
+        // A set of strings is whole after any panic.
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(interned) = names.get(name) {
+        return interned;
+    }
+    let interned: &'static str = Box::leak(name.into());
+    names.insert(interned);
+    interned
 }
 
 fn micros(d: Duration) -> u64 {
@@ -971,9 +1093,10 @@ impl fmt::Debug for Limiter {
 }
 
 /// An admitting rule's charges, kept until the request's fate is known.
+/// The storage key is built again on the refusal path rather than carried
+/// along the admit path.
 struct Pending<'a> {
     rule: &'a Rule,
-    storage_key: Vec<u8>,
     charges: SmallVec<[Charge; 2]>,
 }
 
@@ -1028,38 +1151,38 @@ impl Limiter {
             }
         }
         let clock = self.clock.as_ref();
-        // One rule, the common case: nothing to refund, no tightest to pick.
-        if let [rule] = &*self.rules {
-            let storage_key = rule.storage_key(key);
-            let mut decision = rule
-                .apply(key, &storage_key, now, clock, false)
-                .await
-                .decision;
-            rule.finish(&mut decision);
-            return decision;
-        }
+        let mut buf = StorageKey::new();
         let last = self.rules.len() - 1;
         let mut pending: SmallVec<[Pending<'_>; 3]> = SmallVec::new();
         let mut tightest: Option<Decision> = None;
         for (i, rule) in self.rules.iter().enumerate() {
-            let storage_key = rule.storage_key(key);
+            let storage_key = rule.fill_storage_key(&mut buf, key);
+            // A rule answered inline (a local tier) is decided without
+            // building its future, whose size alone made moving it cost
+            // more than the store's own decision.
+            let applied = match rule.apply_inline(key, storage_key, now, i < last) {
+                Some(applied) => applied,
+                None => rule.apply(key, storage_key, now, clock, i < last).await,
+            };
             let Applied {
                 mut decision,
                 charges,
-            } = rule.apply(key, &storage_key, now, clock, i < last).await;
+            } = applied;
             rule.finish(&mut decision);
+            // One rule, the common case: nothing to refund, no tightest to
+            // pick.
+            if last == 0 {
+                return decision;
+            }
             if !decision.allowed {
                 for p in pending.iter().rev() {
-                    p.rule.refund(&p.storage_key, &p.charges, now).await;
+                    let storage_key = p.rule.fill_storage_key(&mut buf, key);
+                    p.rule.refund(storage_key, &p.charges, now).await;
                 }
                 return decision;
             }
             if i < last && !charges.is_empty() {
-                pending.push(Pending {
-                    rule,
-                    storage_key,
-                    charges,
-                });
+                pending.push(Pending { rule, charges });
             }
             let tighter = match &tightest {
                 None => true,

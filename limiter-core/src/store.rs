@@ -187,6 +187,49 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         now: Timestamp,
     ) -> Result<Decision, StoreError>;
 
+    /// The same answer as [`decide`](Store::decide), given at once without a
+    /// future, by a store that never waits: state in process memory under a
+    /// short lock, no I/O. `None` (the default) means the store must be
+    /// awaited.
+    ///
+    /// A [`Limiter`](crate::Limiter) asks this first and, when it answers,
+    /// spends nothing else on the call: no boxed future, no timeout timer
+    /// and no circuit breaker, which exist for stores that can hang. A store
+    /// that answers here must never block the thread for longer than a lock
+    /// held for one key's update, and must answer exactly as `decide` would
+    /// (the conformance suite sends every other request of its scenarios
+    /// here, so a difference fails them).
+    ///
+    /// # Migration
+    ///
+    /// Added after the first release with a default of `None`: an existing
+    /// store keeps compiling and keeps being awaited.
+    fn decide_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (key, policy, cost, now);
+        None
+    }
+
+    /// The same as [`refund`](Store::refund), given at once by a store that
+    /// answers [`decide_inline`](Store::decide_inline); `None` (the default)
+    /// means the store must be awaited.
+    fn refund_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Option<Result<(), StoreError>> {
+        let _ = (key, policy, cost, now, admitted);
+        None
+    }
+
     /// The longest key, in bytes, the store accepts; a longer one is an
     /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error (check it
     /// with [`check_key`]). Bounded memory per key is an invariant: an
@@ -301,6 +344,27 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn max_key_len(&self) -> Option<usize> {
         (**self).max_key_len()
+    }
+
+    fn decide_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        (**self).decide_inline(key, policy, cost, now)
+    }
+
+    fn refund_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Option<Result<(), StoreError>> {
+        (**self).refund_inline(key, policy, cost, now, admitted)
     }
 }
 

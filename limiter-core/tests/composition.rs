@@ -144,16 +144,12 @@ async fn first_refusal_wins_and_later_tiers_are_not_called() {
     for _ in 0..3 {
         let d = limiter.check(b"client").await;
         assert!(d.allowed);
-        assert_eq!(
-            d.source.rule.as_deref(),
-            Some("burst"),
-            "tightest rule shown"
-        );
+        assert_eq!(d.source.rule, Some("burst"), "tightest rule shown");
     }
     for _ in 0..10 {
         let d = limiter.check(b"client").await;
         assert!(!d.allowed);
-        assert_eq!(d.source.rule.as_deref(), Some("burst"));
+        assert_eq!(d.source.rule, Some("burst"));
     }
     assert_eq!(local.calls(), 13);
     assert_eq!(
@@ -399,7 +395,7 @@ async fn headers_come_from_a_store_that_answered_not_from_a_failed_tier() {
         .unwrap();
     let d = limiter.check(b"k").await;
     assert!(d.allowed && !d.source.degraded);
-    assert_eq!(d.source.rule.as_deref(), Some("local"));
+    assert_eq!(d.source.rule, Some("local"));
     assert_eq!(d.remaining, 9);
 }
 

@@ -3,7 +3,8 @@
 //! costs while a rule's store is dead and its breaker open.
 //!
 //! Run with `cargo bench -p limiter --bench composition` (add `-- hot` or
-//! `-- round` for one workload).
+//! `-- round` for one workload; `--profile=N` runs contender N alone, (a)
+//! being 0, for a profiler).
 //!
 //! A plain `harness = false` binary, like the memory store's benchmark: each
 //! figure is the best of several interleaved rounds of a million decisions,
@@ -178,6 +179,9 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    // `--profile=N` runs contender N alone (0 is (a)), for a profiler.
+    let profile: Option<usize> =
+        std::env::args().find_map(|a| a.strip_prefix("--profile=")?.parse().ok());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -205,6 +209,14 @@ fn main() {
         let mut best: [Option<Sample>; 5] = [None; 5];
         for _ in 0..RUNS {
             for (i, slot) in best.iter_mut().enumerate() {
+                if profile.is_some_and(|p| p != i) {
+                    *slot = Some(Sample {
+                        cpu_ns: 1.0,
+                        wall_ns: 1.0,
+                        admitted: 0,
+                    });
+                    continue;
+                }
                 let s = rt.block_on(measure(i, keys, policy));
                 *slot = Some(match *slot {
                     Some(b) => Sample {

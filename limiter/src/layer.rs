@@ -217,7 +217,7 @@ impl Shared {
     /// durable refusal of an escalating rule carries the escalation policy's
     /// limit, so it must carry that policy's window too.
     fn rule(&self, decision: &Decision) -> (&str, &str, u64) {
-        let name = decision.source.rule.as_deref();
+        let name = decision.source.rule;
         let durable = decision.source.escalated && !decision.allowed;
         self.rules
             .iter()

@@ -131,7 +131,7 @@
 //!     assert!(photo_check.check(b"client:1").await.allowed);
 //! }
 //! let refused = photo_check.check(b"client:1").await;
-//! assert_eq!(refused.source.rule.as_deref(), Some("burst"));
+//! assert_eq!(refused.source.rule, Some("burst"));
 //!
 //! // A patient client gets 12 every 5 minutes, until the hourly tier says no.
 //! let (mut admitted, mut refused_by) = (12, None);

@@ -376,7 +376,7 @@ async fn a_request_refused_by_the_local_tier_sends_no_statement_to_postgres() {
     for _ in 0..50 {
         let (d, _) = guarded(limiter.check(b"client")).await;
         assert!(!d.allowed, "{d:?}");
-        assert_eq!(d.source.rule.as_deref(), Some("burst"));
+        assert_eq!(d.source.rule, Some("burst"));
     }
     assert_eq!(
         statements(&server, &db).await,

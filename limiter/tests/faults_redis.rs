@@ -353,7 +353,7 @@ async fn a_request_refused_by_the_local_tier_sends_no_command_to_redis() {
     for _ in 0..50 {
         let (d, _) = guarded(limiter.check(b"client")).await;
         assert!(!d.allowed, "{d:?}");
-        assert_eq!(d.source.rule.as_deref(), Some("burst"));
+        assert_eq!(d.source.rule, Some("burst"));
         assert_eq!(d.source.store, "memory");
     }
     assert_eq!(

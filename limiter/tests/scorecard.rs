@@ -42,6 +42,7 @@ fn every_broken_store_fails_the_scorecard() {
         "refund-ignored",
         "refund-blind",
         "unbounded-keys",
+        "inline-records-refusals",
     ];
     assert_eq!(
         defects.len(),

@@ -142,7 +142,7 @@ impl Composer for BrokenComposer {
                     inner: limiter(&tiers, &clock)?,
                     config,
                     state: Arc::new(Mutex::new(BreakerState::default())),
-                    name: Arc::from(name),
+                    name,
                     store,
                     on_failure,
                     policy,
@@ -238,7 +238,7 @@ impl Composition for Paced {
         let Some((rule, e)) = &self.escalation else {
             return d;
         };
-        if !d.allowed || d.source.rule.as_deref() != Some(*rule) {
+        if !d.allowed || d.source.rule != Some(*rule) {
             return d;
         }
         let after = u64::from(d.limit - d.remaining);
@@ -284,12 +284,12 @@ impl Composition for EveryRefusal {
         let sink = self
             .sinks
             .iter()
-            .find(|(rule, _)| d.source.rule.as_deref() == Some(*rule))
+            .find(|(rule, _)| d.source.rule == Some(*rule))
             .and_then(|(_, sink)| sink.clone());
-        if let (Some(sink), Some(rule)) = (sink, d.source.rule.clone()) {
+        if let (Some(sink), Some(rule)) = (sink, d.source.rule) {
             let now = self.clock.now();
             let event = AbuseEvent {
-                rule,
+                rule: rule.into(),
                 key: key.to_vec(),
                 at: now,
                 since: now,
@@ -319,7 +319,7 @@ struct Reopening {
     inner: Limiter,
     config: BreakerConfig,
     state: Arc<Mutex<BreakerState>>,
-    name: Arc<str>,
+    name: &'static str,
     store: &'static str,
     on_failure: FailurePolicy,
     policy: Policy,
@@ -355,7 +355,7 @@ impl Reopening {
         let allowed = self.on_failure == FailurePolicy::Open;
         let mut source = Source::store(self.store);
         source.degraded = true;
-        source.rule = Some(self.name.clone());
+        source.rule = Some(self.name);
         Decision {
             allowed,
             limit: self.policy.limit(),

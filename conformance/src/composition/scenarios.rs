@@ -58,7 +58,7 @@ fn show(d: &Decision) -> String {
     format!(
         "{} by rule {:?} (store {}{}{}), remaining {}, retry_after {}",
         if d.allowed { "admitted" } else { "refused" },
-        d.source.rule.as_deref().unwrap_or("?"),
+        d.source.rule.unwrap_or("?"),
         d.source.store,
         if d.source.fallback { ", fallback" } else { "" },
         if d.source.degraded { ", degraded" } else { "" },
@@ -98,7 +98,7 @@ pub(super) async fn later_tier_refusal_not_charged_impl(
             admitted += 1;
             continue;
         }
-        if d.source.rule.as_deref() != Some("minute") || d.retry_after != Duration::from_secs(60) {
+        if d.source.rule != Some("minute") || d.retry_after != Duration::from_secs(60) {
             return fail(format!(
                 "request #{i} at t0: must be refused by \"minute\" with retry_after 60 s (its \
                  10 entries at t0); got {}",
@@ -115,7 +115,7 @@ pub(super) async fn later_tier_refusal_not_charged_impl(
     at(&clock, 61 * S);
     for (i, left) in [(1, 1), (2, 0)] {
         let d = c.check(b"client").await;
-        if !d.allowed || d.source.rule.as_deref() != Some("day") || d.remaining != left {
+        if !d.allowed || d.source.rule != Some("day") || d.remaining != left {
             return fail(format!(
                 "request {i} at t0+61 s: \"day\" has counted the 10 served requests only, so it \
                  must be admitted with {left} left in \"day\"; got {}",
@@ -125,7 +125,7 @@ pub(super) async fn later_tier_refusal_not_charged_impl(
     }
     let d = c.check(b"client").await;
     if d.allowed
-        || d.source.rule.as_deref() != Some("day")
+        || d.source.rule != Some("day")
         || d.retry_after != Duration::from_secs(86_400 - 61)
     {
         return fail(format!(
@@ -174,9 +174,7 @@ pub(super) async fn shared_retry_after_honoured_impl(
     at(&clock, S);
     for i in 1..=20 {
         let d = a.check(b"client").await;
-        if d.allowed
-            || d.source.rule.as_deref() != Some("shared")
-            || d.retry_after != Duration::from_secs(59)
+        if d.allowed || d.source.rule != Some("shared") || d.retry_after != Duration::from_secs(59)
         {
             return fail(format!(
                 "refused request {i} at t0+1 s on A: must be refused by \"shared\" with \
@@ -586,9 +584,7 @@ pub(super) async fn refused_offender_costs_no_round_trip_impl(
     let before = store.calls();
     for i in 1..=100 {
         let d = c.check(b"offender").await;
-        if d.allowed
-            || d.source.rule.as_deref() != Some("shared")
-            || d.retry_after != Duration::from_secs(59)
+        if d.allowed || d.source.rule != Some("shared") || d.retry_after != Duration::from_secs(59)
         {
             return fail(format!(
                 "request {i} at t0+1 s: must be refused by \"shared\" with retry_after 59 s; got {}",

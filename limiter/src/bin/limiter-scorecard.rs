@@ -52,6 +52,7 @@ const DEFECTS: &[(&str, Defect)] = &[
     ("refund-ignored", Defect::RefundIgnored),
     ("refund-blind", Defect::RefundBlind),
     ("unbounded-keys", Defect::UnboundedKeys),
+    ("inline-records-refusals", Defect::InlineRecordsRefusals),
 ];
 
 /// The key capacity of the bounded stores the scorecard builds: small enough
