@@ -31,11 +31,12 @@
 //! # Bounds
 //!
 //! The store holds at most [`capacity`](MemoryStore::capacity) keys, ever.
-//! The keys are spread over `N` shards, each a mutex around its own LRU list;
+//! The keys are spread over `N` shards, each a mutex around its own recency
+//! list;
 //! shard `i` holds at most `cᵢ` keys, where every `cᵢ` is `⌊capacity / N⌋` or
 //! `⌈capacity / N⌉` and the `cᵢ` sum to `capacity` exactly. When a key that
-//! is not held arrives at a full shard, that shard's least recently touched
-//! key is evicted, in O(1). Nothing on the request path ever scans the keys.
+//! is not held arrives at a full shard, the key at the front of that shard's
+//! list (the least recently moved; see below) is evicted, in O(1). Nothing on the request path ever scans the keys.
 //!
 //! Memory is bounded by the key count: about 150 bytes per key for keys of
 //! up to 53 bytes, which are stored inside the LRU node (100,000 GCRA keys
@@ -46,25 +47,39 @@
 //!
 //! # Eviction guarantee
 //!
-//! Every [`decide`](Store::decide) touches its key — admitted *or refused* —
-//! making it the most recently touched key of its shard. A key `K` in a shard
-//! of capacity `c` can only be evicted once `c` other distinct keys of that
-//! shard have been decided since `K`'s last touch (all `c - 1` others held
-//! must be newer than `K`, and one more key must arrive). So:
+//! Every [`decide`](Store::decide) touches its key — admitted *or refused*.
+//! Each shard keeps its keys in a list ordered by when each last *moved* to
+//! the back, and evicts from the front; a touch moves its key to the back
+//! unless the key already moved within the shard's last `θ` moves, where
+//! `θ = max(1, ⌊c / 8⌋)` for a shard of capacity `c`. (A hit on a key that
+//! moved recently then writes nothing but its own state: see the benchmark
+//! notes in `BENCHMARKS.md`.)
 //!
-//! * **One shard** (`shards(1)`) is an exact LRU over the whole store: a key
-//!   touched within the last `capacity - 1` distinct other keys is never
-//!   evicted.
-//! * **`N` shards**: a key touched within the last `⌊capacity / N⌋ - 1`
-//!   distinct other keys is never evicted, whatever the hash does. Beyond
-//!   that it depends on how many of those keys share its shard; the shard is
-//!   chosen by a hash keyed with a secret random per store, so an attacker
-//!   cannot aim a flood at the offender's shard, and `D` flood keys put about
-//!   `D / N` keys in each shard.
+//! A key `K` in a shard of capacity `c` can only be evicted once `c − θ + 1`
+//! other distinct keys of that shard have been decided since `K`'s last
+//! touch. `K` is evicted only from the front of a full shard, when a new key
+//! arrives: all `c − 1` others moved after `K` last moved; at most `θ − 1` of
+//! those moves came before `K`'s last touch (or that touch would have moved
+//! `K`), so at least `c − θ` distinct keys moved, and so were decided, after
+//! it, and the arriving key is one more. Below 16 keys per shard, `θ = 1`
+//! and this is an exact LRU. In round numbers, a key touched again before
+//! 7/8 of its shard's capacity in distinct other keys have been decided is
+//! never evicted. So:
+//!
+//! * **One shard** (`shards(1)`): a key is never evicted while at most
+//!   `capacity − θ` distinct other keys have been decided since its last
+//!   touch.
+//! * **`N` shards**: with `c = ⌊capacity / N⌋`, a key is never evicted while
+//!   fewer than `7c / 8` distinct other keys have been decided since its
+//!   last touch, whatever the hash does. Beyond that it depends on how many
+//!   of those keys share its shard; the shard is chosen by a hash keyed with
+//!   a secret random per store, so an attacker cannot aim a flood at the
+//!   offender's shard, and `D` flood keys put about `D / N` keys in each
+//!   shard.
 //!
 //! An active offender is one that keeps sending requests, and each of them,
 //! refused or not, renews its place; a flood of distinct keys cannot reset its
-//! count unless it outpaces it by a whole shard's capacity.
+//! count unless it outpaces it by 7/8 of a whole shard's capacity.
 //!
 //! # Conformance
 //!
@@ -169,7 +184,7 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The number of shards, each with its own lock and LRU list. The
+    /// The number of shards, each with its own lock and recency list. The
     /// default is the smallest power of two at least twice the available
     /// parallelism and at least 16, halved while a shard would hold fewer
     /// than 64 keys.
@@ -387,7 +402,8 @@ impl MemoryStore {
             .raw_entry_mut()
             .from_hash(hash, |k| k.is(hash, tag, key))
         {
-            algorithm::refund(entry.get_mut(), policy, cost, now.as_micros(), reset_after);
+            let slot = entry.get_mut();
+            algorithm::refund(&mut slot.state, policy, cost, now.as_micros(), reset_after);
         }
         Ok(())
     }
@@ -513,7 +529,8 @@ const fn algorithm_tag(algorithm: Algorithm) -> u8 {
     }
 }
 
-/// One shard: an LRU list of at most `capacity` keys.
+/// One shard: a recency list of at most `capacity` keys, evicting from its
+/// front.
 ///
 /// The LRU is a `hashlink::LinkedHashMap`: a hash map whose entries are
 /// threaded on a doubly linked list, so "move to most recent" and "evict
@@ -523,9 +540,38 @@ const fn algorithm_tag(algorithm: Algorithm) -> u8 {
 /// without allocating on every lookup), it reuses freed nodes (a flood
 /// churns entries without churning the allocator for them), and it is the
 /// maintained successor of `linked-hash-map`, used by rusqlite among others.
+///
+/// A touched key moves to the back of the list only if it has not moved
+/// within the shard's last `reorder_after` moves (an eighth of its capacity,
+/// at least 1): a hit on a recently moved key then writes its own node only,
+/// instead of unlinking it and relinking it at the back, which wrote two
+/// neighbours' nodes and the list head, each a cache miss (and, on the list
+/// head, a line every thread's hits shared). The price is a slightly weaker
+/// guarantee than an exact LRU, stated in the crate docs and checked
+/// against an executable model of this rule in `tests/model.rs`.
 struct Shard {
-    map: LinkedHashMap<StoredKey, Option<KeyState>, BuildHasherDefault<StoredHash>>,
+    map: LinkedHashMap<StoredKey, Slot, BuildHasherDefault<StoredHash>>,
     capacity: usize,
+    /// Moves to the back (insertions included) so far; a slot's `moved` is
+    /// this count when it last moved. The list is in `moved` order.
+    moves: u64,
+    reorder_after: u64,
+}
+
+/// A key's state, and when it last moved to the back of its shard's list.
+struct Slot {
+    state: Option<KeyState>,
+    moved: u64,
+}
+
+/// A shard of capacity `c` moves a touched key only if it has not moved in
+/// its last `max(1, c / REORDER_FRACTION)` moves.
+const REORDER_FRACTION: usize = 8;
+
+/// How many moves a key of a shard of `capacity` keys may go without moving
+/// again when touched.
+fn reorder_after(capacity: usize) -> u64 {
+    (capacity / REORDER_FRACTION).max(1) as u64
 }
 
 impl Shard {
@@ -534,7 +580,12 @@ impl Shard {
         // Best effort: if this much cannot be reserved now, the table grows
         // on demand like any map.
         let _ = map.try_reserve(capacity.min(MAX_PREALLOCATED_KEYS));
-        Shard { map, capacity }
+        Shard {
+            map,
+            capacity,
+            moves: 0,
+            reorder_after: reorder_after(capacity),
+        }
     }
 
     /// Applies the policy to the key, touching it; returns the verdict and
@@ -560,9 +611,18 @@ impl Shard {
                 // An expired state (`KeyState::expires_at`) is not dropped
                 // first: `apply` already treats it as empty at `now`, so that
                 // would only cost a free and an allocation. Keys leave by
-                // LRU eviction alone; nothing sweeps them.
-                entry.to_back();
-                Some(algorithm::apply(entry.get_mut(), policy, cost, now))
+                // eviction alone; nothing sweeps them.
+                if self.moves - entry.get().moved >= self.reorder_after {
+                    self.moves += 1;
+                    entry.get_mut().moved = self.moves;
+                    entry.to_back();
+                }
+                Some(algorithm::apply(
+                    &mut entry.get_mut().state,
+                    policy,
+                    cost,
+                    now,
+                ))
             }
             RawEntryMut::Vacant(_) => None,
         };
@@ -577,7 +637,12 @@ impl Shard {
             return (verdict, false);
         }
         let evicted = self.map.len() >= self.capacity && self.map.pop_front().is_some();
-        self.map.insert(StoredKey::new(hash, tag, key), state);
+        self.moves += 1;
+        let slot = Slot {
+            state,
+            moved: self.moves,
+        };
+        self.map.insert(StoredKey::new(hash, tag, key), slot);
         (verdict, evicted)
     }
 }
