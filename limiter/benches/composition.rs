@@ -12,10 +12,12 @@
 //! `/proc/thread-self/schedstat`, which time spent waiting for a CPU on a
 //! busy machine does not inflate) and as wall time.
 //!
-//! Everything runs on one current-thread Tokio runtime (the `Limiter` bounds
-//! each store call with `tokio::time::timeout`, which needs one), and the
-//! bare store is called from the same loop through `&dyn Store`, as a rule
-//! calls it. The dead store fails at once, without I/O: the figure is the
+//! Each thread runs a current-thread Tokio runtime (the `Limiter` bounds
+//! an awaited store call with `tokio::time::timeout`, which needs one), and
+//! the bare store is called from the same loop through `&dyn Store`, as a
+//! rule calls it. The "2 threads" workloads share one contender between two
+//! threads, as a multi-threaded server's workers share one limiter; their
+//! CPU figure is the two threads' time per decision, so contention shows. The dead store fails at once, without I/O: the figure is the
 //! cost of the composition around an open breaker, not of a network.
 
 use std::hint::black_box;
@@ -140,7 +142,18 @@ fn thread_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
-async fn measure(i: usize, keys: &[[u8; 32]], policy: Policy) -> Sample {
+/// `DECISIONS` decisions of contender `i`, split over `threads` threads
+/// (each on a current-thread runtime of its own, sharing the contender as a
+/// multi-threaded server's workers share one limiter). CPU time is the
+/// threads' sum, so with two threads it shows what sharing costs: lines
+/// bounced between cores, lock waits.
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    i: usize,
+    keys: &[[u8; 32]],
+    policy: Policy,
+    threads: usize,
+) -> Sample {
     let clock = ManualClock::new();
     let now = clock.now();
     let c = contender(i, &clock, policy);
@@ -148,22 +161,46 @@ async fn measure(i: usize, keys: &[[u8; 32]], policy: Policy) -> Sample {
     // first decision): with the refusing policy the measured decisions are
     // refusals, the abuse case, except where a dead store fails open; with
     // the admitting one, every key exists and every decision admits.
-    for _ in 0..=LIMIT {
-        for k in keys {
-            c.decide(k, now, &policy).await;
+    rt.block_on(async {
+        for _ in 0..=LIMIT {
+            for k in keys {
+                c.decide(k, now, &policy).await;
+            }
         }
-    }
-    let cpu = thread_cpu_ns();
+    });
+    let per_thread = DECISIONS / threads;
     let start = Instant::now();
-    let mut admitted = 0;
-    for n in 0..DECISIONS {
-        let k = &keys[n * 7 % keys.len()];
-        admitted += usize::from(c.decide(black_box(k), now, &policy).await);
-    }
+    let (cpu, admitted) = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let c = &c;
+                scope.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                        .unwrap();
+                    let cpu = thread_cpu_ns();
+                    let mut admitted = 0;
+                    rt.block_on(async {
+                        for n in 0..per_thread {
+                            let k = &keys[(n * 7 + t * 13) % keys.len()];
+                            admitted += usize::from(c.decide(black_box(k), now, &policy).await);
+                        }
+                    });
+                    (thread_cpu_ns() - cpu, admitted)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .fold((0, 0), |(c, a), (wc, wa)| (c + wc, a + wa))
+    });
     let wall = start.elapsed();
+    let decisions = (per_thread * threads) as f64;
     Sample {
-        cpu_ns: (thread_cpu_ns() - cpu) as f64 / DECISIONS as f64,
-        wall_ns: wall.as_nanos() as f64 / DECISIONS as f64,
+        cpu_ns: cpu as f64 / decisions,
+        wall_ns: wall.as_nanos() as f64 / decisions,
         admitted,
     }
 }
@@ -187,11 +224,23 @@ fn main() {
         .build()
         .unwrap();
     let all: Vec<[u8; 32]> = (0..KEYS).map(key).collect();
-    let workloads: [(&str, &[[u8; 32]], Policy); 4] = [
-        ("one hot key", &all[..1], refusing()),
-        ("1,000 keys round-robin", &all[..], refusing()),
-        ("admit path, one hot key", &all[..1], admitting()),
-        ("admit path, 1,000 keys", &all[..], admitting()),
+    let workloads: [(&str, &[[u8; 32]], Policy, usize); 6] = [
+        ("one hot key", &all[..1], refusing(), 1),
+        ("1,000 keys round-robin", &all[..], refusing(), 1),
+        ("admit path, one hot key", &all[..1], admitting(), 1),
+        ("admit path, 1,000 keys", &all[..], admitting(), 1),
+        (
+            "2 threads, admit path, one hot key",
+            &all[..1],
+            admitting(),
+            2,
+        ),
+        (
+            "2 threads, admit path, 1,000 keys",
+            &all[..],
+            admitting(),
+            2,
+        ),
     ];
     println!(
         "\n{DECISIONS} decisions per run, best of {RUNS} interleaved runs, GCRA {LIMIT}/min \
@@ -202,7 +251,7 @@ fn main() {
         "| workload | contender | CPU ns/decision | wall ns/decision | CPU ÷ (a) | CPU ÷ (b) | admitted |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|");
-    for (label, keys, policy) in workloads {
+    for (label, keys, policy, threads) in workloads {
         if !filters.is_empty() && !filters.iter().any(|f| label.contains(f.as_str())) {
             continue;
         }
@@ -217,7 +266,7 @@ fn main() {
                     });
                     continue;
                 }
-                let s = rt.block_on(measure(i, keys, policy));
+                let s = measure(&rt, i, keys, policy, threads);
                 *slot = Some(match *slot {
                     Some(b) => Sample {
                         cpu_ns: b.cpu_ns.min(s.cpu_ns),
