@@ -151,8 +151,8 @@ impl Escalation {
 /// Counters of one rule, updated with relaxed atomics.
 #[derive(Debug, Default)]
 struct Counters {
-    allowed: AtomicU64,
-    refused: AtomicU64,
+    allowed: Striped,
+    refused: Striped,
     store_errors: AtomicU64,
     short_circuited: AtomicU64,
     fallbacks: AtomicU64,
@@ -168,6 +168,38 @@ struct Counters {
 
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Stripes of a [`Striped`] counter.
+const STRIPES: usize = 8;
+
+/// A counter that every decision of a rule increments, split over stripes
+/// on cache lines of their own: threads deciding for one rule at once each
+/// write their own stripe, instead of bouncing one line between their cores
+/// on every request. Reading sums the stripes.
+#[derive(Debug, Default)]
+struct Striped([Stripe; STRIPES]);
+
+/// 128 bytes: two 64-byte lines, since adjacent-line prefetching pairs them.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Stripe(AtomicU64);
+
+impl Striped {
+    fn bump(&self) {
+        thread_local! {
+            static STRIPE: usize = {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                NEXT.fetch_add(1, Ordering::Relaxed) as usize % STRIPES
+            };
+        }
+        let stripe = STRIPE.with(|s| *s);
+        self.0[stripe].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn load(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
 }
 
 /// A snapshot of one rule's counters, from [`Limiter::stats`].
@@ -543,8 +575,8 @@ impl Rule {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RuleStats {
             rule: self.name.clone(),
-            allowed: load(&c.allowed),
-            refused: load(&c.refused),
+            allowed: c.allowed.load(),
+            refused: c.refused.load(),
             store_errors: load(&c.store_errors),
             short_circuited: load(&c.short_circuited),
             fallbacks: load(&c.fallbacks),
@@ -975,9 +1007,9 @@ impl Rule {
     fn finish(&self, decision: &mut Decision) {
         decision.source.rule = Some(self.label);
         if decision.allowed {
-            bump(&self.counters.allowed);
+            self.counters.allowed.bump();
         } else {
-            bump(&self.counters.refused);
+            self.counters.refused.bump();
         }
         #[cfg(feature = "metrics")]
         metrics::counter!("limiter_decisions_total",
