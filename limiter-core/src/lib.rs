@@ -29,6 +29,7 @@ pub mod algorithm;
 mod breaker;
 mod decision;
 mod error;
+pub mod lease;
 mod limiter;
 mod policy;
 mod refusal_cache;
