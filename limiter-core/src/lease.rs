@@ -126,6 +126,10 @@ pub struct LeaseStats {
     pub leased: u64,
     /// Requests admitted from a batch in hand, without a round trip.
     pub local: u64,
+    /// Units spent on admitted requests (from a batch or from the grant
+    /// that started it), less those given back by refunds. Units leased
+    /// and neither spent nor released were stranded, or are still in hand.
+    pub spent: u64,
     /// Units handed back to the shared store by [`LeasedStore::release`].
     pub released: u64,
 }
@@ -185,6 +189,7 @@ pub struct LeasedStore {
     round_trips: AtomicU64,
     leased: AtomicU64,
     local: AtomicU64,
+    spent: AtomicU64,
     released: AtomicU64,
 }
 
@@ -214,6 +219,7 @@ impl LeasedStore {
             round_trips: AtomicU64::new(0),
             leased: AtomicU64::new(0),
             local: AtomicU64::new(0),
+            spent: AtomicU64::new(0),
             released: AtomicU64::new(0),
         }
     }
@@ -225,6 +231,7 @@ impl LeasedStore {
             round_trips: load(&self.round_trips),
             leased: load(&self.leased),
             local: load(&self.local),
+            spent: load(&self.spent),
             released: load(&self.released),
         }
     }
@@ -288,6 +295,7 @@ impl LeasedStore {
         lease.units -= cost;
         lease.spent = lease.spent.saturating_add(cost);
         bump(&self.local);
+        self.spent.fetch_add(u64::from(cost), Ordering::Relaxed);
         Some(lease.admitted(now, self.shared.name()))
     }
 
@@ -437,6 +445,7 @@ impl Store for LeasedStore {
         let grant = self.shared.decide(key, policy, size, now).await?;
         if grant.allowed {
             self.leased.fetch_add(u64::from(size), Ordering::Relaxed);
+            self.spent.fetch_add(u64::from(cost), Ordering::Relaxed);
             self.granted(key, policy, size, cost, t, &grant);
             let mut d = grant;
             d.remaining = d.remaining.saturating_add(size - cost);
@@ -450,6 +459,7 @@ impl Store for LeasedStore {
         let single = self.shared.decide(key, policy, cost, now).await?;
         if single.allowed {
             self.leased.fetch_add(u64::from(cost), Ordering::Relaxed);
+            self.spent.fetch_add(u64::from(cost), Ordering::Relaxed);
             self.granted(key, policy, cost, cost, t, &single);
         }
         Ok(single)
@@ -477,6 +487,7 @@ impl Store for LeasedStore {
             return None;
         }
         lease.units = lease.units.saturating_add(cost);
+        self.spent.fetch_sub(u64::from(cost), Ordering::Relaxed);
         Some(Ok(()))
     }
 
@@ -712,6 +723,10 @@ mod tests {
         // 1 + 2 + 4 + 8 + 16 = 31 units in 5 trips, then 32 per trip.
         assert_eq!(s.round_trips, 5 + (1_000 - 31usize).div_ceil(32) as u64);
         assert_eq!(s.local + s.round_trips, 1_000);
+        assert_eq!(s.spent, 1_000);
+        // What is leased and not spent is in hand.
+        let held = leased.units_in_hand(b"k", &policy, now);
+        assert_eq!(s.leased, s.spent + u64::from(held));
         assert!(s.round_trips * 10 <= 1_000);
     }
 
