@@ -127,6 +127,34 @@ async fn refusal_cache_scenario_catches_a_round_trip_per_refusal() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_scenarios_catch_uncounted_outliving_unreleased_and_self_granted_units() {
+    catches(
+        "leased_fleet_never_over_admits",
+        CompositionDefect::LeaseUncounted,
+        &["window 2", "against a limit of 20"],
+    )
+    .await;
+    catches(
+        "leased_fleet_never_over_admits",
+        CompositionDefect::LeaseOutlivesWindow,
+        &["window 2", "against a limit of 20"],
+    )
+    .await;
+    catches(
+        "leased_units_returned",
+        CompositionDefect::LeaseNotReleased,
+        &["handed none back"],
+    )
+    .await;
+    catches(
+        "leased_dead_store_follows_failure_policy",
+        CompositionDefect::LeaseOpenWhenDead,
+        &["must be refused by the failure policy"],
+    )
+    .await;
+}
+
 /// The whole matrix, printed for a reader (`--nocapture`), checked in the
 /// other direction: every defect is caught by some scenario.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,11 +44,22 @@ pub enum CompositionDefect {
     /// Asks the store on every refused request
     /// (`refused_offender_costs_no_round_trip`).
     NoRefusalCache,
+    /// Leases a batch but has the shared store count one unit of it
+    /// (`leased_fleet_never_over_admits`).
+    LeaseUncounted,
+    /// Keeps spending a batch after the window that counted it ended
+    /// (`leased_fleet_never_over_admits`).
+    LeaseOutlivesWindow,
+    /// Never hands unspent units back (`leased_units_returned`).
+    LeaseNotReleased,
+    /// Grants itself a batch when the shared store fails
+    /// (`leased_dead_store_follows_failure_policy`).
+    LeaseOpenWhenDead,
 }
 
 impl CompositionDefect {
     /// Every defect.
-    pub const ALL: [CompositionDefect; 7] = [
+    pub const ALL: [CompositionDefect; 11] = [
         CompositionDefect::NoRefunds,
         CompositionDefect::BothConsulted,
         CompositionDefect::PacedSampling,
@@ -56,6 +67,10 @@ impl CompositionDefect {
         CompositionDefect::NoBreaker,
         CompositionDefect::CancelledProbeReopens,
         CompositionDefect::NoRefusalCache,
+        CompositionDefect::LeaseUncounted,
+        CompositionDefect::LeaseOutlivesWindow,
+        CompositionDefect::LeaseNotReleased,
+        CompositionDefect::LeaseOpenWhenDead,
     ];
 }
 
@@ -128,6 +143,24 @@ impl Composer for BrokenComposer {
                     clock,
                 }))
             }
+            CompositionDefect::LeaseNotReleased => {
+                Ok(Box::new(Unreleased(LimiterComposer.compose(tiers, clock)?)))
+            }
+            CompositionDefect::LeaseUncounted
+            | CompositionDefect::LeaseOutlivesWindow
+            | CompositionDefect::LeaseOpenWhenDead => {
+                for t in &mut tiers {
+                    if let Some(units) = t.lease.take() {
+                        t.store = Arc::new(BrokenLease {
+                            shared: t.store.clone(),
+                            units,
+                            defect: self.0,
+                            batches: Mutex::default(),
+                        });
+                    }
+                }
+                LimiterComposer.compose(tiers, clock)
+            }
             CompositionDefect::CancelledProbeReopens => {
                 let first = tiers
                     .first()
@@ -150,6 +183,118 @@ impl Composer for BrokenComposer {
                 }))
             }
         }
+    }
+}
+
+/// A composition whose leases are never handed back.
+struct Unreleased(Box<dyn Composition>);
+
+#[async_trait]
+impl Composition for Unreleased {
+    async fn check(&self, key: &[u8]) -> Decision {
+        self.0.check(key).await
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        self.0.flush_abuse_events().await
+    }
+}
+
+/// A lease as first written: batches of a fixed size, with one defect.
+#[derive(Debug)]
+struct BrokenLease {
+    shared: Arc<dyn Store>,
+    units: u32,
+    defect: CompositionDefect,
+    /// Per key: units in hand, and the end of the window that counted them.
+    batches: Mutex<std::collections::HashMap<Vec<u8>, (u32, u64)>>,
+}
+
+impl BrokenLease {
+    fn grant(&self, key: &[u8], cost: u32, until: u64) {
+        let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        batches.insert(key.to_vec(), (self.units - cost, until));
+    }
+}
+
+#[async_trait]
+impl Store for BrokenLease {
+    fn name(&self) -> &'static str {
+        self.shared.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.shared.capabilities()
+    }
+
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        self.shared.check_policy(policy)
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let t = now.as_micros();
+        {
+            let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((units, until)) = batches.get_mut(key) {
+                let live = t < *until || self.defect == CompositionDefect::LeaseOutlivesWindow;
+                if live && *units >= cost {
+                    *units -= cost;
+                    return Ok(Decision {
+                        allowed: true,
+                        limit: policy.limit(),
+                        remaining: *units,
+                        reset_after: Duration::from_micros(until.saturating_sub(t)),
+                        retry_after: Duration::ZERO,
+                        source: Source::store(self.shared.name()),
+                    });
+                }
+            }
+        }
+        let ask = match self.defect {
+            CompositionDefect::LeaseUncounted => cost,
+            _ => self.units,
+        };
+        let grant = match self.shared.decide(key, policy, ask, now).await {
+            Ok(d) => d,
+            Err(_) if self.defect == CompositionDefect::LeaseOpenWhenDead => {
+                self.grant(key, cost, t + policy.window_micros());
+                return Ok(Decision {
+                    allowed: true,
+                    limit: policy.limit(),
+                    remaining: self.units - cost,
+                    reset_after: policy.window(),
+                    retry_after: Duration::ZERO,
+                    source: Source::store(self.shared.name()),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        if grant.allowed {
+            let until = t + grant.reset_after.as_micros() as u64;
+            self.grant(key, cost, until);
+            return Ok(grant);
+        }
+        if ask == cost {
+            return Ok(grant);
+        }
+        self.shared.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.shared.refund(key, policy, cost, now, admitted).await
     }
 }
 

@@ -6,7 +6,8 @@
 //! by a later tier but still counted by an earlier one, a fallback consulted
 //! beside the store it stands in for, escalation sampling that depends on a
 //! client's pace, one abuse write per refusal, a dead store costing a
-//! timeout per request, a breaker that a disconnecting client keeps open.
+//! timeout per request, a breaker that a disconnecting client keeps open,
+//! leased units spent outside the window that counted them.
 //! These scenarios attack those, with local tiers on the honest
 //! [`ReferenceStore`](crate::broken::ReferenceStore), the shared tier from a
 //! [`StoreFactory`] (memory, Redis, Postgres or yours), and time on a
@@ -32,9 +33,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
+use limiter_core::lease::{LeaseConfig, LeasedStore};
 use limiter_core::{
-    AbuseSink, BreakerConfig, ConfigError, Decision, FailurePolicy, Limiter, ManualClock, Policy,
-    Rule, Store,
+    AbuseSink, BreakerConfig, Clock, ConfigError, Decision, FailurePolicy, Limiter, ManualClock,
+    Policy, Rule, Store,
 };
 
 use crate::{ScenarioResult, StoreFactory};
@@ -46,7 +48,8 @@ mod support;
 pub use scenarios::{
     abuse_writes_bounded, breaker_recovery, dead_store_costs_one_timeout,
     escalation_rate_independent_of_pace, fallback_never_double_counts,
-    later_tier_refusal_not_charged, refused_offender_costs_no_round_trip,
+    later_tier_refusal_not_charged, leased_dead_store_follows_failure_policy,
+    leased_fleet_never_over_admits, leased_units_returned, refused_offender_costs_no_round_trip,
     shared_retry_after_honoured,
 };
 pub use support::{Health, Switch};
@@ -72,6 +75,9 @@ pub struct TierSpec {
     pub escalation: Option<EscalationSpec>,
     /// A refusal cache of this many keys; `None` keeps the rule's default.
     pub refusal_cache: Option<usize>,
+    /// The store is shared by a fleet and leased in batches of at most this
+    /// many units ([`LeasedStore`]).
+    pub lease: Option<u32>,
 }
 
 impl fmt::Debug for TierSpec {
@@ -101,10 +107,12 @@ impl TierSpec {
             fallback: None,
             escalation: None,
             refusal_cache: None,
+            lease: None,
         }
     }
 
-    /// The [`Rule`] this tier describes.
+    /// The [`Rule`] this tier describes, on `self.store` as it is (a
+    /// composer wraps it first for a [`lease`](Self::lease)).
     pub fn rule(&self) -> Result<Rule, ConfigError> {
         let mut rule = Rule::new(self.name, self.store.clone(), self.policy)?
             .with_timeout(self.timeout)?
@@ -142,6 +150,12 @@ pub trait Composition: Send + Sync {
     async fn check(&self, key: &[u8]) -> Decision;
     /// Writes every abuse event held back; returns how many were written.
     async fn flush_abuse_events(&self) -> u64;
+    /// Hands every unspent leased unit back to the shared store, as an
+    /// instance does at shutdown; returns how many. A composition without
+    /// leases has none.
+    async fn release_leases(&self) -> u64 {
+        0
+    }
 }
 
 #[async_trait]
@@ -172,14 +186,59 @@ pub struct LimiterComposer;
 impl Composer for LimiterComposer {
     fn compose(
         &self,
-        tiers: Vec<TierSpec>,
+        mut tiers: Vec<TierSpec>,
         clock: ManualClock,
     ) -> Result<Box<dyn Composition>, ConfigError> {
-        let mut builder = Limiter::builder().clock(clock);
+        let mut leases = Vec::new();
+        for tier in &mut tiers {
+            if let Some(units) = tier.lease {
+                let leased = Arc::new(LeasedStore::new(
+                    tier.store.clone(),
+                    LeaseConfig::new(units)?,
+                ));
+                tier.store = leased.clone();
+                leases.push(leased);
+            }
+        }
+        let mut builder = Limiter::builder().clock(clock.clone());
         for tier in &tiers {
             builder = builder.rule(tier.rule()?);
         }
-        Ok(Box::new(builder.build()?))
+        let limiter = builder.build()?;
+        if leases.is_empty() {
+            return Ok(Box::new(limiter));
+        }
+        Ok(Box::new(Leasing {
+            limiter,
+            leases,
+            clock,
+        }))
+    }
+}
+
+/// A [`Limiter`] whose tiers lease from their shared stores.
+struct Leasing {
+    limiter: Limiter,
+    leases: Vec<Arc<LeasedStore>>,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl Composition for Leasing {
+    async fn check(&self, key: &[u8]) -> Decision {
+        self.limiter.check(key).await
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        self.limiter.flush_abuse_events().await
+    }
+
+    async fn release_leases(&self) -> u64 {
+        let mut released = 0;
+        for lease in &self.leases {
+            released += lease.release(self.clock.now()).await;
+        }
+        released
     }
 }
 
@@ -248,6 +307,9 @@ composition_list! {
     dead_store_costs_one_timeout => "a dead store or abuse sink costing a timeout per request instead of per cool-down",
     breaker_recovery => "a breaker kept open by a cancelled probe, or half-open for ever by an invalid one",
     refused_offender_costs_no_round_trip => "a refused client hammering costing a shared-store round trip per request",
+    leased_fleet_never_over_admits => "leased units not counted by the shared store, or spent after the window that counted them",
+    leased_units_returned => "units leased by an instance that stops left stranded instead of handed back",
+    leased_dead_store_follows_failure_policy => "a lease that admits on its own once the shared store is dead and its batch is spent",
 }
 
 #[doc(hidden)]

@@ -622,6 +622,196 @@ pub(super) async fn refused_offender_costs_no_round_trip_impl(
     ])
 }
 
+fn fixed(limit: u32, window_s: u64) -> Result<Policy, Failure> {
+    policy(Algorithm::FixedWindow, limit, window_s * S)
+}
+
+/// `n` instances, each a composition of one tier leasing from `store` in
+/// batches of at most `units`.
+fn fleet(
+    composer: &dyn Composer,
+    n: usize,
+    store: &Arc<dyn Store>,
+    p: Policy,
+    units: u32,
+    on_failure: FailurePolicy,
+    clock: &ManualClock,
+) -> Result<Vec<Box<dyn Composition>>, Failure> {
+    (0..n)
+        .map(|_| {
+            let mut tier = TierSpec::new("quota", store.clone(), p);
+            tier.lease = Some(units);
+            tier.on_failure = on_failure;
+            compose(composer, vec![tier], clock)
+        })
+        .collect()
+}
+
+pub(super) async fn leased_fleet_never_over_admits_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // Four instances lease from one shared fixed window of 20 per 10 s, in
+    // batches of at most 4. Window 1 (opened at t0 by its first request):
+    // 12 requests, 3 per instance, leave units in hand at its end. Window 2
+    // (opened at t0+10 s): 60 requests, 15 per instance. The shared store
+    // counts every leased unit, and a lease ends with the window that
+    // counted it, so each window admits at most 20; an instance strands at
+    // most 3 units, so window 2 admits at least 20 − 4 × 3 = 8.
+    let clock = ManualClock::new();
+    let store = shared(factory).await?;
+    let p = fixed(20, 10)?;
+    let fleet = fleet(composer, 4, &store, p, 4, FailurePolicy::Closed, &clock)?;
+    let mut admitted = [0u32; 2];
+    for (window, requests) in [(0u64, 12u64), (1, 60)] {
+        for r in 0..requests {
+            // Every 100 ms from the window's start: all inside it.
+            at(&clock, window * 10 * S + r * 100_000);
+            let d = fleet[(r % 4) as usize].check(b"tenant").await;
+            if d.source.degraded {
+                return fail(format!(
+                    "window {}, request {}: the shared store must answer; got {}",
+                    window + 1,
+                    r + 1,
+                    show(&d)
+                ));
+            }
+            admitted[window as usize] += u32::from(d.allowed);
+        }
+    }
+    if admitted[0] != 12 {
+        return fail(format!(
+            "window 1: 12 requests under a limit of 20 must all be admitted; {} were",
+            admitted[0]
+        ));
+    }
+    if admitted[1] > 20 {
+        return fail(format!(
+            "window 2: the fleet admitted {} requests against a limit of 20: leased units were \
+             not counted by the shared store, or were spent after the window that counted them",
+            admitted[1]
+        ));
+    }
+    if admitted[1] < 8 {
+        return fail(format!(
+            "window 2: the fleet admitted only {} of 60 requests; at most 4 × 3 units can be \
+             stranded, so at least 8 must be admitted",
+            admitted[1]
+        ));
+    }
+    evidence(vec![
+        "window 1: 12 of 12 admitted, leaving units in hand".into(),
+        format!(
+            "window 2: {} of 60 admitted, at most the limit of 20",
+            admitted[1]
+        ),
+    ])
+}
+
+pub(super) async fn leased_units_returned_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // A shared fixed window of 10 per 10 s; two instances leasing in
+    // batches of at most 4. A serves 4 requests and then stops, holding
+    // units it leased; released, they go back to the shared store, and B,
+    // asking until refused, is admitted every unit A did not spend: 6.
+    let clock = ManualClock::new();
+    let store = shared(factory).await?;
+    let p = fixed(10, 10)?;
+    let fleet = fleet(composer, 2, &store, p, 4, FailurePolicy::Closed, &clock)?;
+    at(&clock, 0);
+    for i in 1..=4 {
+        let d = fleet[0].check(b"tenant").await;
+        if !d.allowed {
+            return fail(format!(
+                "A's request {i} of 4 must be admitted; got {}",
+                show(&d)
+            ));
+        }
+    }
+    at(&clock, S);
+    let released = fleet[0].release_leases().await;
+    if released == 0 {
+        return fail(
+            "A served 4 requests from batches of up to 4 and holds units, but releasing its \
+             leases handed none back",
+        );
+    }
+    let mut b = 0;
+    for _ in 0..20 {
+        if fleet[1].check(b"tenant").await.allowed {
+            b += 1;
+        }
+    }
+    if b != 6 {
+        return fail(format!(
+            "after A (4 admitted) released {released} units, B must be admitted the other 6 of \
+             the window's 10; it was admitted {b}: {} units left stranded",
+            6i64 - i64::from(b)
+        ));
+    }
+    evidence(vec![
+        format!("A admitted 4 and released {released} unspent units"),
+        "B was then admitted exactly the 6 units A did not spend".into(),
+    ])
+}
+
+pub(super) async fn leased_dead_store_follows_failure_policy_impl(
+    factory: &dyn StoreFactory,
+    composer: &dyn Composer,
+) -> ScenarioResult {
+    // One instance, fail closed, leasing in batches of at most 4 from a
+    // shared fixed window of 1,000 per minute. After 4 requests it holds
+    // units; then the shared store fails. The units in hand were counted
+    // before the outage and may be spent (at most 3); after them every
+    // request is refused by the failure policy.
+    let clock = ManualClock::new();
+    let store = Switch::<dyn Store>::new(shared(factory).await?);
+    let shared_store: Arc<dyn Store> = store.clone();
+    let p = fixed(1_000, 60)?;
+    let fleet = fleet(
+        composer,
+        1,
+        &shared_store,
+        p,
+        4,
+        FailurePolicy::Closed,
+        &clock,
+    )?;
+    at(&clock, 0);
+    for i in 1..=4 {
+        let d = fleet[0].check(b"tenant").await;
+        if !d.allowed {
+            return fail(format!(
+                "request {i} of 4 must be admitted; got {}",
+                show(&d)
+            ));
+        }
+    }
+    store.set(Health::Failing);
+    at(&clock, S);
+    let mut from_hand = 0;
+    for i in 1..=10 {
+        let d = fleet[0].check(b"tenant").await;
+        if d.allowed && !d.source.degraded && from_hand < 3 {
+            from_hand += 1;
+            continue;
+        }
+        if d.allowed || !d.source.degraded {
+            return fail(format!(
+                "request {i} with the shared store failing, after {from_hand} paid from units \
+                 in hand (at most 3): must be refused by the failure policy (closed); got {}",
+                show(&d)
+            ));
+        }
+    }
+    evidence(vec![
+        format!("{from_hand} requests paid from units leased before the outage"),
+        "every later request refused by the failure policy, degraded".into(),
+    ])
+}
+
 macro_rules! public {
     ($($(#[$doc:meta])* $name:ident => $imp:ident,)*) => {
         $(
@@ -676,4 +866,19 @@ public! {
     /// (retry 30 s) without a call; at t0+60 s the store is asked and admits.
     /// Catches a composition that asks the store on every refused request.
     refused_offender_costs_no_round_trip => refused_offender_costs_no_round_trip_impl,
+    /// Four instances leasing from one fixed window of 20 per 10 s in
+    /// batches of at most 4: 12 requests in the first window leave units in
+    /// hand; of 60 in the second, at most 20 and at least 8 (20 less what
+    /// four instances can strand) are admitted. Catches leased units the
+    /// shared store never counted, and units spent after their window.
+    leased_fleet_never_over_admits => leased_fleet_never_over_admits_impl,
+    /// Two instances on one fixed window of 10: A serves 4 and releases its
+    /// leases; B is then admitted exactly the 6 units A did not spend.
+    /// Catches units an instance that stops leaves stranded.
+    leased_units_returned => leased_units_returned_impl,
+    /// One instance, fail closed: after the shared store fails, at most the
+    /// 3 units in hand are spent, then every request is refused by the
+    /// failure policy. Catches a lease that admits on its own when the
+    /// shared store is dead.
+    leased_dead_store_follows_failure_policy => leased_dead_store_follows_failure_policy_impl,
 }
