@@ -193,10 +193,10 @@ pub struct LeasedStore {
     released: AtomicU64,
 }
 
-/// The most leases held at once. A new key beyond it drops the expired
-/// leases first, and if none has expired, is served without a lease (one
-/// round trip per request, like the shared store alone): a flood of
-/// distinct keys can cost round trips, never memory.
+/// The most leases held at once. A new key beyond it drops the spent and
+/// expired leases first, and if that makes no room, is served without a
+/// batch (one round trip per request, like the shared store alone): a flood
+/// of distinct keys can cost round trips, never memory.
 const MAX_LEASES: usize = 100_000;
 
 impl fmt::Debug for LeasedStore {
@@ -305,8 +305,17 @@ impl LeasedStore {
     /// by `max_units` and by half of what the shared store last said was
     /// left, and never below the cost.
     fn next_size(&self, key: &[u8], policy: &Policy, cost: u32, now: u64) -> u32 {
-        let leases = self.lock();
-        let size = match leases.get(&(policy.algorithm(), key.to_vec())) {
+        let mut leases = self.lock();
+        let map_key = (policy.algorithm(), key.to_vec());
+        if leases.len() >= MAX_LEASES && !leases.contains_key(&map_key) {
+            leases.retain(|_, l| now < l.until && l.units > 0);
+            if leases.len() >= MAX_LEASES {
+                // No room to keep a batch: lease exactly the request, so
+                // nothing is stranded.
+                return cost;
+            }
+        }
+        let size = match leases.get(&map_key) {
             Some(l) if l.live(policy, now) => l
                 .size
                 .saturating_mul(2)
@@ -335,9 +344,6 @@ impl LeasedStore {
             _ => now.saturating_add(reset_after),
         };
         let mut leases = self.lock();
-        if leases.len() >= MAX_LEASES {
-            leases.retain(|_, l| now < l.until && l.units > 0);
-        }
         let map_key = (policy.algorithm(), key.to_vec());
         // Units still in hand from an earlier batch of the same window stay
         // spendable; they were counted in the window this one ends with.
@@ -346,6 +352,8 @@ impl LeasedStore {
             .filter(|l| l.live(policy, now) && l.until == until)
             .map_or((0, 0), |l| (l.units, l.spent));
         if leases.len() >= MAX_LEASES && !leases.contains_key(&map_key) {
+            // Filled by other keys since `next_size`: the batch beyond this
+            // request is stranded, at most `max_units − 1` as always.
             return;
         }
         leases.insert(
