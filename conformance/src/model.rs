@@ -557,3 +557,111 @@ pub async fn replay_tiers(
     }
     Ok(later_refusals)
 }
+
+/// What [`refund_differential`] sent: decisions and refunds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefundCounts {
+    /// Decisions compared with [`limiter_core::algorithm::apply`].
+    pub decisions: u64,
+    /// Refunds sent to the store and to [`limiter_core::algorithm::refund`].
+    pub refunds: u64,
+}
+
+/// A small deterministic generator, so that a failing script reproduces.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % bound
+    }
+}
+
+/// Refunds against [`limiter_core::algorithm::refund`], which the
+/// [`Model`] does not replay: for every algorithm and four policy shapes,
+/// `steps_per_key` steps on a key of their own, each a decision or (about
+/// one in three) a refund of an earlier admission, each refunded at most
+/// once, in any order, some long after the fact. The store and the core
+/// must leave every key in the same state, as the decisions that follow
+/// show: the first decision that differs, or any store error, fails.
+///
+/// Keys are `{algorithm}-{shape}`, so `store` needs a namespace of its own
+/// (a key prefix or a schema). The script is fixed (seeded), so a failure
+/// reproduces; the counts returned let the caller check it exercised both
+/// operations.
+pub async fn refund_differential(
+    store: &dyn limiter_core::Store,
+    steps_per_key: usize,
+) -> Result<RefundCounts, crate::Failure> {
+    use limiter_core::ManualClock;
+    use limiter_core::algorithm::{apply, refund};
+
+    let shapes: [(u32, Duration); 4] = [
+        (1, Duration::from_millis(1)),
+        (3, Duration::from_millis(7)),
+        (10, Duration::from_secs(1)),
+        (7, Duration::from_micros(1_000_003)),
+    ];
+    let t0 = ManualClock::DEFAULT_START.as_micros();
+    let mut rng = Lcg(7);
+    let mut counts = RefundCounts {
+        decisions: 0,
+        refunds: 0,
+    };
+    for algorithm in Algorithm::ALL {
+        for (i, &(limit, window)) in shapes.iter().enumerate() {
+            let p = Policy::new(algorithm, limit, window)
+                .map_err(|e| crate::Failure(format!("{algorithm} shape {i}: {e}")))?;
+            let key = format!("{algorithm}-{i}");
+            let mut state = None;
+            let mut admitted: Vec<(u64, u32, Decision)> = Vec::new();
+            let w = p.window_micros();
+            let mut now = t0 + rng.next(w);
+            for step in 0..steps_per_key {
+                if !admitted.is_empty() && rng.next(3) == 0 {
+                    let pick = rng.next(admitted.len() as u64) as usize;
+                    let (at, cost, d) = admitted.swap_remove(pick);
+                    let reset_after = d.reset_after.as_micros() as u64;
+                    refund(&mut state, &p, cost, at, reset_after);
+                    store
+                        .refund(key.as_bytes(), &p, cost, Timestamp::from_micros(at), &d)
+                        .await
+                        .map_err(|e| {
+                            crate::Failure(format!("{p}, step {step}: refund failed: {e}"))
+                        })?;
+                    counts.refunds += 1;
+                    continue;
+                }
+                // Mostly small steps forward, sometimes a jump or a step back.
+                now = match rng.next(20) {
+                    0 => now.saturating_sub(rng.next(w)),
+                    1 => now + w + rng.next(2 * w),
+                    _ => now + rng.next(w / 4 + 1),
+                };
+                let cost = 1 + rng.next(u64::from(limit).min(4)) as u32;
+                let expected =
+                    Decision::from_verdict(apply(&mut state, &p, cost, now), &p, store.name());
+                let got = store
+                    .decide(key.as_bytes(), &p, cost, Timestamp::from_micros(now))
+                    .await
+                    .map_err(|e| {
+                        crate::Failure(format!("{p}, step {step}, cost {cost}, now {now}: {e}"))
+                    })?;
+                if got != expected {
+                    return Err(crate::Failure(format!(
+                        "{p}, step {step}, cost {cost}, now {now}: store answered {got:?}, \
+                         the core {expected:?}"
+                    )));
+                }
+                if got.allowed {
+                    admitted.push((now, cost, got));
+                }
+                counts.decisions += 1;
+            }
+        }
+    }
+    Ok(counts)
+}
