@@ -2,13 +2,12 @@
 //! on loopback ports with host networking, joined by `redis-cli --cluster
 //! create`.
 
-mod common;
-
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use limiter_core::Store;
 use limiter_redis::RedisStore;
+use limiter_test_support::redis as fixture;
 
 fn cluster_url() -> &'static str {
     static URL: LazyLock<String> = LazyLock::new(|| {
@@ -20,7 +19,7 @@ fn cluster_url() -> &'static str {
                 .enable_all()
                 .build()
                 .expect("a runtime to start the cluster");
-            let (nodes, url) = rt.block_on(common::start_cluster());
+            let (nodes, url) = rt.block_on(fixture::start_cluster());
             std::mem::forget(nodes);
             url
         })
@@ -32,7 +31,7 @@ fn cluster_url() -> &'static str {
 
 async fn store() -> Arc<dyn Store> {
     let store = RedisStore::builder(cluster_url())
-        .key_prefix(common::unique_prefix("cluster"))
+        .key_prefix(fixture::unique_prefix("cluster"))
         // The suite tests semantics, not latency: a loaded CI machine must
         // not turn a slow answer into a failed scenario.
         .timeout(Duration::from_secs(10))

@@ -1,0 +1,135 @@
+//! An HTTP server on a free port and a client over a real socket.
+
+use std::net::{IpAddr, SocketAddr};
+
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// Serves `app` on a fresh port of 127.0.0.1 with peer addresses available
+/// to the layer.
+pub async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: HeaderMap,
+    /// The body, as UTF-8.
+    pub body: String,
+}
+
+impl Reply {
+    /// The header `name`; panics if it is missing or not visible ASCII.
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} header in {self:?}"))
+            .to_str()
+            .unwrap()
+    }
+
+    /// The header `name` as a number.
+    pub fn header_u64(&self, name: &str) -> u64 {
+        self.header(name).parse().unwrap()
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+
+    /// Checks that every rate-limit header says the same as the others.
+    pub fn assert_consistent(&self, policy: &str, window: u64) {
+        let limit = self.header_u64("x-ratelimit-limit");
+        let remaining = self.header_u64("x-ratelimit-remaining");
+        let reset = self.header_u64("x-ratelimit-reset");
+        assert_eq!(
+            self.header("ratelimit-policy"),
+            format!("\"{policy}\";q={limit};w={window}")
+        );
+        assert_eq!(
+            self.header("ratelimit"),
+            format!("\"{policy}\";r={remaining};t={reset}")
+        );
+        assert!(remaining <= limit);
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            let json = self.json();
+            assert_eq!(json["error"], "rate_limited");
+            assert_eq!(json["retry_after"], self.header_u64("retry-after"));
+            assert_eq!(json["limit"], limit);
+            assert_eq!(json["remaining"], remaining);
+            assert_eq!(json["reset"], reset);
+            assert_eq!(json["policy"], policy);
+            assert_eq!(self.header("content-type"), "application/json");
+        } else {
+            assert!(self.headers.get("retry-after").is_none());
+        }
+    }
+}
+
+/// An HTTP/1 client, optionally bound to a local address (127.0.0.2 is
+/// another client on the same machine).
+#[derive(Clone)]
+pub struct TestClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl TestClient {
+    /// A client of `server`, connecting from `local` if given.
+    pub fn new(server: SocketAddr, local: Option<IpAddr>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_local_address(local);
+        TestClient {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            base: format!("http://{server}"),
+        }
+    }
+
+    /// Sends a request with an empty body and reads the whole reply.
+    pub async fn send(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = self
+            .client
+            .request(request.body(Full::new(Bytes::new())).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Reply {
+            status,
+            headers,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+        }
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path, &[]).await
+    }
+}

@@ -1,0 +1,257 @@
+//! Redis servers in containers, shared by address only.
+//!
+//! `LIMITER_REDIS_URL` points the shared-server tests at an existing server
+//! instead; `LIMITER_REDIS_IMAGE` (`name:tag`) replaces the locally built
+//! `limiter-test-redis:7` (for example with the official `redis:7`).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use testcontainers::core::{ExecCommand, IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+use crate::containers::image_from_env;
+pub use crate::containers::{free_port, reap_on_exit};
+
+/// The image used unless `LIMITER_REDIS_IMAGE` names another.
+pub const DEFAULT_IMAGE: &str = "limiter-test-redis:7";
+const FIX: &str = "build the local test image with `scripts/build-test-images.sh` (or set \
+                   LIMITER_REDIS_IMAGE to an available Redis image, or LIMITER_REDIS_URL to a \
+                   running server)";
+
+/// The image to run, as (name, tag).
+pub fn image_name() -> (String, String) {
+    image_from_env("LIMITER_REDIS_IMAGE", DEFAULT_IMAGE)
+}
+
+/// The image, waiting for the server to accept connections.
+pub fn image() -> GenericImage {
+    let (name, tag) = image_name();
+    GenericImage::new(name, tag)
+        .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
+}
+
+/// Starts `request`, registering the container for removal at exit;
+/// panics with what to do if it cannot start.
+pub async fn start_request(
+    request: impl Into<testcontainers::ContainerRequest<GenericImage>>,
+    what: &str,
+) -> ContainerAsync<GenericImage> {
+    let container = request
+        .into()
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start a {what} container ({e}); {FIX}"));
+    reap_on_exit(container.id());
+    container
+}
+
+/// A Redis container reached through a published port on 127.0.0.1.
+pub async fn start_redis() -> (ContainerAsync<GenericImage>, String) {
+    let container = start_request(image().with_exposed_port(6379.tcp()), "Redis").await;
+    let port = container
+        .get_host_port_ipv4(6379.tcp())
+        .await
+        .unwrap_or_else(|e| panic!("Redis container has no published port: {e}"));
+    (container, format!("redis://127.0.0.1:{port}"))
+}
+
+/// A Redis container on a fixed host port, so that it keeps its address
+/// across a stop and a start.
+pub async fn start_redis_on_fixed_port() -> (ContainerAsync<GenericImage>, String) {
+    let port = free_port(false);
+    let request = image()
+        .with_exposed_port(6379.tcp())
+        .with_mapped_port(port, 6379.tcp());
+    (
+        start_request(request, "Redis").await,
+        format!("redis://127.0.0.1:{port}"),
+    )
+}
+
+/// The shared server of this test binary: `LIMITER_REDIS_URL`, or a
+/// container started once. Only the address is shared: connections belong
+/// to the runtime of the test that opens them.
+pub fn shared_url() -> &'static str {
+    static URL: LazyLock<String> = LazyLock::new(|| {
+        if let Ok(url) = std::env::var("LIMITER_REDIS_URL") {
+            return url;
+        }
+        // Started on its own runtime, since tests call this from theirs; the
+        // container is kept for the life of the process and reaped after.
+        std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to start the container");
+            let (container, url) = rt.block_on(start_redis());
+            std::mem::forget(container);
+            url
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("starting the shared Redis container failed; {FIX}"))
+    });
+    &URL
+}
+
+/// A key prefix no other test (in any process) uses.
+pub fn unique_prefix(what: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "test:{what}:{}:{nanos}:{}:",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A connection for a test's own commands (statistics, inspection).
+pub async fn admin(url: &str) -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// Polls until the server answers PING again after a start.
+pub async fn wait_until_up(url: &str) {
+    for _ in 0..200 {
+        if let Ok(Ok(mut c)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            ::redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection(),
+        )
+        .await
+        {
+            let pong: Result<String, _> = ::redis::cmd("PING").query_async(&mut c).await;
+            if pong.is_ok() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("Redis at {url} did not come back within 20 s");
+}
+
+/// A three-master Redis Cluster on 127.0.0.1 (host networking), returned
+/// with its `redis+cluster://` URL.
+pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
+    let mut ports: Vec<u16> = Vec::new();
+    while ports.len() < 3 {
+        let p = free_port(true);
+        if !ports.contains(&p) {
+            ports.push(p);
+        }
+    }
+    let mut nodes = Vec::new();
+    for port in &ports {
+        let request = image().with_network("host").with_cmd([
+            "--port".to_string(),
+            port.to_string(),
+            "--cluster-enabled".into(),
+            "yes".into(),
+            "--cluster-announce-ip".into(),
+            "127.0.0.1".into(),
+            "--cluster-node-timeout".into(),
+            "5000".into(),
+        ]);
+        nodes.push(start_request(request, "Redis cluster node").await);
+    }
+    let mut create = vec!["redis-cli".to_string(), "--cluster".into(), "create".into()];
+    create.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
+    create.push("--cluster-yes".into());
+    let mut result = nodes[0]
+        .exec(ExecCommand::new(create))
+        .await
+        .unwrap_or_else(|e| panic!("cannot run redis-cli --cluster create: {e}"));
+    let out = result.stdout_to_vec().await.unwrap_or_default();
+    let err = result.stderr_to_vec().await.unwrap_or_default();
+    let code = result.exit_code().await.ok().flatten();
+    assert!(
+        matches!(code, Some(0) | None) && String::from_utf8_lossy(&out).contains("[OK]"),
+        "redis-cli --cluster create failed ({code:?}): {}{}",
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&err)
+    );
+    // Every node must agree the cluster is up before the store connects.
+    for port in &ports {
+        let mut conn = admin(&format!("redis://127.0.0.1:{port}")).await;
+        let mut ok = false;
+        for _ in 0..200 {
+            let info: String = ::redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            if info.contains("cluster_state:ok") {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(ok, "cluster node {port} never reached cluster_state:ok");
+    }
+    let url = format!(
+        "redis+cluster://{}",
+        ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    (nodes, url)
+}
+
+/// Runs `redis-cli` inside `container` against its own server and returns
+/// what it printed; panics, with its error output, if it fails. Without a
+/// terminal, redis-cli prints replies raw: one key per line, no quotes.
+pub async fn redis_cli(container: &ContainerAsync<GenericImage>, args: &[&str]) -> String {
+    let mut command = vec!["redis-cli".to_string()];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let mut result = container
+        .exec(ExecCommand::new(command))
+        .await
+        .unwrap_or_else(|e| panic!("cannot run redis-cli {args:?}: {e}"));
+    let out = result.stdout_to_vec().await.unwrap_or_default();
+    let err = result.stderr_to_vec().await.unwrap_or_default();
+    let code = result.exit_code().await.ok().flatten();
+    assert!(
+        matches!(code, Some(0) | None),
+        "redis-cli {args:?} failed ({code:?}): {}",
+        String::from_utf8_lossy(&err)
+    );
+    String::from_utf8(out).expect("redis-cli printed UTF-8")
+}
+
+/// The TCP address of a `redis://` URL.
+pub fn tcp_addr(url: &str) -> SocketAddr {
+    let parsed = limiter_core::url::Url::parse(url).expect("a valid Redis URL");
+    let host = parsed.host_str().expect("a TCP Redis URL");
+    let port = parsed.port().unwrap_or(6379);
+    (host.trim_start_matches('[').trim_end_matches(']'), port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("cannot resolve {host}:{port}"))
+}
+
+/// `url` with its host and port replaced by `addr` (a proxy in front of the
+/// server), credentials and database kept.
+pub fn via(url: &str, addr: SocketAddr) -> String {
+    let mut parsed = limiter_core::url::Url::parse(url).expect("a valid Redis URL");
+    parsed
+        .set_host(Some(&addr.ip().to_string()))
+        .expect("a URL with a host");
+    parsed
+        .set_port(Some(addr.port()))
+        .expect("a URL with a port");
+    parsed.to_string()
+}
