@@ -32,10 +32,10 @@ use governor::clock::{Clock, FakeRelativeClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
-use limiter_core::{Policy, Store, Timestamp};
+use limiter_core::{ManualClock, Policy, Store, Timestamp};
 use limiter_memory::MemoryStore;
 
-const NOW: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+const NOW: Timestamp = ManualClock::DEFAULT_START;
 const LIMIT: u32 = 60;
 const FLOOD_KEYS: usize = 1_000_000;
 const FLOOD_CAPACITY: usize = 100_000;

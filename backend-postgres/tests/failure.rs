@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use limiter_core::{ErrorKind, Policy, Store, Timestamp};
+use limiter_core::{ErrorKind, ManualClock, Policy, Store, Timestamp};
 use limiter_postgres::PostgresStore;
 use limiter_test_support::postgres as fixture;
 
-const T0: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+const T0: Timestamp = ManualClock::DEFAULT_START;
 /// Far above every timeout below: only a hang reaches it.
 const HANG_GUARD: Duration = Duration::from_secs(60);
 

@@ -7,14 +7,14 @@
 
 use std::time::Duration;
 
-use limiter_core::{Policy, Store, Timestamp};
+use limiter_core::{ManualClock, Policy, Store, Timestamp};
 use limiter_postgres::{BuildError, PostgresStore};
 use limiter_test_support::postgres as fixture;
 use limiter_test_support::tls::Ca;
 use testcontainers::core::IntoContainerPort;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-const T0: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+const T0: Timestamp = ManualClock::DEFAULT_START;
 
 /// Only TLS connections are let in, so whatever connects spoke TLS.
 const HBA: &str = "local all all trust\n\

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use limiter_conformance::model::refund_differential;
-use limiter_core::{Algorithm, ErrorKind, Policy, Store, StoreError, Timestamp};
+use limiter_core::{Algorithm, ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
 use limiter_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore};
 use limiter_test_support::redis as fixture;
 use redis::aio::MultiplexedConnection;
@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const S: u64 = 1_000_000;
-const T0: u64 = 1_767_225_600 * S;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 /// Hangs are caught by this, far above any timeout under test; it is a
 /// guard, not a measurement.
 const HANG_GUARD: Duration = Duration::from_secs(20);

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use limiter_core::{ConfigError, ErrorKind, Policy, Store, Timestamp};
+use limiter_core::{ConfigError, ErrorKind, ManualClock, Policy, Store, Timestamp};
 use limiter_redis::RedisStore;
 use limiter_test_support::redis as fixture;
 use limiter_test_support::tls::Ca;
 use testcontainers::core::IntoContainerPort;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-const T0: u64 = 1_767_225_600_000_000;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 /// Hangs are caught by this, far above any timeout under test.
 const HANG_GUARD: Duration = Duration::from_secs(20);
 

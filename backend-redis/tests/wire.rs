@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use limiter_core::{Algorithm, Decision, Policy, Store, Timestamp};
+use limiter_core::{Algorithm, Decision, ManualClock, Policy, Store, Timestamp};
 use limiter_redis::RedisStore;
 use limiter_test_support::WireCounter;
 use limiter_test_support::redis as fixture;
 
-const T0: u64 = 1_767_225_600_000_000;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 
 fn policies() -> Vec<Policy> {
     Algorithm::ALL
