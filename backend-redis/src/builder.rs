@@ -104,8 +104,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Bounds each decision, connecting included. Default
-    /// [`DEFAULT_TIMEOUT`]; must be above zero.
+    /// A transport bound: each call on the store's connection, connecting
+    /// included, ends within it as a `Timeout` error. Default
+    /// [`DEFAULT_TIMEOUT`]; must be above zero. Under a `Limiter`, the
+    /// rule's timeout (`Rule::with_timeout`) bounds what a request waits;
+    /// this one applies beneath it and when the store is called directly.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

@@ -136,7 +136,6 @@
 //! decisions are N exchanges, N refunds N exchanges, once the scripts are
 //! loaded); `MONITOR` shows nothing but `EVALSHA` from the store; and the
 //! server's `INFO commandstats` agrees.
-#![deny(missing_docs)]
 
 mod builder;
 mod error;
@@ -174,7 +173,8 @@ pub const NAME: &str = "redis";
 #[deprecated(note = "renamed to `NAME`, as in every backend")]
 pub const STORE_NAME: &str = NAME;
 
-/// The default bound on one decision, connection included.
+/// The default transport bound on one call, connection included
+/// ([`RedisStoreBuilder::timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The default key prefix.
