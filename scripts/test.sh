@@ -3,7 +3,7 @@
 # and the one CI runs.
 #
 #   scripts/test.sh            build missing test images, then run every test
-#   scripts/test.sh -E 'package(limiter-memory)'   extra arguments go to nextest
+#   scripts/test.sh -E 'package(ratewarden-memory)'   extra arguments go to nextest
 #
 # Redis and Postgres tests start their own containers with testcontainers
 # from locally built images (no registry is needed). Point them elsewhere

@@ -6,8 +6,8 @@
 //! recorded in BENCHMARKS.md.
 //!
 //! ```text
-//! cargo bench -p limiter-memory --bench flood
-//! FLOOD_DECISIONS=20000000 FLOOD_KEYS=2000000 FLOOD_CAPACITY=100000 cargo bench -p limiter-memory --bench flood
+//! cargo bench -p ratewarden-memory --bench flood
+//! FLOOD_DECISIONS=20000000 FLOOD_KEYS=2000000 FLOOD_CAPACITY=100000 cargo bench -p ratewarden-memory --bench flood
 //! ```
 
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Nanoseconds per decision and memory after a flood: `MemoryStore` beside
 //! `governor`'s keyed limiter, on the same keys and the same workloads.
 //!
-//! Run with `cargo bench -p limiter-memory --bench memory_vs_governor`.
+//! Run with `cargo bench -p ratewarden-memory --bench memory_vs_governor`.
 //!
 //! A plain `harness = false` binary rather than criterion: the two-thread
 //! workloads and the per-process peak RSS (each store floods in its own

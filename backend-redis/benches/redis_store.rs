@@ -5,7 +5,7 @@
 //! `redis-benchmark` running the same script with the same arguments and
 //! concurrency (the ceiling).
 //!
-//! Run: `cargo bench -p limiter-redis`
+//! Run: `cargo bench -p ratewarden-redis`
 //! (needs Docker and the `limiter-test-redis:7` image, or `LIMITER_REDIS_IMAGE`).
 //! `LIMITER_BENCH_OPS` sets the decisions per run (default 200000).
 
