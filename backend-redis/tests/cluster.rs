@@ -14,17 +14,7 @@ fn cluster_url() -> &'static str {
         if let Ok(url) = std::env::var("LIMITER_REDIS_CLUSTER_URL") {
             return url;
         }
-        std::thread::spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to start the cluster");
-            let (nodes, url) = rt.block_on(fixture::start_cluster());
-            std::mem::forget(nodes);
-            url
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("starting the Redis Cluster failed (see the message above)"))
+        fixture::start_shared("the Redis Cluster", fixture::start_cluster)
     });
     &URL
 }

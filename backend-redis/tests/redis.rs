@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use limiter_conformance::model::refund_differential;
+use limiter_conformance::model::{algorithm_differential, refund_differential};
 use limiter_core::{Algorithm, ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
 use limiter_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore};
 use limiter_test_support::redis as fixture;
@@ -771,64 +771,16 @@ async fn nothing_listening_is_unavailable() {
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
 
-/// A small deterministic generator, so a failure reproduces.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % bound
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_match_the_reference_algorithm_decision_for_decision() {
-    use limiter_core::Decision;
-    use limiter_core::algorithm::apply;
-
     let store = RedisStore::builder(fixture::shared_url())
         .key_prefix(fixture::unique_prefix("differential"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
-    let shapes: [(u32, Duration); 5] = [
-        (1, Duration::from_millis(1)),
-        (3, Duration::from_millis(7)),
-        (10, Duration::from_secs(1)),
-        (7, Duration::from_micros(1_000_003)),
-        (100, Duration::from_secs(3600)),
-    ];
-    let mut rng = Lcg(42);
-    let mut checked = 0;
-    for algorithm in Algorithm::ALL {
-        for (i, (limit, window)) in shapes.iter().enumerate() {
-            let p = Policy::new(algorithm, *limit, *window).unwrap();
-            let key = format!("{algorithm}-{i}");
-            let mut state = None;
-            let w = p.window_micros();
-            let mut now = T0 + rng.next(w);
-            for step in 0..300 {
-                // Mostly small steps forward, sometimes a jump or a step back.
-                now = match rng.next(20) {
-                    0 => now.saturating_sub(rng.next(w)),
-                    1 => now + w + rng.next(2 * w),
-                    _ => now + rng.next(w / 4 + 1),
-                };
-                let cost = 1 + rng.next(u64::from(*limit).min(4)) as u32;
-                let expected =
-                    Decision::from_verdict(apply(&mut state, &p, cost, now), &p, "redis");
-                let got = store
-                    .decide(key.as_bytes(), &p, cost, Timestamp::from_micros(now))
-                    .await
-                    .unwrap();
-                assert_eq!(got, expected, "{p}, step {step}, cost {cost}, now {now}");
-                checked += 1;
-            }
-        }
-    }
+    let checked = algorithm_differential(&store, 300)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
     assert_eq!(checked, 4 * 5 * 300);
 }
 

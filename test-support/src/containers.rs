@@ -3,6 +3,20 @@
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 
+/// The label every fixture container carries: the value of
+/// `LIMITER_TEST_RUN` (set by `scripts/test.sh` to one value per run), so
+/// that a run can sweep what it started and nothing else on the machine.
+pub const RUN_LABEL: &str = "limiter.test.run";
+
+/// `request` labelled with this run ([`RUN_LABEL`]).
+pub fn labelled(
+    request: impl Into<testcontainers::ContainerRequest<testcontainers::GenericImage>>,
+) -> testcontainers::ContainerRequest<testcontainers::GenericImage> {
+    use testcontainers::ImageExt;
+    let run = std::env::var("LIMITER_TEST_RUN").unwrap_or_else(|_| "none".into());
+    request.into().with_label(RUN_LABEL, run)
+}
+
 /// Removes the container once this process is gone, even if it never drops
 /// the handle (statics are not dropped at exit) or is killed. Every
 /// container a fixture starts is registered here, so none outlives its test
@@ -56,3 +70,25 @@ pub fn image_from_env(var: &str, default: &str) -> (String, String) {
 /// A running container of a fixture, removed when dropped (and, whatever
 /// happens, when its test process is gone).
 pub type Container = testcontainers::ContainerAsync<testcontainers::GenericImage>;
+
+/// Runs `start` once on a thread and runtime of its own (tests call this
+/// from theirs, and connections belong to one runtime) and returns the URL
+/// it gives; what it started is kept for the life of the process and
+/// reaped after. Panics, naming `what`, if it fails.
+pub fn start_shared<T, F, Fut>(what: &str, start: F) -> String
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = (T, String)>,
+{
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime to start the container");
+        let (started, url) = rt.block_on(start());
+        std::mem::forget(started);
+        url
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("starting {what} failed (see the message above)"))
+}

@@ -23,8 +23,8 @@ use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 
-use crate::containers::image_from_env;
-pub use crate::containers::{free_port, reap_on_exit};
+pub use crate::containers::{free_port, reap_on_exit, start_shared};
+use crate::containers::{image_from_env, labelled};
 
 /// The image used unless `LIMITER_POSTGRES_IMAGE` names another.
 pub const DEFAULT_IMAGE: &str = "limiter-test-postgres:15";
@@ -74,7 +74,7 @@ pub fn container_request() -> ContainerRequest<GenericImage> {
 pub async fn start_request(
     request: ContainerRequest<GenericImage>,
 ) -> ContainerAsync<GenericImage> {
-    let container = request
+    let container = labelled(request)
         .start()
         .await
         .unwrap_or_else(|e| panic!("{}", docker_help(&e)));
@@ -150,22 +150,7 @@ pub fn server_url() -> String {
         if let Ok(url) = std::env::var("LIMITER_POSTGRES_URL") {
             return url;
         }
-        // Started on its own runtime, since tests call this from theirs; the
-        // container is held for the life of the process and reaped after.
-        std::thread::Builder::new()
-            .name("postgres-container".into())
-            .spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
-                let (container, url) = rt.block_on(start_private());
-                std::mem::forget(container);
-                url
-            })
-            .expect("thread")
-            .join()
-            .unwrap_or_else(|_| panic!("starting the shared PostgreSQL container failed"))
+        start_shared("the shared PostgreSQL container", start_private)
     })
     .clone()
 }

@@ -13,8 +13,8 @@ use testcontainers::core::{ExecCommand, IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-use crate::containers::image_from_env;
-pub use crate::containers::{free_port, reap_on_exit};
+pub use crate::containers::{free_port, reap_on_exit, start_shared};
+use crate::containers::{image_from_env, labelled};
 
 /// The image used unless `LIMITER_REDIS_IMAGE` names another.
 pub const DEFAULT_IMAGE: &str = "limiter-test-redis:7";
@@ -40,8 +40,7 @@ pub async fn start_request(
     request: impl Into<testcontainers::ContainerRequest<GenericImage>>,
     what: &str,
 ) -> ContainerAsync<GenericImage> {
-    let container = request
-        .into()
+    let container = labelled(request)
         .start()
         .await
         .unwrap_or_else(|e| panic!("cannot start a {what} container ({e}); {FIX}"));
@@ -80,19 +79,7 @@ pub fn shared_url() -> &'static str {
         if let Ok(url) = std::env::var("LIMITER_REDIS_URL") {
             return url;
         }
-        // Started on its own runtime, since tests call this from theirs; the
-        // container is kept for the life of the process and reaped after.
-        std::thread::spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to start the container");
-            let (container, url) = rt.block_on(start_redis());
-            std::mem::forget(container);
-            url
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("starting the shared Redis container failed; {FIX}"))
+        start_shared("the shared Redis container", start_redis)
     });
     &URL
 }
@@ -168,13 +155,7 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
     let mut create = vec!["redis-cli".to_string(), "--cluster".into(), "create".into()];
     create.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
     create.push("--cluster-yes".into());
-    let mut result = nodes[0]
-        .exec(ExecCommand::new(create))
-        .await
-        .unwrap_or_else(|e| panic!("cannot run redis-cli --cluster create: {e}"));
-    let out = result.stdout_to_vec().await.unwrap_or_default();
-    let err = result.stderr_to_vec().await.unwrap_or_default();
-    let code = result.exit_code().await.ok().flatten();
+    let (code, out, err) = exec(&nodes[0], create).await;
     assert!(
         matches!(code, Some(0) | None) && String::from_utf8_lossy(&out).contains("[OK]"),
         "redis-cli --cluster create failed ({code:?}): {}{}",
@@ -216,19 +197,28 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
 pub async fn redis_cli(container: &ContainerAsync<GenericImage>, args: &[&str]) -> String {
     let mut command = vec!["redis-cli".to_string()];
     command.extend(args.iter().map(|a| a.to_string()));
-    let mut result = container
-        .exec(ExecCommand::new(command))
-        .await
-        .unwrap_or_else(|e| panic!("cannot run redis-cli {args:?}: {e}"));
-    let out = result.stdout_to_vec().await.unwrap_or_default();
-    let err = result.stderr_to_vec().await.unwrap_or_default();
-    let code = result.exit_code().await.ok().flatten();
+    let (code, out, err) = exec(container, command).await;
     assert!(
         matches!(code, Some(0) | None),
         "redis-cli {args:?} failed ({code:?}): {}",
         String::from_utf8_lossy(&err)
     );
     String::from_utf8(out).expect("redis-cli printed UTF-8")
+}
+
+/// Runs `command` inside `container`: its exit code (if known), standard
+/// output and standard error.
+async fn exec(
+    container: &ContainerAsync<GenericImage>,
+    command: Vec<String>,
+) -> (Option<i64>, Vec<u8>, Vec<u8>) {
+    let mut result = container
+        .exec(ExecCommand::new(command.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let out = result.stdout_to_vec().await.unwrap_or_default();
+    let err = result.stderr_to_vec().await.unwrap_or_default();
+    (result.exit_code().await.ok().flatten(), out, err)
 }
 
 /// The TCP address of a `redis://` URL.
