@@ -3,7 +3,7 @@
 # and the one CI runs.
 #
 #   scripts/test.sh            build missing test images, then run every test
-#   scripts/test.sh -E 'package(limiter-memory)'   extra arguments go to nextest
+#   scripts/test.sh -E 'package(ratewarden-memory)'   extra arguments go to nextest
 #
 # Redis and Postgres tests start their own containers with testcontainers
 # from locally built images (no registry is needed). Point them elsewhere
@@ -24,14 +24,14 @@ fi
 
 scripts/build-test-images.sh
 
-# testcontainers removes a container when its handle drops; a handle held in
-# a static for a whole test process never drops, so sweep what the run leaves.
+# Every fixture container is removed when its test process exits; this
+# sweeps what a killed run may leave, and only this run's containers (the
+# fixtures label them with LIMITER_TEST_RUN), never another run's on the
+# same machine.
+export LIMITER_TEST_RUN="${LIMITER_TEST_RUN:-$$-$(date +%s)}"
 cleanup() {
     local ids
-    ids=$(docker ps -aq --filter label=org.testcontainers=true 2>/dev/null || true)
-    for image in limiter-test-redis:7 limiter-test-postgres:15; do
-        ids="$ids $(docker ps -aq --filter ancestor=$image 2>/dev/null || true)"
-    done
+    ids=$(docker ps -aq --filter "label=limiter.test.run=$LIMITER_TEST_RUN" 2>/dev/null || true)
     # shellcheck disable=SC2086
     [ -n "${ids// /}" ] && docker rm -f $ids >/dev/null 2>&1 || true
 }

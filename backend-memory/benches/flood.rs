@@ -6,13 +6,13 @@
 //! recorded in BENCHMARKS.md.
 //!
 //! ```text
-//! cargo bench -p limiter-memory --bench flood
-//! FLOOD_DECISIONS=20000000 FLOOD_KEYS=2000000 FLOOD_CAPACITY=100000 cargo bench -p limiter-memory --bench flood
+//! cargo bench -p ratewarden-memory --bench flood
+//! FLOOD_DECISIONS=20000000 FLOOD_KEYS=2000000 FLOOD_CAPACITY=100000 cargo bench -p ratewarden-memory --bench flood
 //! ```
 
 use std::time::{Duration, Instant};
 
-use limiter_core::{Policy, Timestamp};
+use limiter_core::{ManualClock, Policy, Timestamp};
 use limiter_memory::MemoryStore;
 
 fn env(name: &str, default: u64) -> u64 {
@@ -64,7 +64,7 @@ fn main() {
         "{:>12} {:>10} {:>12} {:>10} {:>10} {:>14}",
         "decisions", "held", "evictions", "rss KiB", "allowed%", "decisions/s"
     );
-    let mut now = 1_767_225_600_000_000u64;
+    let mut now = ManualClock::DEFAULT_START.as_micros();
     // xorshift64*: a cheap, deterministic stream of key indices.
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut buf = Vec::with_capacity(64);

@@ -1,7 +1,7 @@
 //! Nanoseconds per decision and memory after a flood: `MemoryStore` beside
 //! `governor`'s keyed limiter, on the same keys and the same workloads.
 //!
-//! Run with `cargo bench -p limiter-memory --bench memory_vs_governor`.
+//! Run with `cargo bench -p ratewarden-memory --bench memory_vs_governor`.
 //!
 //! A plain `harness = false` binary rather than criterion: the two-thread
 //! workloads and the per-process peak RSS (each store floods in its own
@@ -32,10 +32,10 @@ use governor::clock::{Clock, FakeRelativeClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
-use limiter_core::{Policy, Store, Timestamp};
+use limiter_core::{ManualClock, Policy, Store, Timestamp};
 use limiter_memory::MemoryStore;
 
-const NOW: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+const NOW: Timestamp = ManualClock::DEFAULT_START;
 const LIMIT: u32 = 60;
 const FLOOD_KEYS: usize = 1_000_000;
 const FLOOD_CAPACITY: usize = 100_000;

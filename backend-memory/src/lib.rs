@@ -110,7 +110,7 @@ use limiter_core::{
     Algorithm, Capabilities, ConfigError, Decision, Policy, Store, StoreError, Timestamp,
 };
 
-/// The name this store reports in every [`Decision`].
+/// The name this store reports in decisions and errors.
 pub const NAME: &str = "memory";
 
 /// The key capacity of [`MemoryStore::default`] and of a builder that is
@@ -742,7 +742,7 @@ mod tests {
     use limiter_core::ErrorKind;
     use std::time::Duration;
 
-    const T0: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+    const T0: Timestamp = limiter_core::ManualClock::DEFAULT_START;
 
     #[test]
     fn shard_capacities_sum_to_capacity_exactly() {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use limiter_core::{Algorithm, Policy, Store, Timestamp};
+use limiter_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
 use limiter_memory::MemoryStore;
 
-const T0: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+const T0: Timestamp = ManualClock::DEFAULT_START;
 
 fn hour_window(limit: u32) -> Policy {
     Policy::fixed_window(limit, Duration::from_secs(3600)).unwrap()

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use limiter_core::{Policy, Timestamp};
+use limiter_core::{ManualClock, Policy};
 use limiter_memory::MemoryStore;
 
 const SHARDS: usize = 256;
@@ -20,7 +20,7 @@ fn placement() -> Vec<bool> {
         .build()
         .unwrap();
     let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
-    let now = Timestamp::from_micros(1_767_225_600_000_000);
+    let now = ManualClock::DEFAULT_START;
     let mut grew = Vec::with_capacity(SHARDS);
     for i in 0..SHARDS {
         let before = store.len();

@@ -10,47 +10,8 @@ use std::time::Duration;
 use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
 use limiter_conformance::model::{Expected, Model, Step, replay, replay_tiers};
 use limiter_memory::MemoryStore;
+use limiter_test_support::strategy::{policies, steps};
 use proptest::prelude::*;
-
-fn policy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
-    (1u32..=6, 1_000u64..=20_000).prop_map(move |(limit, window_us)| {
-        Policy::new(algorithm, limit, Duration::from_micros(window_us))
-            .expect("small policies are valid")
-    })
-}
-
-fn policies() -> impl Strategy<Value = [Policy; 4]> {
-    (
-        policy(Algorithm::SlidingLog),
-        policy(Algorithm::FixedWindow),
-        policy(Algorithm::SlidingWindow),
-        policy(Algorithm::Gcra),
-    )
-        .prop_map(|(a, b, c, d)| [a, b, c, d])
-}
-
-/// Clock moves: mostly none or small, sometimes whole windows, sometimes
-/// backwards.
-fn advance() -> impl Strategy<Value = i64> {
-    prop_oneof![
-        3 => Just(0i64),
-        4 => 0i64..=3_000,
-        2 => 0i64..=45_000,
-        1 => -25_000i64..=0,
-    ]
-}
-
-fn steps(keys: u8, len: usize) -> impl Strategy<Value = Vec<Step>> {
-    prop::collection::vec(
-        (0..keys, 0usize..4, 0u32..6, advance()).prop_map(|(key, policy, cost, advance_us)| Step {
-            key,
-            policy,
-            cost,
-            advance_us,
-        }),
-        1..len,
-    )
-}
 
 fn key(k: u8) -> Vec<u8> {
     format!("client:{k}").into_bytes()

@@ -2,7 +2,7 @@
 //! `pgbench` running the same statement with the same number of clients.
 //!
 //! ```text
-//! cargo bench -p limiter-postgres --bench decisions
+//! cargo bench -p ratewarden-postgres --bench decisions
 //! ```
 //!
 //! Starts `limiter-test-postgres:15` (or `LIMITER_POSTGRES_IMAGE`) with

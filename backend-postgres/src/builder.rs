@@ -104,10 +104,13 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// The bound on one decision, refund or sweep, from asking for a
-    /// connection (and opening it, if needed) to reading the answer
+    /// A transport bound on one decision, refund or sweep, from asking for
+    /// a connection (and opening it, if needed) to reading the answer
     /// (default [`DEFAULT_TIMEOUT`]). It is also how long a call waits for
-    /// a free connection.
+    /// a free connection. Under a `Limiter`, the rule's timeout
+    /// (`Rule::with_timeout`) bounds what a request waits; this one applies
+    /// beneath it, to the store's own connections, and when the store is
+    /// called directly.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

@@ -114,8 +114,9 @@ pub const NAME: &str = "postgres";
 /// The schema used when none is configured.
 pub const DEFAULT_SCHEMA: &str = "limiter";
 
-/// The default bound on one decision: waiting for a connection (or opening
-/// one), the statement and its answer together.
+/// The default transport bound on one call: waiting for a connection (or
+/// opening one), the statement and its answer together
+/// ([`PostgresStoreBuilder::timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The default interval of the background sweeper.

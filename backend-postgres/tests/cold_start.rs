@@ -3,18 +3,17 @@
 //! The Postgres store keeps the state in the database, so a new store on the
 //! same schema, as a restarted process builds, sees the offender's count.
 
-mod common;
-
 use std::time::Duration;
 
 use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Store};
 use limiter_postgres::PostgresStore;
+use limiter_test_support::postgres as fixture;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_process_does_not_reset_an_offender() {
-    let schema = common::unique_schema("cold_start");
+    let schema = fixture::unique_schema("cold_start");
     let open = || {
-        PostgresStore::builder(common::server_url())
+        PostgresStore::builder(fixture::server_url())
             .schema(schema.clone())
             .sweep_interval(None)
             .timeout(Duration::from_secs(10))

@@ -1,14 +1,13 @@
 //! The whole conformance suite against PostgreSQL in a container, each
 //! scenario in a schema of its own.
 
-mod common;
-
 use std::sync::Arc;
 
 use limiter_core::Store;
+use limiter_test_support::postgres as fixture;
 
 async fn store() -> Arc<dyn Store> {
-    Arc::new(common::fresh_store("conformance").await)
+    Arc::new(fixture::fresh_store("conformance").await)
 }
 
 limiter_conformance::conformance_tests!(store);

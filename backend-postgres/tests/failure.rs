@@ -2,20 +2,19 @@
 //! hang or a panic, and the store recovers when the database does. Runs on a
 //! container of its own, since it freezes it.
 
-mod common;
-
 use std::time::Duration;
 
-use limiter_core::{ErrorKind, Policy, Store, Timestamp};
+use limiter_core::{ErrorKind, ManualClock, Policy, Store, Timestamp};
 use limiter_postgres::PostgresStore;
+use limiter_test_support::postgres as fixture;
 
-const T0: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+const T0: Timestamp = ManualClock::DEFAULT_START;
 /// Far above every timeout below: only a hang reaches it.
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_database_is_an_error_within_the_timeout_then_recovers() {
-    let (container, url) = common::start_private().await;
+    let (container, url) = fixture::start_private().await;
     let store = PostgresStore::builder(&url)
         .schema("failure")
         .pool_size(4)
@@ -64,7 +63,7 @@ async fn a_frozen_database_is_an_error_within_the_timeout_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_database_is_an_error_not_a_hang() {
-    let (container, url) = common::start_private().await;
+    let (container, url) = fixture::start_private().await;
     let store = PostgresStore::builder(&url)
         .schema("stopped")
         .timeout(Duration::from_millis(300))

@@ -2,8 +2,6 @@
 //! exactness over a pool, bounded sweeps, schema versions, abuse events,
 //! server clock and construction errors.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +9,7 @@ use limiter_core::{
     AbuseEvent, AbuseSink, Algorithm, ConfigError, ErrorKind, ManualClock, Policy, Store, Timestamp,
 };
 use limiter_postgres::{BuildError, PostgresStore, SCHEMA_VERSION};
+use limiter_test_support::postgres as fixture;
 use sqlx::{Connection, PgConnection};
 
 const S: u64 = 1_000_000;
@@ -21,7 +20,7 @@ fn at(offset_us: u64) -> Timestamp {
 }
 
 async fn admin() -> PgConnection {
-    PgConnection::connect(&common::server_url())
+    PgConnection::connect(&fixture::server_url())
         .await
         .expect("admin connection")
 }
@@ -49,12 +48,12 @@ async fn store_in_own_database(prefix: &str) -> (PostgresStore, String) {
         .await
         .unwrap();
     assert_eq!(track, "top");
-    let db = common::unique_schema(prefix);
+    let db = fixture::unique_schema(prefix);
     sqlx::query(&format!("CREATE DATABASE {db}"))
         .execute(&mut admin)
         .await
         .unwrap();
-    let base = common::server_url();
+    let base = fixture::server_url();
     let (server, _) = base.rsplit_once('/').expect("url with a database");
     let url = format!("{server}/{db}");
     let store = PostgresStore::builder(&url)
@@ -175,7 +174,7 @@ async fn one_statement_per_refund() {
 /// key's row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_decisions_over_a_pool_are_exact() {
-    let store = common::builder("concurrent")
+    let store = fixture::builder("concurrent")
         .pool_size(16)
         .build()
         .await
@@ -211,7 +210,7 @@ async fn concurrent_decisions_over_a_pool_are_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweeps_remove_expired_rows_in_bounded_batches() {
     let clock = ManualClock::starting_at(T0);
-    let store = common::builder("sweep")
+    let store = fixture::builder("sweep")
         .gc_slack(Duration::from_millis(1))
         .sweep_batch(40)
         .sweep_clock(Arc::new(clock.clone()))
@@ -270,7 +269,7 @@ async fn sweeps_remove_expired_rows_in_bounded_batches() {
 /// The sweep statement finds its rows through the expires_at index.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweeps_never_scan_the_table() {
-    let store = common::fresh_store("plan").await;
+    let store = fixture::fresh_store("plan").await;
     let s = store.schema();
     let mut conn = store.pool().acquire().await.unwrap();
     sqlx::query(&format!(
@@ -327,10 +326,10 @@ async fn sweeps_never_scan_the_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_schema_versions_are_refused() {
-    let store = common::fresh_store("version").await;
+    let store = fixture::fresh_store("version").await;
     let schema = store.schema().to_string();
     // Built again on the same schema: accepted, even without migrations.
-    common::builder("unused")
+    fixture::builder("unused")
         .schema(&schema)
         .migrate(false)
         .build()
@@ -345,7 +344,7 @@ async fn wrong_schema_versions_are_refused() {
     .execute(store.pool())
     .await
     .unwrap();
-    let err = common::builder("unused")
+    let err = fixture::builder("unused")
         .schema(&schema)
         .build()
         .await
@@ -365,7 +364,7 @@ async fn wrong_schema_versions_are_refused() {
     );
 
     // A schema without tables, with migrations disabled.
-    let err = common::builder("empty")
+    let err = fixture::builder("empty")
         .migrate(false)
         .build()
         .await
@@ -376,7 +375,7 @@ async fn wrong_schema_versions_are_refused() {
     );
 
     // A migration altered after it was applied.
-    let store = common::fresh_store("tampered").await;
+    let store = fixture::fresh_store("tampered").await;
     sqlx::query(&format!(
         "UPDATE \"{}\"._sqlx_migrations SET checksum = '\\x01'",
         store.schema()
@@ -385,7 +384,7 @@ async fn wrong_schema_versions_are_refused() {
     .await
     .unwrap();
     for migrate in [true, false] {
-        let err = common::builder("unused")
+        let err = fixture::builder("unused")
             .schema(store.schema())
             .migrate(migrate)
             .build()
@@ -397,7 +396,7 @@ async fn wrong_schema_versions_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_live_in_the_configured_schema() {
-    let store = common::fresh_store("placed").await;
+    let store = fixture::fresh_store("placed").await;
     let mut admin = admin().await;
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables \
@@ -444,7 +443,7 @@ async fn objects_live_in_the_configured_schema() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlogged_tables_and_asynchronous_commit_are_applied() {
-    let store = common::builder("durability")
+    let store = fixture::builder("durability")
         .unlogged(true)
         .synchronous_commit(false)
         .build()
@@ -468,7 +467,7 @@ async fn unlogged_tables_and_asynchronous_commit_are_applied() {
     assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
 
     // Built again logged: switched back.
-    let store = common::builder("unused")
+    let store = fixture::builder("unused")
         .schema(store.schema())
         .synchronous_commit(true)
         .build()
@@ -497,7 +496,7 @@ async fn unlogged_tables_and_asynchronous_commit_are_applied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_recorded_with_retention() {
-    let store = common::builder("abuse")
+    let store = fixture::builder("abuse")
         .record_refusals(true)
         .abuse_retention(Duration::from_secs(5))
         .build()
@@ -578,7 +577,7 @@ async fn refusals_are_recorded_with_retention() {
 /// there is none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_refusals_records_one_row_per_window() {
-    let store = common::builder("flood")
+    let store = fixture::builder("flood")
         .record_refusals(true)
         .build()
         .await
@@ -638,7 +637,7 @@ async fn a_flood_of_refusals_records_one_row_per_window() {
 /// admission's time, which locates its units, was the server's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_clock_mode_refuses_refunds() {
-    let store = common::builder("server_clock_refund")
+    let store = fixture::builder("server_clock_refund")
         .server_clock(true)
         .build()
         .await
@@ -683,7 +682,7 @@ async fn server_clock_mode_refuses_refunds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_schema_is_migrated_in_place() {
     const V1: &str = include_str!("../migrations/0001_state_tables.sql");
-    let schema = common::unique_schema("v1");
+    let schema = fixture::unique_schema("v1");
     let mut admin = admin().await;
     // What version 1 of this crate left: its tables and functions, and
     // sqlx's record of the migration.
@@ -724,7 +723,7 @@ async fn a_version_1_schema_is_migrated_in_place() {
     }
 
     // A build that may not migrate says what is missing.
-    let err = common::builder("unused")
+    let err = fixture::builder("unused")
         .schema(&schema)
         .migrate(false)
         .build()
@@ -741,7 +740,7 @@ async fn a_version_1_schema_is_migrated_in_place() {
         ),
         "{err:?}"
     );
-    let store = common::builder("unused")
+    let store = fixture::builder("unused")
         .schema(&schema)
         .record_refusals(true)
         .build()
@@ -773,7 +772,7 @@ async fn a_version_1_schema_is_migrated_in_place() {
 /// show the server's clock deciding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_clock_mode_ignores_the_callers_time() {
-    let store = common::builder("server_clock")
+    let store = fixture::builder("server_clock")
         .server_clock(true)
         .build()
         .await
@@ -848,12 +847,12 @@ async fn bad_configuration_fails_at_construction() {
         .unwrap_err();
     assert!(!err.to_string().contains("hunter2"), "{err}");
     for builder in [
-        common::builder("x").pool_size(0),
-        common::builder("x").schema("bad-name"),
-        common::builder("x").schema("pg_catalog"),
-        common::builder("x").timeout(Duration::ZERO),
-        common::builder("x").sweep_batch(0),
-        common::builder("x").gc_slack(Duration::ZERO),
+        fixture::builder("x").pool_size(0),
+        fixture::builder("x").schema("bad-name"),
+        fixture::builder("x").schema("pg_catalog"),
+        fixture::builder("x").timeout(Duration::ZERO),
+        fixture::builder("x").sweep_batch(0),
+        fixture::builder("x").gc_slack(Duration::ZERO),
     ] {
         let err = builder.build().await.unwrap_err();
         assert!(matches!(err, BuildError::Config(_)), "{err:?}");
@@ -869,7 +868,7 @@ async fn bad_configuration_fails_at_construction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_requests_are_errors() {
-    let store = common::fresh_store("invalid").await;
+    let store = fixture::fresh_store("invalid").await;
     let policy = Policy::gcra(3, Duration::from_secs(1)).unwrap();
     for cost in [0, 4] {
         let err = store.decide(b"k", &policy, cost, T0).await.unwrap_err();
@@ -891,7 +890,7 @@ async fn invalid_requests_are_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_background_sweeper_runs_and_stops_with_its_store() {
     let clock = ManualClock::starting_at(T0);
-    let swept = common::builder("sweeper")
+    let swept = fixture::builder("sweeper")
         .gc_slack(Duration::from_millis(1))
         .sweep_clock(Arc::new(clock.clone()))
         .sweep_interval(Some(Duration::from_millis(50)))
@@ -899,7 +898,7 @@ async fn the_background_sweeper_runs_and_stops_with_its_store() {
         .await
         .unwrap();
     // The same schema without a sweeper, to look on after the drop.
-    let observer = common::builder("unused")
+    let observer = fixture::builder("unused")
         .schema(swept.schema())
         .build()
         .await
@@ -944,7 +943,7 @@ async fn the_background_sweeper_runs_and_stops_with_its_store() {
 /// gets the core's answer, not a stricter one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sliding_log_refusals_forget_expired_entries_like_the_core() {
-    let store = common::fresh_store("log_prune").await;
+    let store = fixture::fresh_store("log_prune").await;
     let policy = Policy::sliding_log(2, Duration::from_secs(10)).unwrap();
     let script = [(1, 0), (1, 5 * S), (2, 12 * S), (1, 9 * S)];
     let mut state = None;

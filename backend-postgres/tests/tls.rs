@@ -5,89 +5,27 @@
 //! CA is an error when the store is built.
 #![cfg(feature = "tls")]
 
-mod common;
-
-use std::path::PathBuf;
 use std::time::Duration;
 
-use limiter_core::{Policy, Store, Timestamp};
+use limiter_core::{ManualClock, Policy, Store, Timestamp};
 use limiter_postgres::{BuildError, PostgresStore};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
-use testcontainers::core::{IntoContainerPort, WaitFor};
-use testcontainers::runners::AsyncRunner;
+use limiter_test_support::postgres as fixture;
+use limiter_test_support::tls::Ca;
+use testcontainers::core::IntoContainerPort;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-const T0: Timestamp = Timestamp::from_micros(1_767_225_600_000_000);
+const T0: Timestamp = ManualClock::DEFAULT_START;
 
 /// Only TLS connections are let in, so whatever connects spoke TLS.
 const HBA: &str = "local all all trust\n\
                    hostssl all all 0.0.0.0/0 trust\n\
                    hostssl all all ::/0 trust\n";
 
-/// A certificate authority of the test's own.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Ca { issuer }
-    }
-
-    /// The CA certificate in a PEM file of its own, for `sslrootcert`.
-    fn pem_file(&self, name: &str) -> TempFile {
-        TempFile::new(name, self.issuer.pem().as_bytes())
-    }
-
-    /// A certificate for the server at 127.0.0.1 and its private key, PEM.
-    fn server(&self) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "limiter test postgres");
-        let cert = params.signed_by(&key, &*self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
-/// A file removed when dropped.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str, contents: &[u8]) -> TempFile {
-        let path = std::env::temp_dir().join(format!(
-            "limiter-postgres-tls-{}-{name}",
-            std::process::id()
-        ));
-        std::fs::write(&path, contents).expect("write a temporary file");
-        TempFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("a UTF-8 temporary path")
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// A server with TLS on, a certificate from `ca`, and only `hostssl`
 /// rules, and its URL (no `sslmode` yet).
 async fn start_tls_postgres(ca: &Ca) -> (ContainerAsync<GenericImage>, String) {
-    let (cert, key) = ca.server();
-    let (name, tag, local) = common::image();
+    let (cert, key) = ca.server("limiter test postgres");
+    let (_, _, local) = fixture::image();
     // Files copied into a container belong to root, and PostgreSQL reads
     // its key as its own user and insists that nobody else can: the key is
     // installed for the postgres user, mode 0600, before the server starts.
@@ -106,26 +44,19 @@ async fn start_tls_postgres(ca: &Ca) -> (ContainerAsync<GenericImage>, String) {
     let script = format!(
         "install -o postgres -g postgres -m 0600 /tls/server.key /tmp/server.key && {start}"
     );
-    let container = GenericImage::new(name, tag)
-        .with_exposed_port(5432.tcp())
-        .with_wait_for(WaitFor::message_on_stderr(
-            "database system is ready to accept connections",
-        ))
+    let request = fixture::generic_image()
         .with_env_var("POSTGRES_HOST_AUTH_METHOD", "trust")
         .with_copy_to("/tls/server.crt", cert.into_bytes())
         .with_copy_to("/tls/server.key", key.into_bytes())
         .with_copy_to("/tls/pg_hba.conf", HBA.as_bytes().to_vec())
-        .with_cmd(["sh", "-c", &script])
-        .with_label(common::LABEL, std::process::id().to_string())
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("{}", common::docker_help(&e)));
+        .with_cmd(["sh", "-c", &script]);
+    let container = fixture::start_request(request).await;
     let port = container
         .get_host_port_ipv4(5432.tcp())
         .await
         .expect("published port");
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-    common::wait_ready(&format!("{url}?sslmode=require")).await;
+    fixture::wait_ready(&format!("{url}?sslmode=require")).await;
     (container, url)
 }
 

@@ -2,13 +2,12 @@
 //! need the `tls` feature, and a password, wherever it sits in the URL,
 //! never reaches an error's text or any `Debug` output.
 
-mod common;
-
 use std::error::Error as _;
 use std::time::Duration;
 
 use limiter_core::{ConfigError, StoreError};
 use limiter_postgres::{BuildError, PostgresStore, URL_SCHEMES};
+use limiter_test_support::postgres as fixture;
 
 /// A password as a query parameter, and one holding an unencoded `/`
 /// (which makes the URL unparseable, so that a careless error would quote
@@ -85,10 +84,10 @@ async fn passwords_never_appear_in_errors_or_debug_output() {
 /// authentication ignores: nothing it prints shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_built_store_shows_no_password() {
-    let mut url = limiter_core::url::Url::parse(&common::server_url()).unwrap();
+    let mut url = limiter_core::url::Url::parse(&fixture::server_url()).unwrap();
     url.query_pairs_mut().append_pair("password", "hunter2");
     let builder = PostgresStore::builder(url.as_str())
-        .schema(common::unique_schema("urls"))
+        .schema(fixture::unique_schema("urls"))
         .sweep_interval(None);
     assert_hidden(&[format!("{builder:?}")], "the builder");
     let store = builder.build().await.expect("the store builds");
@@ -99,11 +98,11 @@ async fn a_built_store_shows_no_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_the_documented_schemes_are_accepted() {
     assert_eq!(URL_SCHEMES, ["postgres", "postgresql"]);
-    let server = common::server_url();
+    let server = fixture::server_url();
     let (_, rest) = server.split_once("://").expect("a URL");
     for scheme in URL_SCHEMES {
         PostgresStore::builder(format!("{scheme}://{rest}"))
-            .schema(common::unique_schema("schemes"))
+            .schema(fixture::unique_schema("schemes"))
             .sweep_interval(None)
             .build()
             .await

@@ -11,8 +11,6 @@
 //! preparing statements all happen in a warm-up before the measured calls,
 //! on a single connection so that the count is exact.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +18,7 @@ use limiter_core::url::Url;
 use limiter_core::{AbuseEvent, AbuseSink, Algorithm, ErrorKind, Policy, Store, Timestamp};
 use limiter_postgres::PostgresStore;
 use limiter_test_support::WireCounter;
+use limiter_test_support::postgres as fixture;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
@@ -33,7 +32,7 @@ fn at(offset_us: u64) -> Timestamp {
 /// A counting proxy to the test server, and the server's URL rewritten to
 /// go through it.
 async fn proxied() -> (WireCounter, Url) {
-    let mut url = Url::parse(&common::server_url()).expect("the server URL parses");
+    let mut url = Url::parse(&fixture::server_url()).expect("the server URL parses");
     let host = url.host_str().expect("a host").to_string();
     let port = url.port().unwrap_or(5432);
     let target = tokio::net::lookup_host((host.as_str(), port))
@@ -50,7 +49,7 @@ async fn proxied() -> (WireCounter, Url) {
 /// A store of one connection at `url`, in a fresh schema.
 async fn one_connection_store(url: &Url, prefix: &str) -> PostgresStore {
     PostgresStore::builder(url.as_str())
-        .schema(common::unique_schema(prefix))
+        .schema(fixture::unique_schema(prefix))
         .pool_size(1)
         .record_refusals(true)
         .sweep_interval(None)
@@ -241,7 +240,7 @@ async fn a_store_on_an_existing_pool_decides_at_two_exchanges_each() {
         .connect_lazy(url.as_str())
         .unwrap();
     let store = PostgresStore::builder_with_pool(pool.clone())
-        .schema(common::unique_schema("wire_existing"))
+        .schema(fixture::unique_schema("wire_existing"))
         .sweep_interval(None)
         .timeout(Duration::from_secs(10))
         .build()
@@ -281,7 +280,7 @@ async fn a_store_on_an_existing_pool_decides_at_two_exchanges_each() {
 async fn an_existing_pool_refuses_settings_of_the_stores_own_connections() {
     let pool = PgPoolOptions::new()
         .max_connections(1)
-        .connect_lazy(&common::server_url())
+        .connect_lazy(&fixture::server_url())
         .unwrap();
     let base = || PostgresStore::builder_with_pool(pool.clone()).sweep_interval(None);
     for (builder, name) in [
@@ -310,7 +309,7 @@ async fn an_existing_pool_refuses_settings_of_the_stores_own_connections() {
 async fn a_refund_refused_in_server_clock_mode_sends_nothing() {
     let (counter, url) = proxied().await;
     let store = PostgresStore::builder(url.as_str())
-        .schema(common::unique_schema("wire_server_clock"))
+        .schema(fixture::unique_schema("wire_server_clock"))
         .server_clock(true)
         .sweep_interval(None)
         .build()
@@ -344,7 +343,7 @@ async fn a_refund_refused_in_server_clock_mode_sends_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_and_abandoned_connections_are_replaced() {
     let (counter, mut url) = proxied().await;
-    let name = common::unique_schema("wire_broken");
+    let name = fixture::unique_schema("wire_broken");
     url.query_pairs_mut().append_pair("application_name", &name);
     let store = PostgresStore::builder(url.as_str())
         .schema(&name)
@@ -357,7 +356,7 @@ async fn broken_and_abandoned_connections_are_replaced() {
         .unwrap();
     let policy = Policy::gcra(1_000, Duration::from_secs(60)).unwrap();
     assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
-    let mut admin = PgConnection::connect(&common::server_url()).await.unwrap();
+    let mut admin = PgConnection::connect(&fixture::server_url()).await.unwrap();
 
     // Killed by the server.
     let killed: i64 = sqlx::query_scalar(

@@ -1,20 +1,23 @@
 //! Decisions per second and latency of the Redis store at 1, 16 and 64
-//! concurrent tasks on loopback, for the multiplexed connection and for a
-//! deadpool pool, beside `redis-benchmark` running the same script with the
-//! same arguments and concurrency (the ceiling).
+//! concurrent tasks on loopback, for the store's multiplexed connection and
+//! for the same script call through a deadpool-redis pool (built here: the
+//! store offers no pool, since this comparison is why), beside
+//! `redis-benchmark` running the same script with the same arguments and
+//! concurrency (the ceiling).
 //!
-//! Run: `cargo bench -p limiter-redis --features deadpool`
+//! Run: `cargo bench -p ratewarden-redis`
 //! (needs Docker and the `limiter-test-redis:7` image, or `LIMITER_REDIS_IMAGE`).
 //! `LIMITER_BENCH_OPS` sets the decisions per run (default 200000).
 
+use std::future::Future;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use limiter_core::{Algorithm, Policy, Store, Timestamp};
+use limiter_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
 use limiter_redis::{RedisStore, script_source};
 
-const T0: u64 = 1_767_225_600_000_000;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
 
 fn docker(args: &[&str]) -> String {
@@ -42,25 +45,23 @@ struct Row {
     p99_us: f64,
 }
 
-async fn run_store(
-    store: Arc<RedisStore>,
-    policy: Policy,
-    tasks: usize,
-    ops: usize,
-) -> (f64, f64, f64) {
+/// Runs `ops` calls of `decide` spread over `tasks` tasks; returns calls
+/// per second and the p50 and p99 latency in µs.
+async fn run<F, Fut>(decide: F, tasks: usize, ops: usize) -> (f64, f64, f64)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
     let per_task = ops / tasks;
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks)
         .map(|_| {
-            let store = store.clone();
+            let decide = decide.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::with_capacity(per_task);
                 for _ in 0..per_task {
                     let t = Instant::now();
-                    store
-                        .decide(b"bench", &policy, 1, Timestamp::from_micros(T0))
-                        .await
-                        .expect("decision");
+                    decide().await;
                     lat.push(t.elapsed().as_nanos() as u64);
                 }
                 lat
@@ -138,23 +139,51 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
             .build()
             .unwrap(),
     );
-    let pooled = Arc::new(
-        RedisStore::builder(url)
-            .key_prefix("bench:")
-            .timeout(timeout)
-            .pooled(64)
-            .build()
-            .unwrap(),
-    );
-    // Warm up both (connects, loads the script).
-    for s in [&managed, &pooled] {
-        run_store(s.clone(), policy, 16, 10_000).await;
-    }
-
     let key = String::from_utf8(managed.redis_key(b"bench", Algorithm::FixedWindow)).unwrap();
-    let sha = redis::Script::new(script_source(Algorithm::FixedWindow))
-        .get_hash()
-        .to_string();
+    let store = move || {
+        let store = managed.clone();
+        async move {
+            store
+                .decide(b"bench", &policy, 1, Timestamp::from_micros(T0))
+                .await
+                .expect("decision");
+        }
+    };
+    let script = Arc::new(redis::Script::new(script_source(Algorithm::FixedWindow)));
+    let sha = script.get_hash().to_string();
+    // The store's call, key and arguments (expiry margin: 1000 ms), through
+    // a pool of 64 connections.
+    let mut config = deadpool_redis::Config::from_url(url);
+    config.pool = Some(deadpool_redis::PoolConfig::new(64));
+    let pool = config
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("a pool");
+    let pooled = {
+        let key = key.clone();
+        move || {
+            let (pool, script, key) = (pool.clone(), script.clone(), key.clone());
+            async move {
+                let call = async {
+                    let mut conn = pool.get().await.expect("a pooled connection");
+                    script
+                        .key(key)
+                        .arg(T0)
+                        .arg(policy.limit())
+                        .arg(policy.window_micros())
+                        .arg(1)
+                        .arg(1000)
+                        .invoke_async::<redis::Value>(&mut conn)
+                        .await
+                        .expect("decision");
+                };
+                tokio::time::timeout(timeout, call).await.expect("in time");
+            }
+        }
+    };
+    // Warm up both (connects, loads the script).
+    run(store.clone(), 16, 10_000).await;
+    run(pooled.clone(), 16, 10_000).await;
+
     let args: Vec<String> = vec![
         "EVALSHA".into(),
         sha,
@@ -170,7 +199,7 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
     let mut rows = Vec::new();
     for &tasks in &CONCURRENCY {
         let n = if tasks == 1 { ops / 4 } else { ops };
-        let (rps, p50, p99) = run_store(managed.clone(), policy, tasks, n).await;
+        let (rps, p50, p99) = run(store.clone(), tasks, n).await;
         rows.push(Row {
             who: "RedisStore, multiplexed (ConnectionManager)".into(),
             tasks,
@@ -178,9 +207,9 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
             p50_us: p50,
             p99_us: p99,
         });
-        let (rps, p50, p99) = run_store(pooled.clone(), policy, tasks, n).await;
+        let (rps, p50, p99) = run(pooled.clone(), tasks, n).await;
         rows.push(Row {
-            who: "RedisStore, deadpool (64 connections)".into(),
+            who: "the same script call, deadpool (64 connections)".into(),
             tasks,
             rps,
             p50_us: p50,

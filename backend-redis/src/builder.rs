@@ -37,8 +37,6 @@ pub struct RedisStoreBuilder {
     max_key_len: usize,
     #[cfg(feature = "tls")]
     tls_root_ca: Option<Vec<u8>>,
-    #[cfg(feature = "deadpool")]
-    pool_size: Option<usize>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -52,8 +50,6 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("max_key_len", &self.max_key_len);
         #[cfg(feature = "tls")]
         d.field("tls_root_ca", &self.tls_root_ca.as_ref().map(|_| "<PEM>"));
-        #[cfg(feature = "deadpool")]
-        d.field("pool_size", &self.pool_size);
         d.finish()
     }
 }
@@ -83,8 +79,6 @@ impl RedisStoreBuilder {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             #[cfg(feature = "tls")]
             tls_root_ca: None,
-            #[cfg(feature = "deadpool")]
-            pool_size: None,
         }
     }
 
@@ -110,8 +104,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Bounds each decision, connecting included. Default
-    /// [`DEFAULT_TIMEOUT`]; must be above zero.
+    /// A transport bound: each call on the store's connection, connecting
+    /// included, ends within it as a `Timeout` error. Default
+    /// [`DEFAULT_TIMEOUT`]; must be above zero. Under a `Limiter`, the
+    /// rule's timeout (`Rule::with_timeout`) bounds what a request waits;
+    /// this one applies beneath it and when the store is called directly.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -165,14 +162,6 @@ impl RedisStoreBuilder {
     #[cfg(feature = "tls")]
     pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_root_ca = Some(pem.into());
-        self
-    }
-
-    /// Uses a pool of up to `max_size` connections (deadpool-redis) instead
-    /// of one multiplexed connection. Single servers given by URL only.
-    #[cfg(feature = "deadpool")]
-    pub fn pooled(mut self, max_size: usize) -> Self {
-        self.pool_size = Some(max_size);
         self
     }
 
@@ -233,13 +222,6 @@ impl RedisStoreBuilder {
                 self.source.display()
             )));
         }
-        #[cfg(feature = "deadpool")]
-        if self.pool_size.is_some() {
-            return Err(ConfigError::Invalid(format!(
-                "pooled needs a redis:// URL, not {}",
-                self.source.display()
-            )));
-        }
         Ok(())
     }
 
@@ -254,10 +236,6 @@ impl RedisStoreBuilder {
                 if let Some(client) = self.tls_client(&info).map_err(invalid)? {
                     return Ok(Target::Single(Box::new(client)));
                 }
-                #[cfg(feature = "deadpool")]
-                if let Some(size) = self.pool_size {
-                    return pool(*info, size).map_err(invalid);
-                }
                 let client = redis::Client::open(*info).map_err(|e| invalid(e.to_string()))?;
                 Ok(Target::Single(Box::new(client)))
             }
@@ -268,10 +246,6 @@ impl RedisStoreBuilder {
                         "tls_root_ca needs a rediss:// URL; TLS to a cluster is not supported"
                             .into(),
                     ));
-                }
-                #[cfg(feature = "deadpool")]
-                if self.pool_size.is_some() {
-                    return Err(invalid("pooled connections are for one server only".into()));
                 }
                 let client = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(self.timeout)
@@ -300,25 +274,8 @@ impl RedisStoreBuilder {
         if !tls {
             return Err("tls_root_ca needs a rediss:// URL: this one would not use TLS".into());
         }
-        #[cfg(feature = "deadpool")]
-        if self.pool_size.is_some() {
-            return Err("pooled connections cannot use tls_root_ca".into());
-        }
         crate::tls::client_trusting(info.clone(), pem).map(Some)
     }
-}
-
-#[cfg(feature = "deadpool")]
-fn pool(info: redis::ConnectionInfo, size: usize) -> Result<Target, String> {
-    if size == 0 {
-        return Err("redis pool size must be above zero".into());
-    }
-    let mut cfg = deadpool_redis::Config::from_connection_info(info);
-    cfg.pool = Some(deadpool_redis::PoolConfig::new(size));
-    let pool = cfg
-        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-        .map_err(|e| e.to_string())?;
-    Ok(Target::Pool(pool))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use limiter_core::{ErrorKind, StoreError};
 use redis::RedisError;
 
-use crate::STORE_NAME;
+use crate::NAME;
 
 pub(crate) fn store_error(e: RedisError) -> StoreError {
     use redis::ServerErrorKind as S;
@@ -26,21 +26,10 @@ pub(crate) fn store_error(e: RedisError) -> StoreError {
     } else {
         ErrorKind::Protocol
     };
-    StoreError::new(kind, STORE_NAME, e.to_string()).with_source(e)
-}
-
-#[cfg(feature = "deadpool")]
-pub(crate) fn pool_error(e: deadpool_redis::PoolError) -> RedisError {
-    match e {
-        deadpool_redis::PoolError::Backend(e) => e,
-        other => RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            other.to_string(),
-        )),
-    }
+    StoreError::new(kind, NAME, e.to_string()).with_source(e)
 }
 
 /// A reply the store cannot read.
 pub(crate) fn protocol(message: String) -> StoreError {
-    StoreError::new(ErrorKind::Protocol, STORE_NAME, message)
+    StoreError::new(ErrorKind::Protocol, NAME, message)
 }

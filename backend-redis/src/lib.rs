@@ -136,7 +136,6 @@
 //! decisions are N exchanges, N refunds N exchanges, once the scripts are
 //! loaded); `MONITOR` shows nothing but `EVALSHA` from the store; and the
 //! server's `INFO commandstats` agrees.
-#![deny(missing_docs)]
 
 mod builder;
 mod error;
@@ -168,9 +167,14 @@ use error::store_error;
 use script::{refund_script, refunded, script, verdict};
 
 /// The name this store reports in decisions and errors.
-pub const STORE_NAME: &str = "redis";
+pub const NAME: &str = "redis";
 
-/// The default bound on one decision, connection included.
+/// The former name of [`NAME`], which every backend now uses.
+#[deprecated(note = "renamed to `NAME`, as in every backend")]
+pub const STORE_NAME: &str = NAME;
+
+/// The default transport bound on one call, connection included
+/// ([`RedisStoreBuilder::timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The default key prefix.
@@ -190,16 +194,12 @@ enum Target {
     Cluster(Box<redis::cluster::ClusterClient>),
     /// The application's own, already connected.
     Manager(ConnectionManager),
-    #[cfg(feature = "deadpool")]
-    Pool(deadpool_redis::Pool),
 }
 
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
-    #[cfg(feature = "deadpool")]
-    Pool(deadpool_redis::Pool),
 }
 
 struct Inner {
@@ -267,7 +267,7 @@ impl RedisStore {
     /// A builder for a store that connects through the application's own
     /// `client`, whatever its address, credentials and TLS settings: the
     /// store opens its multiplexed connection from it, lazily, under its
-    /// own timeout. URL-only options (`tls_root_ca`, `pooled`) are refused
+    /// own timeout. URL-only options (`tls_root_ca`) are refused
     /// by [`build`](RedisStoreBuilder::build).
     ///
     /// ```
@@ -325,8 +325,6 @@ impl RedisStore {
                         client.get_async_connection().await.map(Conn::Cluster)
                     }
                     Target::Manager(manager) => Ok(Conn::Single(manager.clone())),
-                    #[cfg(feature = "deadpool")]
-                    Target::Pool(pool) => Ok(Conn::Pool(pool.clone())),
                 }
             })
             .await
@@ -365,14 +363,6 @@ impl RedisStore {
         let result = match conn {
             Conn::Single(mut c) => invocation.invoke_async::<Value>(&mut c).await,
             Conn::Cluster(mut c) => invocation.invoke_async::<Value>(&mut c).await,
-            #[cfg(feature = "deadpool")]
-            Conn::Pool(pool) => {
-                let mut c = pool
-                    .get()
-                    .await
-                    .map_err(|e| store_error(error::pool_error(e)))?;
-                invocation.invoke_async::<Value>(&mut c).await
-            }
         };
         result.map_err(store_error)
     }
@@ -385,7 +375,7 @@ impl RedisStore {
         let timeout = self.inner.timeout;
         match tokio::time::timeout(timeout, call).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::timeout(STORE_NAME, timeout)),
+            Err(_) => Err(StoreError::timeout(NAME, timeout)),
         }
     }
 }
@@ -393,7 +383,7 @@ impl RedisStore {
 #[async_trait]
 impl Store for RedisStore {
     fn name(&self) -> &'static str {
-        STORE_NAME
+        NAME
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -418,11 +408,11 @@ impl Store for RedisStore {
     ) -> Result<Decision, StoreError> {
         policy
             .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(STORE_NAME, e))?;
-        limiter_core::check_key(STORE_NAME, key, self.inner.max_key_len)?;
+            .map_err(|e| StoreError::invalid_request(NAME, e))?;
+        limiter_core::check_key(NAME, key, self.inner.max_key_len)?;
         let redis_key = self.redis_key(key, policy.algorithm());
         let value = self.bounded(self.run(redis_key, policy, cost, now)).await?;
-        Ok(Decision::from_verdict(verdict(value)?, policy, STORE_NAME))
+        Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
     }
 
     /// One `EVALSHA` of the algorithm's refund script; see the
@@ -436,12 +426,12 @@ impl Store for RedisStore {
         now: Timestamp,
         admitted: &Decision,
     ) -> Result<(), StoreError> {
-        limiter_core::check_refund(STORE_NAME, policy, cost, admitted)?;
-        limiter_core::check_key(STORE_NAME, key, self.inner.max_key_len)?;
+        limiter_core::check_refund(NAME, policy, cost, admitted)?;
+        limiter_core::check_key(NAME, key, self.inner.max_key_len)?;
         if self.inner.server_clock {
             return Err(StoreError::new(
                 ErrorKind::Unsupported,
-                STORE_NAME,
+                NAME,
                 "refund needs the time the admission was decided at; a store deciding with \
                  the Redis server's clock cannot locate it",
             ));

@@ -2,37 +2,26 @@
 //! on loopback ports with host networking, joined by `redis-cli --cluster
 //! create`.
 
-mod common;
-
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use limiter_core::Store;
 use limiter_redis::RedisStore;
+use limiter_test_support::redis as fixture;
 
 fn cluster_url() -> &'static str {
     static URL: LazyLock<String> = LazyLock::new(|| {
         if let Ok(url) = std::env::var("LIMITER_REDIS_CLUSTER_URL") {
             return url;
         }
-        std::thread::spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to start the cluster");
-            let (nodes, url) = rt.block_on(common::start_cluster());
-            std::mem::forget(nodes);
-            url
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("starting the Redis Cluster failed (see the message above)"))
+        fixture::start_shared("the Redis Cluster", fixture::start_cluster)
     });
     &URL
 }
 
 async fn store() -> Arc<dyn Store> {
     let store = RedisStore::builder(cluster_url())
-        .key_prefix(common::unique_prefix("cluster"))
+        .key_prefix(fixture::unique_prefix("cluster"))
         // The suite tests semantics, not latency: a loaded CI machine must
         // not turn a slow answer into a failed scenario.
         .timeout(Duration::from_secs(10))

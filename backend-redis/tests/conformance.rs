@@ -2,17 +2,16 @@
 //! (or `LIMITER_REDIS_URL`), each scenario's stores isolated by a unique key
 //! prefix.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use limiter_core::Store;
 use limiter_redis::RedisStore;
+use limiter_test_support::redis as fixture;
 
 async fn store() -> Arc<dyn Store> {
-    let store = RedisStore::builder(common::shared_url())
-        .key_prefix(common::unique_prefix("conformance"))
+    let store = RedisStore::builder(fixture::shared_url())
+        .key_prefix(fixture::unique_prefix("conformance"))
         // The suite tests semantics, not latency: a loaded CI machine must
         // not turn a slow answer into a failed scenario.
         .timeout(Duration::from_secs(10))

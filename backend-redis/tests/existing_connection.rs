@@ -1,16 +1,15 @@
 //! Stores built from the application's own `redis::Client` or
 //! `ConnectionManager` rather than from a URL.
 
-mod common;
-
 use std::time::Duration;
 
-use limiter_core::{Algorithm, Policy, Store, Timestamp};
+use limiter_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
 use limiter_redis::RedisStore;
 use limiter_test_support::WireCounter;
+use limiter_test_support::redis as fixture;
 use redis::aio::ConnectionManager;
 
-const T0: u64 = 1_767_225_600_000_000;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 const GENEROUS: Duration = Duration::from_secs(10);
 
 async fn exists(url: &str, key: &[u8]) -> bool {
@@ -29,10 +28,10 @@ async fn exists(url: &str, key: &[u8]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_from_an_existing_client_decides_under_its_own_options() {
-    let url = common::shared_url();
+    let url = fixture::shared_url();
     let client = redis::Client::open(url).unwrap();
     let store = RedisStore::builder_with_client(client)
-        .key_prefix(common::unique_prefix("with-client"))
+        .key_prefix(fixture::unique_prefix("with-client"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
@@ -53,13 +52,13 @@ async fn a_store_from_an_existing_client_decides_under_its_own_options() {
 async fn a_store_from_an_existing_manager_uses_that_connection_only() {
     // The application's manager reaches the server through a counting
     // proxy: the store's calls show there, and on no other connection.
-    let wire = WireCounter::start(common::tcp_addr(common::shared_url()))
+    let wire = WireCounter::start(fixture::tcp_addr(fixture::shared_url()))
         .await
         .unwrap();
-    let client = redis::Client::open(common::via(common::shared_url(), wire.addr())).unwrap();
+    let client = redis::Client::open(fixture::via(fixture::shared_url(), wire.addr())).unwrap();
     let manager = ConnectionManager::new(client).await.unwrap();
     let store = RedisStore::builder_with_connection_manager(manager.clone())
-        .key_prefix(common::unique_prefix("with-manager"))
+        .key_prefix(fixture::unique_prefix("with-manager"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
@@ -84,7 +83,7 @@ async fn a_store_from_an_existing_manager_uses_that_connection_only() {
     assert_eq!(pong, "PONG");
     assert!(
         exists(
-            common::shared_url(),
+            fixture::shared_url(),
             &store.redis_key(b"k", Algorithm::SlidingLog)
         )
         .await
@@ -93,16 +92,14 @@ async fn a_store_from_an_existing_manager_uses_that_connection_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn url_only_options_are_refused_for_an_existing_manager() {
-    let wire = WireCounter::start(common::tcp_addr(common::shared_url()))
+    let wire = WireCounter::start(fixture::tcp_addr(fixture::shared_url()))
         .await
         .unwrap();
-    let client = redis::Client::open(common::via(common::shared_url(), wire.addr())).unwrap();
+    let client = redis::Client::open(fixture::via(fixture::shared_url(), wire.addr())).unwrap();
     let manager = ConnectionManager::new(client).await.unwrap();
     let b = || RedisStore::builder_with_connection_manager(manager.clone());
     assert!(b().timeout(Duration::ZERO).build().is_err());
     assert!(b().key_prefix("a}").build().is_err());
-    #[cfg(feature = "deadpool")]
-    assert!(b().pooled(4).build().is_err());
     let debug = format!("{:?}", b().build().unwrap());
     assert!(debug.contains("ConnectionManager"), "{debug}");
 }

@@ -3,13 +3,12 @@
 //! and `redis-cli` (run inside the server's container) lists, inspects and
 //! deletes it by that name.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use limiter_core::{Algorithm, Limiter, ManualClock, Policy, Rule};
 use limiter_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore};
+use limiter_test_support::redis as fixture;
 
 const CLIENT: &[u8] = b"0123456789abcdef0123456789abcdef";
 /// Copied from the crate docs (`# Keys`), not computed.
@@ -19,7 +18,7 @@ const DOCUMENTED: &str = "limiter:{af69f0a632b605e9}:log:search:0123456789abcdef
 async fn a_clients_state_is_the_documented_key_and_redis_cli_deletes_it() {
     // A server of its own and the default prefix: `--scan` may print
     // nothing but what these decisions wrote.
-    let (container, url) = common::start_redis().await;
+    let (container, url) = fixture::start_redis().await;
     let store = Arc::new(
         RedisStore::builder(&url)
             .timeout(Duration::from_secs(10))
@@ -51,17 +50,17 @@ async fn a_clients_state_is_the_documented_key_and_redis_cli_deletes_it() {
         assert_eq!(d.remaining, remaining);
     }
 
-    let all = common::redis_cli(&container, &["--scan", "--pattern", "*"]).await;
+    let all = fixture::redis_cli(&container, &["--scan", "--pattern", "*"]).await;
     assert_eq!(all, format!("{DOCUMENTED}\n"), "every key on the server");
     let pattern = "limiter:*:search:0123456789abcdef0123456789abcdef";
-    let listed = common::redis_cli(&container, &["--scan", "--pattern", pattern]).await;
+    let listed = fixture::redis_cli(&container, &["--scan", "--pattern", pattern]).await;
     assert_eq!(listed, format!("{DOCUMENTED}\n"), "the documented pattern");
     let name = listed.trim_end_matches('\n');
     assert!(name.bytes().all(|b| b.is_ascii_graphic()), "{name:?}");
 
-    let kind = common::redis_cli(&container, &["TYPE", name]).await;
+    let kind = fixture::redis_cli(&container, &["TYPE", name]).await;
     assert_eq!(kind, "list\n");
-    let ttl: u128 = common::redis_cli(&container, &["PTTL", name])
+    let ttl: u128 = fixture::redis_cli(&container, &["PTTL", name])
         .await
         .trim()
         .parse()
@@ -69,9 +68,9 @@ async fn a_clients_state_is_the_documented_key_and_redis_cli_deletes_it() {
     let bound = (window + DEFAULT_EXPIRY_MARGIN).as_millis();
     assert!(ttl > 0 && ttl <= bound, "PTTL {ttl} not in (0, {bound}]");
 
-    let deleted = common::redis_cli(&container, &["DEL", name]).await;
+    let deleted = fixture::redis_cli(&container, &["DEL", name]).await;
     assert_eq!(deleted, "1\n");
-    let left = common::redis_cli(&container, &["--scan", "--pattern", "*"]).await;
+    let left = fixture::redis_cli(&container, &["--scan", "--pattern", "*"]).await;
     assert_eq!(left, "");
 
     // Without the DEL this decision would leave 0 of 3: the quota is fresh.

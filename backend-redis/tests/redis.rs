@@ -2,34 +2,26 @@
 //! per decision, what a refusal writes, TTLs, the server-clock mode, and
 //! failures (a paused, stopped, silent or misbehaving server).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use limiter_core::{Algorithm, ErrorKind, Policy, Store, StoreError, Timestamp};
+use limiter_conformance::model::{algorithm_differential, refund_differential};
+use limiter_core::{Algorithm, ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
 use limiter_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore};
+use limiter_test_support::redis as fixture;
 use redis::aio::MultiplexedConnection;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const S: u64 = 1_000_000;
-const T0: u64 = 1_767_225_600 * S;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 /// Hangs are caught by this, far above any timeout under test; it is a
 /// guard, not a measurement.
 const HANG_GUARD: Duration = Duration::from_secs(20);
 /// The timeout of stores whose tests are about semantics, not failures: a
 /// loaded machine must not turn a slow answer into a failed test.
 const GENEROUS: Duration = Duration::from_secs(10);
-
-async fn admin(url: &str) -> MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
-}
 
 fn policies() -> Vec<Policy> {
     Algorithm::ALL
@@ -152,10 +144,10 @@ impl Monitor {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_evalsha_per_decision_and_nothing_else() {
     // A server of its own: nothing else may run commands on it.
-    let (_container, url) = common::start_redis().await;
-    let mut conn = admin(&url).await;
+    let (_container, url) = fixture::start_redis().await;
+    let mut conn = fixture::admin(&url).await;
     let store = RedisStore::builder(&url)
-        .key_prefix(common::unique_prefix("round-trips"))
+        .key_prefix(fixture::unique_prefix("round-trips"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
@@ -209,10 +201,10 @@ async fn one_evalsha_per_decision_and_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_evalsha_per_refund_and_nothing_else() {
     // A server of its own: nothing else may run commands on it.
-    let (_container, url) = common::start_redis().await;
-    let mut conn = admin(&url).await;
+    let (_container, url) = fixture::start_redis().await;
+    let mut conn = fixture::admin(&url).await;
     let store = RedisStore::builder(&url)
-        .key_prefix(common::unique_prefix("refund-round-trips"))
+        .key_prefix(fixture::unique_prefix("refund-round-trips"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
@@ -289,10 +281,10 @@ async fn one_evalsha_per_refund_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_write_nothing_and_ttls_are_bounded() {
-    let url = common::shared_url();
-    let mut conn = admin(url).await;
+    let url = fixture::shared_url();
+    let mut conn = fixture::admin(url).await;
     let store = RedisStore::builder(url)
-        .key_prefix(common::unique_prefix("writes"))
+        .key_prefix(fixture::unique_prefix("writes"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
@@ -352,10 +344,10 @@ async fn refusals_write_nothing_and_ttls_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_window_expiry_is_set_when_the_window_opens() {
-    let url = common::shared_url();
-    let mut conn = admin(url).await;
+    let url = fixture::shared_url();
+    let mut conn = fixture::admin(url).await;
     let store = RedisStore::builder(url)
-        .key_prefix(common::unique_prefix("expiry"))
+        .key_prefix(fixture::unique_prefix("expiry"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
@@ -398,10 +390,10 @@ async fn fixed_window_expiry_is_set_when_the_window_opens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_another_type_is_an_error_not_a_panic() {
-    let url = common::shared_url();
-    let mut conn = admin(url).await;
+    let url = fixture::shared_url();
+    let mut conn = fixture::admin(url).await;
     let store = RedisStore::builder(url)
-        .key_prefix(common::unique_prefix("wrongtype"))
+        .key_prefix(fixture::unique_prefix("wrongtype"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
@@ -431,8 +423,8 @@ async fn a_key_of_another_type_is_an_error_not_a_panic() {
 async fn server_clock_mode_decides_with_real_time() {
     // The only test that lets real time pass: the server's clock cannot be
     // driven. It asserts behaviour only, with generous slack.
-    let store = RedisStore::builder(common::shared_url())
-        .key_prefix(common::unique_prefix("server-clock"))
+    let store = RedisStore::builder(fixture::shared_url())
+        .key_prefix(fixture::unique_prefix("server-clock"))
         .timeout(GENEROUS)
         .server_clock(true)
         .build()
@@ -472,7 +464,7 @@ async fn server_clock_mode_decides_with_real_time() {
 async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
     // Nothing listens here: an answer other than Unsupported would mean the
     // store tried to reach a server.
-    let port = common::free_port(false);
+    let port = fixture::free_port(false);
     let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
         .server_clock(true)
         .build()
@@ -501,8 +493,8 @@ async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
     }
 
     // The same against a live server, on a real admission.
-    let store = RedisStore::builder(common::shared_url())
-        .key_prefix(common::unique_prefix("server-clock-refund"))
+    let store = RedisStore::builder(fixture::shared_url())
+        .key_prefix(fixture::unique_prefix("server-clock-refund"))
         .timeout(GENEROUS)
         .server_clock(true)
         .build()
@@ -531,10 +523,10 @@ async fn key_exists(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_create_nothing_and_never_extend_a_ttl() {
-    let url = common::shared_url();
-    let mut conn = admin(url).await;
+    let url = fixture::shared_url();
+    let mut conn = fixture::admin(url).await;
     let store = RedisStore::builder(url)
-        .key_prefix(common::unique_prefix("refund-ttl"))
+        .key_prefix(fixture::unique_prefix("refund-ttl"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
@@ -575,9 +567,9 @@ async fn refunds_create_nothing_and_never_extend_a_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_server_times_out_then_recovers() {
-    let (container, url) = common::start_redis().await;
+    let (container, url) = fixture::start_redis().await;
     let store = RedisStore::builder(&url)
-        .key_prefix(common::unique_prefix("pause"))
+        .key_prefix(fixture::unique_prefix("pause"))
         .timeout(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -604,9 +596,9 @@ async fn paused_server_times_out_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_server_fails_then_recovers_after_restart() {
-    let (container, url) = common::start_redis_on_fixed_port().await;
+    let (container, url) = fixture::start_redis_on_fixed_port().await;
     let store = RedisStore::builder(&url)
-        .key_prefix(common::unique_prefix("stop"))
+        .key_prefix(fixture::unique_prefix("stop"))
         .timeout(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -770,7 +762,7 @@ async fn garbage_is_an_error_not_a_panic_or_a_hang() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_listening_is_unavailable() {
-    let port = common::free_port(false);
+    let port = fixture::free_port(false);
     let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
         .build()
         .unwrap();
@@ -779,64 +771,16 @@ async fn nothing_listening_is_unavailable() {
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
 
-/// A small deterministic generator, so a failure reproduces.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % bound
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_match_the_reference_algorithm_decision_for_decision() {
-    use limiter_core::Decision;
-    use limiter_core::algorithm::apply;
-
-    let store = RedisStore::builder(common::shared_url())
-        .key_prefix(common::unique_prefix("differential"))
+    let store = RedisStore::builder(fixture::shared_url())
+        .key_prefix(fixture::unique_prefix("differential"))
         .timeout(GENEROUS)
         .build()
         .unwrap();
-    let shapes: [(u32, Duration); 5] = [
-        (1, Duration::from_millis(1)),
-        (3, Duration::from_millis(7)),
-        (10, Duration::from_secs(1)),
-        (7, Duration::from_micros(1_000_003)),
-        (100, Duration::from_secs(3600)),
-    ];
-    let mut rng = Lcg(42);
-    let mut checked = 0;
-    for algorithm in Algorithm::ALL {
-        for (i, (limit, window)) in shapes.iter().enumerate() {
-            let p = Policy::new(algorithm, *limit, *window).unwrap();
-            let key = format!("{algorithm}-{i}");
-            let mut state = None;
-            let w = p.window_micros();
-            let mut now = T0 + rng.next(w);
-            for step in 0..300 {
-                // Mostly small steps forward, sometimes a jump or a step back.
-                now = match rng.next(20) {
-                    0 => now.saturating_sub(rng.next(w)),
-                    1 => now + w + rng.next(2 * w),
-                    _ => now + rng.next(w / 4 + 1),
-                };
-                let cost = 1 + rng.next(u64::from(*limit).min(4)) as u32;
-                let expected =
-                    Decision::from_verdict(apply(&mut state, &p, cost, now), &p, "redis");
-                let got = store
-                    .decide(key.as_bytes(), &p, cost, Timestamp::from_micros(now))
-                    .await
-                    .unwrap();
-                assert_eq!(got, expected, "{p}, step {step}, cost {cost}, now {now}");
-                checked += 1;
-            }
-        }
-    }
+    let checked = algorithm_differential(&store, 300)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
     assert_eq!(checked, 4 * 5 * 300);
 }
 
@@ -846,66 +790,17 @@ async fn scripts_match_the_reference_algorithm_decision_for_decision() {
 /// that follow show.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_match_the_reference_algorithm_decision_for_decision() {
-    use limiter_core::Decision;
-    use limiter_core::algorithm::{apply, refund};
-
-    let store = RedisStore::builder(common::shared_url())
-        .key_prefix(common::unique_prefix("refund-differential"))
+    let store = RedisStore::builder(fixture::shared_url())
+        .key_prefix(fixture::unique_prefix("refund-differential"))
         .timeout(GENEROUS)
         // Keys expire in real time; the caller's time here runs faster, but
         // a loaded machine must not lose state the reference still holds.
         .expiry_margin(Duration::from_secs(3600))
         .build()
         .unwrap();
-    let shapes: [(u32, Duration); 4] = [
-        (1, Duration::from_millis(1)),
-        (3, Duration::from_millis(7)),
-        (10, Duration::from_secs(1)),
-        (7, Duration::from_micros(1_000_003)),
-    ];
-    let mut rng = Lcg(7);
-    let (mut decisions, mut refunds) = (0, 0);
-    for algorithm in Algorithm::ALL {
-        for (i, (limit, window)) in shapes.iter().enumerate() {
-            let p = Policy::new(algorithm, *limit, *window).unwrap();
-            let key = format!("{algorithm}-{i}");
-            let mut state = None;
-            let mut admitted: Vec<(u64, u32, Decision)> = Vec::new();
-            let w = p.window_micros();
-            let mut now = T0 + rng.next(w);
-            for step in 0..200 {
-                if !admitted.is_empty() && rng.next(3) == 0 {
-                    let (at, cost, d) =
-                        admitted.swap_remove(rng.next(admitted.len() as u64) as usize);
-                    let reset_after = d.reset_after.as_micros() as u64;
-                    refund(&mut state, &p, cost, at, reset_after);
-                    store
-                        .refund(key.as_bytes(), &p, cost, Timestamp::from_micros(at), &d)
-                        .await
-                        .unwrap();
-                    refunds += 1;
-                    continue;
-                }
-                now = match rng.next(20) {
-                    0 => now.saturating_sub(rng.next(w)),
-                    1 => now + w + rng.next(2 * w),
-                    _ => now + rng.next(w / 4 + 1),
-                };
-                let cost = 1 + rng.next(u64::from(*limit).min(4)) as u32;
-                let expected =
-                    Decision::from_verdict(apply(&mut state, &p, cost, now), &p, "redis");
-                let got = store
-                    .decide(key.as_bytes(), &p, cost, Timestamp::from_micros(now))
-                    .await
-                    .unwrap();
-                assert_eq!(got, expected, "{p}, step {step}, cost {cost}, now {now}");
-                if got.allowed {
-                    admitted.push((now, cost, got));
-                }
-                decisions += 1;
-            }
-        }
-    }
-    assert!(refunds > 500, "{refunds} refunds");
-    assert!(decisions > 1_000, "{decisions} decisions");
+    let counts = refund_differential(&store, 200)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
+    assert!(counts.refunds > 500, "{counts:?}");
+    assert!(counts.decisions > 1_000, "{counts:?}");
 }

@@ -2,61 +2,23 @@
 //! TLS only, with a CA and a server certificate generated for the test.
 #![cfg(feature = "tls")]
 
-mod common;
-
 use std::time::Duration;
 
-use limiter_core::{ConfigError, ErrorKind, Policy, Store, Timestamp};
+use limiter_core::{ConfigError, ErrorKind, ManualClock, Policy, Store, Timestamp};
 use limiter_redis::RedisStore;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
-use testcontainers::core::{IntoContainerPort, WaitFor};
-use testcontainers::runners::AsyncRunner;
+use limiter_test_support::redis as fixture;
+use limiter_test_support::tls::Ca;
+use testcontainers::core::IntoContainerPort;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-const T0: u64 = 1_767_225_600_000_000;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 /// Hangs are caught by this, far above any timeout under test.
 const HANG_GUARD: Duration = Duration::from_secs(20);
 
-/// A certificate authority of the test's own.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Ca { issuer }
-    }
-
-    fn pem(&self) -> String {
-        self.issuer.pem()
-    }
-
-    /// A certificate for the server at 127.0.0.1 and its private key, PEM.
-    fn server(&self) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "limiter test redis");
-        let cert = params.signed_by(&key, &*self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
 /// A Redis server with no plaintext port: whatever answers it spoke TLS.
 async fn start_tls_redis(ca: &Ca) -> (ContainerAsync<GenericImage>, String) {
-    let (cert, key) = ca.server();
-    let (name, tag) = common::image_name();
-    let container = GenericImage::new(name, tag)
-        .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
+    let (cert, key) = ca.server("limiter test redis");
+    let request = fixture::image()
         .with_exposed_port(6379.tcp())
         .with_copy_to("/tls/ca.crt", ca.pem().into_bytes())
         .with_copy_to("/tls/server.crt", cert.into_bytes())
@@ -74,11 +36,8 @@ async fn start_tls_redis(ca: &Ca) -> (ContainerAsync<GenericImage>, String) {
             "/tls/ca.crt",
             "--tls-auth-clients",
             "no",
-        ])
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("cannot start a TLS Redis container: {e}"));
-    common::reap_on_exit(container.id());
+        ]);
+    let container = fixture::start_request(request, "TLS Redis").await;
     let port = container
         .get_host_port_ipv4(6379.tcp())
         .await

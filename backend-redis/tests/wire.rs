@@ -4,15 +4,14 @@
 //! statistics say. `tests/redis.rs` checks the same claim with `MONITOR`
 //! and `INFO commandstats`.
 
-mod common;
-
 use std::time::Duration;
 
-use limiter_core::{Algorithm, Decision, Policy, Store, Timestamp};
+use limiter_core::{Algorithm, Decision, ManualClock, Policy, Store, Timestamp};
 use limiter_redis::RedisStore;
 use limiter_test_support::WireCounter;
+use limiter_test_support::redis as fixture;
 
-const T0: u64 = 1_767_225_600_000_000;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 
 fn policies() -> Vec<Policy> {
     Algorithm::ALL
@@ -22,8 +21,8 @@ fn policies() -> Vec<Policy> {
 }
 
 async fn store_via(wire: &WireCounter, what: &str) -> RedisStore {
-    RedisStore::builder(common::via(common::shared_url(), wire.addr()))
-        .key_prefix(common::unique_prefix(what))
+    RedisStore::builder(fixture::via(fixture::shared_url(), wire.addr()))
+        .key_prefix(fixture::unique_prefix(what))
         // Semantics, not latency: a loaded machine must not fail the test.
         .timeout(Duration::from_secs(10))
         .build()
@@ -32,7 +31,7 @@ async fn store_via(wire: &WireCounter, what: &str) -> RedisStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
-    let wire = WireCounter::start(common::tcp_addr(common::shared_url()))
+    let wire = WireCounter::start(fixture::tcp_addr(fixture::shared_url()))
         .await
         .unwrap();
     let store = store_via(&wire, "wire").await;
@@ -98,13 +97,13 @@ async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
 /// from a client of the same connection) is counted as two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_counter_sees_a_second_round_trip() {
-    let wire = WireCounter::start(common::tcp_addr(common::shared_url()))
+    let wire = WireCounter::start(fixture::tcp_addr(fixture::shared_url()))
         .await
         .unwrap();
-    let client = redis::Client::open(common::via(common::shared_url(), wire.addr())).unwrap();
+    let client = redis::Client::open(fixture::via(fixture::shared_url(), wire.addr())).unwrap();
     let manager = redis::aio::ConnectionManager::new(client).await.unwrap();
     let store = RedisStore::builder_with_connection_manager(manager.clone())
-        .key_prefix(common::unique_prefix("wire-teeth"))
+        .key_prefix(fixture::unique_prefix("wire-teeth"))
         .build()
         .unwrap();
     let p = Policy::gcra(100, Duration::from_secs(1)).unwrap();

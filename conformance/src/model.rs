@@ -557,3 +557,177 @@ pub async fn replay_tiers(
     }
     Ok(later_refusals)
 }
+
+/// What [`refund_differential`] sent: decisions and refunds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefundCounts {
+    /// Decisions compared with [`limiter_core::algorithm::apply`].
+    pub decisions: u64,
+    /// Refunds sent to the store and to [`limiter_core::algorithm::refund`].
+    pub refunds: u64,
+}
+
+/// The policy shapes of the differentials: limits 1 to 100, windows of
+/// 1 ms to an hour, some not a multiple of the limit.
+const SHAPES: [(u32, Duration); 5] = [
+    (1, Duration::from_millis(1)),
+    (3, Duration::from_millis(7)),
+    (10, Duration::from_secs(1)),
+    (7, Duration::from_micros(1_000_003)),
+    (100, Duration::from_secs(3600)),
+];
+
+/// One decision of a differential: `store` and
+/// [`limiter_core::algorithm::apply`] on `state` must agree.
+async fn decide_as_core(
+    store: &dyn limiter_core::Store,
+    key: &str,
+    p: &Policy,
+    state: &mut Option<limiter_core::algorithm::KeyState>,
+    cost: u32,
+    now: u64,
+    step: usize,
+) -> Result<Decision, crate::Failure> {
+    let expected = Decision::from_verdict(
+        limiter_core::algorithm::apply(state, p, cost, now),
+        p,
+        store.name(),
+    );
+    let got = store
+        .decide(key.as_bytes(), p, cost, Timestamp::from_micros(now))
+        .await
+        .map_err(|e| crate::Failure(format!("{p}, step {step}, cost {cost}, now {now}: {e}")))?;
+    if got != expected {
+        return Err(crate::Failure(format!(
+            "{p}, step {step}, cost {cost}, now {now}: store answered {got:?}, the core \
+             {expected:?}"
+        )));
+    }
+    Ok(got)
+}
+
+/// A small deterministic generator, so that a failing script reproduces.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % bound
+    }
+
+    /// The next time after `now` for a window of `w` µs: mostly a small
+    /// step forward, sometimes a jump past the window or a step back.
+    fn step(&mut self, now: u64, w: u64) -> u64 {
+        match self.next(20) {
+            0 => now.saturating_sub(self.next(w)),
+            1 => now + w + self.next(2 * w),
+            _ => now + self.next(w / 4 + 1),
+        }
+    }
+}
+
+/// Decisions against [`limiter_core::algorithm::apply`], the normative
+/// transcription, with no model in between: for every algorithm and five
+/// policy shapes (limits 1 to 100, windows of 1 ms to an hour, some not a
+/// multiple of the limit), `steps_per_key` decisions on a key of their own,
+/// time mostly moving forward in small steps, sometimes jumping a window or
+/// going back. The first decision that differs, or any store error, fails.
+/// Returns the decisions compared.
+///
+/// Keys are `{algorithm}-{shape}`, so `store` needs a namespace of its own.
+/// The script is fixed (seeded), so a failure reproduces.
+pub async fn algorithm_differential(
+    store: &dyn limiter_core::Store,
+    steps_per_key: usize,
+) -> Result<u64, crate::Failure> {
+    use limiter_core::ManualClock;
+
+    let shapes = &SHAPES[..];
+    let t0 = ManualClock::DEFAULT_START.as_micros();
+    let mut rng = Lcg(42);
+    let mut checked = 0;
+    for algorithm in Algorithm::ALL {
+        for (i, &(limit, window)) in shapes.iter().enumerate() {
+            let p = Policy::new(algorithm, limit, window)
+                .map_err(|e| crate::Failure(format!("{algorithm} shape {i}: {e}")))?;
+            let key = format!("{algorithm}-{i}");
+            let mut state = None;
+            let w = p.window_micros();
+            let mut now = t0 + rng.next(w);
+            for step in 0..steps_per_key {
+                now = rng.step(now, w);
+                let cost = 1 + rng.next(u64::from(limit).min(4)) as u32;
+                decide_as_core(store, &key, &p, &mut state, cost, now, step).await?;
+                checked += 1;
+            }
+        }
+    }
+    Ok(checked)
+}
+
+/// Refunds against [`limiter_core::algorithm::refund`], which the
+/// [`Model`] does not replay: for every algorithm and four policy shapes,
+/// `steps_per_key` steps on a key of their own, each a decision or (about
+/// one in three) a refund of an earlier admission, each refunded at most
+/// once, in any order, some long after the fact. The store and the core
+/// must leave every key in the same state, as the decisions that follow
+/// show: the first decision that differs, or any store error, fails.
+///
+/// Keys are `{algorithm}-{shape}`, so `store` needs a namespace of its own
+/// (a key prefix or a schema). The script is fixed (seeded), so a failure
+/// reproduces; the counts returned let the caller check it exercised both
+/// operations.
+pub async fn refund_differential(
+    store: &dyn limiter_core::Store,
+    steps_per_key: usize,
+) -> Result<RefundCounts, crate::Failure> {
+    use limiter_core::ManualClock;
+    use limiter_core::algorithm::refund;
+
+    // The hour-long shape adds nothing to refunds but run time.
+    let shapes = &SHAPES[..4];
+    let t0 = ManualClock::DEFAULT_START.as_micros();
+    let mut rng = Lcg(7);
+    let mut counts = RefundCounts {
+        decisions: 0,
+        refunds: 0,
+    };
+    for algorithm in Algorithm::ALL {
+        for (i, &(limit, window)) in shapes.iter().enumerate() {
+            let p = Policy::new(algorithm, limit, window)
+                .map_err(|e| crate::Failure(format!("{algorithm} shape {i}: {e}")))?;
+            let key = format!("{algorithm}-{i}");
+            let mut state = None;
+            let mut admitted: Vec<(u64, u32, Decision)> = Vec::new();
+            let w = p.window_micros();
+            let mut now = t0 + rng.next(w);
+            for step in 0..steps_per_key {
+                if !admitted.is_empty() && rng.next(3) == 0 {
+                    let pick = rng.next(admitted.len() as u64) as usize;
+                    let (at, cost, d) = admitted.swap_remove(pick);
+                    let reset_after = d.reset_after.as_micros() as u64;
+                    refund(&mut state, &p, cost, at, reset_after);
+                    store
+                        .refund(key.as_bytes(), &p, cost, Timestamp::from_micros(at), &d)
+                        .await
+                        .map_err(|e| {
+                            crate::Failure(format!("{p}, step {step}: refund failed: {e}"))
+                        })?;
+                    counts.refunds += 1;
+                    continue;
+                }
+                now = rng.step(now, w);
+                let cost = 1 + rng.next(u64::from(limit).min(4)) as u32;
+                let got = decide_as_core(store, &key, &p, &mut state, cost, now, step).await?;
+                if got.allowed {
+                    admitted.push((now, cost, got));
+                }
+                counts.decisions += 1;
+            }
+        }
+    }
+    Ok(counts)
+}

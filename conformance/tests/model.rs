@@ -12,27 +12,8 @@ use limiter_conformance::limiter_core::Store;
 use limiter_conformance::limiter_core::algorithm::{self, KeyState};
 use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Timestamp};
 use limiter_conformance::model::{Expected, Model, replay_tiers};
+use limiter_test_support::strategy::{advance, policies};
 use proptest::prelude::*;
-
-/// A policy of `algorithm` with a small limit and a window of 1–20 ms,
-/// often not a multiple of the limit (GCRA's interval then rounds down).
-fn policy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
-    (1u32..=6, 1_000u64..=20_000).prop_map(move |(limit, window_us)| {
-        Policy::new(algorithm, limit, Duration::from_micros(window_us))
-            .expect("small policies are valid")
-    })
-}
-
-/// Clock moves: mostly none or small, sometimes whole windows, sometimes
-/// backwards.
-fn advance() -> impl Strategy<Value = i64> {
-    prop_oneof![
-        3 => Just(0i64),
-        4 => 0i64..=3_000,
-        2 => 0i64..=45_000,
-        1 => -25_000i64..=0,
-    ]
-}
 
 fn steps() -> impl Strategy<Value = Vec<(u8, usize, u32, i64)>> {
     prop::collection::vec((0u8..3, 0usize..4, 0u32..6, advance()), 1..80)
@@ -43,15 +24,9 @@ proptest! {
 
     #[test]
     fn model_agrees_with_core_algorithm(
-        policies in (
-            policy(Algorithm::SlidingLog),
-            policy(Algorithm::FixedWindow),
-            policy(Algorithm::SlidingWindow),
-            policy(Algorithm::Gcra),
-        ),
+        policies in policies(),
         steps in steps(),
     ) {
-        let policies = [policies.0, policies.1, policies.2, policies.3];
         let mut model = Model::new();
         let mut states: HashMap<(usize, u8), Option<KeyState>> = HashMap::new();
         let mut now = ManualClock::DEFAULT_START.as_micros();

@@ -1,10 +1,5 @@
 //! The demo server over a real socket, driven by a manual clock.
 
-// The HTTP client, test stores and header checks are shared with the
-// limiter crate's own HTTP tests.
-#[path = "../../limiter/tests/support/mod.rs"]
-mod support;
-
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +7,9 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use limiter::memory::MemoryStore;
 use limiter::{AddressSource, ClientIdentity, FailurePolicy, ManualClock, Store};
+use limiter_conformance::broken::Unavailable as Failing;
 use limiter_demo::{Config, Limits, Settings, Stores, app, cli};
-use support::{Failing, Reply, TestClient, serve};
+use limiter_test_support::http::{Reply, TestClient, serve};
 
 const SECRET: &str = "demo test secret of 32+ bytes!!!";
 

@@ -90,7 +90,7 @@ pub enum FailurePolicy {
     Closed,
 }
 
-/// The default timeout on every store call.
+/// The default bound on every call a rule makes ([`Rule::with_timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Picks exactly one admitted request in every run of `every`, at a position
@@ -447,7 +447,14 @@ impl Rule {
         Ok(self)
     }
 
-    /// Bounds every store call; a call that takes longer is a failure.
+    /// Bounds every call this rule makes (decision, fallback, escalation,
+    /// refund, abuse write): the time a request can wait on a store. A call
+    /// that takes longer is a failure, answered by the fallback or the
+    /// failure policy. This is the timeout to tune for a request path; a
+    /// store's own timeout (such as `RedisStoreBuilder::timeout` or
+    /// `PostgresStoreBuilder::timeout`) is a transport bound beneath it,
+    /// which frees the store's connection and applies when the store is
+    /// used without a `Limiter`. The shorter of the two ends a call first.
     /// Refuses a zero timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
         if timeout.is_zero() {

@@ -2,7 +2,7 @@
 //! the bare memory store, what a second tier adds, and what a decision
 //! costs while a rule's store is dead and its breaker open.
 //!
-//! Run with `cargo bench -p limiter --bench composition` (add `-- hot` or
+//! Run with `cargo bench -p ratewarden --bench composition` (add `-- hot` or
 //! `-- round` for one workload; `--profile=N` runs contender N alone, (a)
 //! being 0, for a profiler).
 //!

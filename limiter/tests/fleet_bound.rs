@@ -6,11 +6,6 @@
 //! exactly the documented bound for the composition.
 #![cfg(all(feature = "redis", feature = "postgres", feature = "memory"))]
 
-#[path = "../../backend-postgres/tests/common/mod.rs"]
-mod pg_common;
-#[path = "../../backend-redis/tests/common/mod.rs"]
-mod redis_common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,6 +17,8 @@ use limiter::{
     AbuseEvent, AbuseSink, BreakerConfig, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store,
     StoreError,
 };
+use limiter_test_support::postgres as pg_fixture;
+use limiter_test_support::redis as redis_fixture;
 
 /// Instances in the fleet.
 const N: u32 = 4;
@@ -38,7 +35,7 @@ fn policy() -> Policy {
 fn redis_store(url: &str) -> Arc<dyn Store> {
     Arc::new(
         RedisStore::builder(url)
-            .key_prefix(redis_common::unique_prefix("fleet"))
+            .key_prefix(redis_fixture::unique_prefix("fleet"))
             .timeout(Duration::from_secs(2))
             .build()
             .unwrap(),
@@ -83,7 +80,7 @@ fn total(fleet: &[Limiter], f: impl Fn(&limiter::RuleStats) -> u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_store_only_admits_the_limit_across_the_fleet() {
     let clock = ManualClock::new();
-    let shared = redis_store(redis_common::shared_url());
+    let shared = redis_store(redis_fixture::shared_url());
     let fleet = fleet(&clock, || {
         Rule::new("search", shared.clone(), policy())
             .unwrap()
@@ -96,7 +93,7 @@ async fn shared_store_only_admits_the_limit_across_the_fleet() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_postgres_only_admits_the_limit_across_the_fleet() {
     let clock = ManualClock::new();
-    let shared: Arc<dyn Store> = Arc::new(pg_common::fresh_store("fleet").await);
+    let shared: Arc<dyn Store> = Arc::new(pg_fixture::fresh_store("fleet").await);
     let fleet = fleet(&clock, || {
         Rule::new("search", shared.clone(), policy())
             .unwrap()
@@ -109,7 +106,7 @@ async fn shared_postgres_only_admits_the_limit_across_the_fleet() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_store_with_local_fallback_admits_the_limit_while_the_server_is_up() {
     let clock = ManualClock::new();
-    let shared = redis_store(redis_common::shared_url());
+    let shared = redis_store(redis_fixture::shared_url());
     let fleet = fleet(&clock, || {
         Rule::new("search", shared.clone(), policy())
             .unwrap()
@@ -123,7 +120,7 @@ async fn shared_store_with_local_fallback_admits_the_limit_while_the_server_is_u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_store_with_local_fallback_admits_the_limit_per_instance_more_when_it_fails() {
     // A server of this test's own, since it is stopped.
-    let (container, url) = redis_common::start_redis().await;
+    let (container, url) = redis_fixture::start_redis().await;
     let clock = ManualClock::new();
     let shared = redis_store(&url);
     let rule = |cache: bool| {
@@ -233,7 +230,7 @@ impl AbuseSink for CountingSink {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escalation_to_redis_admits_the_documented_bound() {
     let sink = Arc::new(CountingSink::default());
-    let fleet = escalation(redis_store(redis_common::shared_url()), sink.clone()).await;
+    let fleet = escalation(redis_store(redis_fixture::shared_url()), sink.clone()).await;
     let refused = check_abuse_writes(&fleet, || sink.writes.load(Ordering::SeqCst)).await;
     assert_eq!(
         sink.refusals.load(Ordering::SeqCst),
@@ -244,7 +241,7 @@ async fn escalation_to_redis_admits_the_documented_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() {
-    let durable = Arc::new(pg_common::fresh_store("fleet_escalation").await);
+    let durable = Arc::new(pg_fixture::fresh_store("fleet_escalation").await);
     let fleet = escalation(durable.clone(), durable.clone()).await;
     let rows = || async { durable.abuse_events(b"attacker").await.unwrap() };
     let count = || async { rows().await.len() as u64 };

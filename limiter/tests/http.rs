@@ -1,7 +1,5 @@
 //! The layer over a real socket: axum serving on 127.0.0.1, a hyper client.
 
-mod support;
-
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +12,9 @@ use limiter::{
     AddressSource, ClientIdentity, FailurePolicy, Limiter, ManualClock, Policy, RateLimitLayer,
     Rule, Store,
 };
-use support::{Failing, MapStore, Recording, TestClient, serve};
+use limiter_conformance::broken::Unavailable as Failing;
+use limiter_test_support::http::{TestClient, serve};
+use limiter_test_support::stores::{MapStore, Recording};
 
 const SECRET: &[u8; 32] = b"test secret, thirty-two bytes!!!";
 

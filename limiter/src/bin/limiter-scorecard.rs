@@ -2,10 +2,10 @@
 //! against one backend and prints one line per scenario with its evidence.
 //!
 //! ```text
-//! cargo run -p limiter --features scorecard --bin limiter-scorecard -- memory
-//! cargo run -p limiter --features redis,scorecard --bin limiter-scorecard -- redis://127.0.0.1:6379
-//! cargo run -p limiter --features postgres,scorecard --bin limiter-scorecard -- postgres://postgres@127.0.0.1/postgres
-//! cargo run -p limiter --features scorecard --bin limiter-scorecard -- broken:insertion-order-eviction
+//! cargo run -p ratewarden --features scorecard --bin limiter-scorecard -- memory
+//! cargo run -p ratewarden --features redis,scorecard --bin limiter-scorecard -- redis://127.0.0.1:6379
+//! cargo run -p ratewarden --features postgres,scorecard --bin limiter-scorecard -- postgres://postgres@127.0.0.1/postgres
+//! cargo run -p ratewarden --features scorecard --bin limiter-scorecard -- broken:insertion-order-eviction
 //! ```
 //!
 //! Exits 0 when every scenario passes, 1 when any fails, 2 on bad usage.
@@ -150,11 +150,11 @@ fn shared_factory(target: &str) -> Result<Arc<dyn StoreFactory>, String> {
         }
         #[cfg(not(feature = "redis"))]
         "redis" | "rediss" | "redis+cluster" => {
-            Err("redis URLs need the `redis` feature: cargo run -p limiter --features redis,scorecard --bin limiter-scorecard -- URL".into())
+            Err("redis URLs need the `redis` feature: cargo run -p ratewarden --features redis,scorecard --bin limiter-scorecard -- URL".into())
         }
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => {
-            Err("postgres URLs need the `postgres` feature: cargo run -p limiter --features postgres,scorecard --bin limiter-scorecard -- URL".into())
+            Err("postgres URLs need the `postgres` feature: cargo run -p ratewarden --features postgres,scorecard --bin limiter-scorecard -- URL".into())
         }
         _ => Err(format!("unknown target {target:?}")),
     }

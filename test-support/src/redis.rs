@@ -1,66 +1,56 @@
-//! Test fixtures: Redis servers in containers, shared by address only.
+//! Redis servers in containers, shared by address only.
 //!
 //! `LIMITER_REDIS_URL` points the shared-server tests at an existing server
 //! instead; `LIMITER_REDIS_IMAGE` (`name:tag`) replaces the locally built
 //! `limiter-test-redis:7` (for example with the official `redis:7`).
-#![allow(dead_code)]
 
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use testcontainers::core::{ExecCommand, IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
+pub use crate::containers::{free_port, reap_on_exit, start_shared};
+use crate::containers::{image_from_env, labelled};
+
+/// The image used unless `LIMITER_REDIS_IMAGE` names another.
 pub const DEFAULT_IMAGE: &str = "limiter-test-redis:7";
 const FIX: &str = "build the local test image with `scripts/build-test-images.sh` (or set \
                    LIMITER_REDIS_IMAGE to an available Redis image, or LIMITER_REDIS_URL to a \
                    running server)";
 
+/// The image to run, as (name, tag).
 pub fn image_name() -> (String, String) {
-    let image = std::env::var("LIMITER_REDIS_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.into());
-    match image.rsplit_once(':') {
-        Some((name, tag)) if !name.is_empty() && !tag.contains('/') => (name.into(), tag.into()),
-        _ => (image, "latest".into()),
-    }
+    image_from_env("LIMITER_REDIS_IMAGE", DEFAULT_IMAGE)
 }
 
-fn image() -> GenericImage {
+/// The image, waiting for the server to accept connections.
+pub fn image() -> GenericImage {
     let (name, tag) = image_name();
     GenericImage::new(name, tag)
         .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
 }
 
-/// Removes the container once this process is gone, even if it never drops
-/// the handle (statics are not dropped at exit) or is killed.
-pub fn reap_on_exit(id: &str) {
-    let script = format!(
-        "while kill -0 {} 2>/dev/null; do sleep 1; done; docker rm -f {} >/dev/null 2>&1",
-        std::process::id(),
-        id
-    );
-    // Detached and silent: a test runner waiting on our pipes must not wait
-    // for the reaper too.
-    let _ = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
+/// Starts `request`, registering the container for removal at exit;
+/// panics with what to do if it cannot start.
+pub async fn start_request(
+    request: impl Into<testcontainers::ContainerRequest<GenericImage>>,
+    what: &str,
+) -> ContainerAsync<GenericImage> {
+    let container = labelled(request)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start a {what} container ({e}); {FIX}"));
+    reap_on_exit(container.id());
+    container
 }
 
 /// A Redis container reached through a published port on 127.0.0.1.
 pub async fn start_redis() -> (ContainerAsync<GenericImage>, String) {
-    let container = image()
-        .with_exposed_port(6379.tcp())
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("cannot start a Redis container ({e}); {FIX}"));
-    reap_on_exit(container.id());
+    let container = start_request(image().with_exposed_port(6379.tcp()), "Redis").await;
     let port = container
         .get_host_port_ipv4(6379.tcp())
         .await
@@ -72,33 +62,13 @@ pub async fn start_redis() -> (ContainerAsync<GenericImage>, String) {
 /// across a stop and a start.
 pub async fn start_redis_on_fixed_port() -> (ContainerAsync<GenericImage>, String) {
     let port = free_port(false);
-    let container = image()
+    let request = image()
         .with_exposed_port(6379.tcp())
-        .with_mapped_port(port, 6379.tcp())
-        .start()
-        .await
-        .unwrap_or_else(|e| panic!("cannot start a Redis container ({e}); {FIX}"));
-    reap_on_exit(container.id());
-    (container, format!("redis://127.0.0.1:{port}"))
-}
-
-/// A port free on 127.0.0.1 now (and, for cluster nodes, its bus port
-/// `port + 10000` too).
-pub fn free_port(with_bus: bool) -> u16 {
-    for _ in 0..1000 {
-        let Ok(l) = TcpListener::bind("127.0.0.1:0") else {
-            continue;
-        };
-        let Ok(addr) = l.local_addr() else { continue };
-        let port = addr.port();
-        if !with_bus {
-            return port;
-        }
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port pair on 127.0.0.1");
+        .with_mapped_port(port, 6379.tcp());
+    (
+        start_request(request, "Redis").await,
+        format!("redis://127.0.0.1:{port}"),
+    )
 }
 
 /// The shared server of this test binary: `LIMITER_REDIS_URL`, or a
@@ -109,19 +79,7 @@ pub fn shared_url() -> &'static str {
         if let Ok(url) = std::env::var("LIMITER_REDIS_URL") {
             return url;
         }
-        // Started on its own runtime, since tests call this from theirs; the
-        // container is kept for the life of the process and reaped after.
-        std::thread::spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to start the container");
-            let (container, url) = rt.block_on(start_redis());
-            std::mem::forget(container);
-            url
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("starting the shared Redis container failed; {FIX}"))
+        start_shared("the shared Redis container", start_redis)
     });
     &URL
 }
@@ -140,6 +98,36 @@ pub fn unique_prefix(what: &str) -> String {
     )
 }
 
+/// A connection for a test's own commands (statistics, inspection).
+pub async fn admin(url: &str) -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// Polls until the server answers PING again after a start.
+pub async fn wait_until_up(url: &str) {
+    for _ in 0..200 {
+        if let Ok(Ok(mut c)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            ::redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection(),
+        )
+        .await
+        {
+            let pong: Result<String, _> = ::redis::cmd("PING").query_async(&mut c).await;
+            if pong.is_ok() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("Redis at {url} did not come back within 20 s");
+}
+
 /// A three-master Redis Cluster on 127.0.0.1 (host networking), returned
 /// with its `redis+cluster://` URL.
 pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
@@ -152,34 +140,22 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
     }
     let mut nodes = Vec::new();
     for port in &ports {
-        let container = image()
-            .with_network("host")
-            .with_cmd([
-                "--port".to_string(),
-                port.to_string(),
-                "--cluster-enabled".into(),
-                "yes".into(),
-                "--cluster-announce-ip".into(),
-                "127.0.0.1".into(),
-                "--cluster-node-timeout".into(),
-                "5000".into(),
-            ])
-            .start()
-            .await
-            .unwrap_or_else(|e| panic!("cannot start a Redis cluster node ({e}); {FIX}"));
-        reap_on_exit(container.id());
-        nodes.push(container);
+        let request = image().with_network("host").with_cmd([
+            "--port".to_string(),
+            port.to_string(),
+            "--cluster-enabled".into(),
+            "yes".into(),
+            "--cluster-announce-ip".into(),
+            "127.0.0.1".into(),
+            "--cluster-node-timeout".into(),
+            "5000".into(),
+        ]);
+        nodes.push(start_request(request, "Redis cluster node").await);
     }
     let mut create = vec!["redis-cli".to_string(), "--cluster".into(), "create".into()];
     create.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
     create.push("--cluster-yes".into());
-    let mut result = nodes[0]
-        .exec(ExecCommand::new(create))
-        .await
-        .unwrap_or_else(|e| panic!("cannot run redis-cli --cluster create: {e}"));
-    let out = result.stdout_to_vec().await.unwrap_or_default();
-    let err = result.stderr_to_vec().await.unwrap_or_default();
-    let code = result.exit_code().await.ok().flatten();
+    let (code, out, err) = exec(&nodes[0], create).await;
     assert!(
         matches!(code, Some(0) | None) && String::from_utf8_lossy(&out).contains("[OK]"),
         "redis-cli --cluster create failed ({code:?}): {}{}",
@@ -188,11 +164,10 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
     );
     // Every node must agree the cluster is up before the store connects.
     for port in &ports {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut conn = admin(&format!("redis://127.0.0.1:{port}")).await;
         let mut ok = false;
         for _ in 0..200 {
-            let info: String = redis::cmd("CLUSTER")
+            let info: String = ::redis::cmd("CLUSTER")
                 .arg("INFO")
                 .query_async(&mut conn)
                 .await
@@ -201,7 +176,7 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
                 ok = true;
                 break;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(ok, "cluster node {port} never reached cluster_state:ok");
     }
@@ -222,13 +197,7 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
 pub async fn redis_cli(container: &ContainerAsync<GenericImage>, args: &[&str]) -> String {
     let mut command = vec!["redis-cli".to_string()];
     command.extend(args.iter().map(|a| a.to_string()));
-    let mut result = container
-        .exec(ExecCommand::new(command))
-        .await
-        .unwrap_or_else(|e| panic!("cannot run redis-cli {args:?}: {e}"));
-    let out = result.stdout_to_vec().await.unwrap_or_default();
-    let err = result.stderr_to_vec().await.unwrap_or_default();
-    let code = result.exit_code().await.ok().flatten();
+    let (code, out, err) = exec(container, command).await;
     assert!(
         matches!(code, Some(0) | None),
         "redis-cli {args:?} failed ({code:?}): {}",
@@ -237,9 +206,23 @@ pub async fn redis_cli(container: &ContainerAsync<GenericImage>, args: &[&str]) 
     String::from_utf8(out).expect("redis-cli printed UTF-8")
 }
 
+/// Runs `command` inside `container`: its exit code (if known), standard
+/// output and standard error.
+async fn exec(
+    container: &ContainerAsync<GenericImage>,
+    command: Vec<String>,
+) -> (Option<i64>, Vec<u8>, Vec<u8>) {
+    let mut result = container
+        .exec(ExecCommand::new(command.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let out = result.stdout_to_vec().await.unwrap_or_default();
+    let err = result.stderr_to_vec().await.unwrap_or_default();
+    (result.exit_code().await.ok().flatten(), out, err)
+}
+
 /// The TCP address of a `redis://` URL.
-pub fn tcp_addr(url: &str) -> std::net::SocketAddr {
-    use std::net::ToSocketAddrs;
+pub fn tcp_addr(url: &str) -> SocketAddr {
     let parsed = limiter_core::url::Url::parse(url).expect("a valid Redis URL");
     let host = parsed.host_str().expect("a TCP Redis URL");
     let port = parsed.port().unwrap_or(6379);
@@ -252,7 +235,7 @@ pub fn tcp_addr(url: &str) -> std::net::SocketAddr {
 
 /// `url` with its host and port replaced by `addr` (a proxy in front of the
 /// server), credentials and database kept.
-pub fn via(url: &str, addr: std::net::SocketAddr) -> String {
+pub fn via(url: &str, addr: SocketAddr) -> String {
     let mut parsed = limiter_core::url::Url::parse(url).expect("a valid Redis URL");
     parsed
         .set_host(Some(&addr.ip().to_string()))

@@ -1,11 +1,7 @@
-//! Shared test helpers: small stores and an HTTP client over a real socket.
-#![allow(dead_code)]
+//! An HTTP server on a free port and a client over a real socket.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
 
-use async_trait::async_trait;
 use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
@@ -13,94 +9,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use limiter::algorithm::{self, KeyState};
-use limiter::{Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp};
-
-/// An exact, unbounded store applying the normative algorithm under a lock:
-/// the reference behaviour, independent of any backend crate.
-#[derive(Debug, Default)]
-pub struct MapStore {
-    state: Mutex<Table>,
-}
-
-type Table = HashMap<(Algorithm, Vec<u8>), Option<KeyState>>;
-
-#[async_trait]
-impl Store for MapStore {
-    fn name(&self) -> &'static str {
-        "map"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: &Algorithm::ALL,
-            key_capacity: None,
-            shared: false,
-            server_clock: false,
-        }
-    }
-
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request("map", e))?;
-        let mut map = self.state.lock().unwrap();
-        let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
-        let verdict = algorithm::apply(state, policy, cost, now.as_micros());
-        Ok(Decision::from_verdict(verdict, policy, "map"))
-    }
-}
-
-/// Wraps a store and records every key it is asked about.
-#[derive(Debug)]
-pub struct Recording<S> {
-    pub inner: S,
-    pub keys: Mutex<Vec<Vec<u8>>>,
-}
-
-impl<S> Recording<S> {
-    pub fn new(inner: S) -> Self {
-        Recording {
-            inner,
-            keys: Mutex::new(Vec::new()),
-        }
-    }
-
-    pub fn keys(&self) -> Vec<Vec<u8>> {
-        self.keys.lock().unwrap().clone()
-    }
-}
-
-#[async_trait]
-impl<S: Store> Store for Recording<S> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.keys.lock().unwrap().push(key.to_vec());
-        self.inner.decide(key, policy, cost, now).await
-    }
-}
-
-/// A store whose every call fails, as a dead Redis would.
-pub use limiter_conformance::broken::Unavailable as Failing;
 
 /// Serves `app` on a fresh port of 127.0.0.1 with peer addresses available
 /// to the layer.
@@ -121,12 +29,16 @@ pub async fn serve(app: Router) -> SocketAddr {
 /// A response, read whole.
 #[derive(Debug)]
 pub struct Reply {
+    /// The status.
     pub status: StatusCode,
+    /// The headers.
     pub headers: HeaderMap,
+    /// The body, as UTF-8.
     pub body: String,
 }
 
 impl Reply {
+    /// The header `name`; panics if it is missing or not visible ASCII.
     pub fn header(&self, name: &str) -> &str {
         self.headers
             .get(name)
@@ -135,10 +47,12 @@ impl Reply {
             .unwrap()
     }
 
+    /// The header `name` as a number.
     pub fn header_u64(&self, name: &str) -> u64 {
         self.header(name).parse().unwrap()
     }
 
+    /// The body as JSON.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap()
     }
@@ -181,6 +95,7 @@ pub struct TestClient {
 }
 
 impl TestClient {
+    /// A client of `server`, connecting from `local` if given.
     pub fn new(server: SocketAddr, local: Option<IpAddr>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_local_address(local);
@@ -190,6 +105,7 @@ impl TestClient {
         }
     }
 
+    /// Sends a request with an empty body and reads the whole reply.
     pub async fn send(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
         let mut request = Request::builder()
             .method(method)
@@ -212,6 +128,7 @@ impl TestClient {
         }
     }
 
+    /// `GET path`.
     pub async fn get(&self, path: &str) -> Reply {
         self.send(Method::GET, path, &[]).await
     }

@@ -1,0 +1,115 @@
+//! Small stores for tests: an exact reference and a recording wrapper.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use limiter_core::algorithm::{self, KeyState};
+use limiter_core::{Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp};
+
+/// An exact, unbounded store applying the normative algorithm under a lock:
+/// the reference behaviour, independent of any backend crate.
+#[derive(Debug, Default)]
+pub struct MapStore {
+    state: Mutex<Table>,
+}
+
+type Table = HashMap<(Algorithm, Vec<u8>), Option<KeyState>>;
+
+#[async_trait]
+impl Store for MapStore {
+    fn name(&self) -> &'static str {
+        "map"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: None,
+            shared: false,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        policy
+            .check_cost(cost)
+            .map_err(|e| StoreError::invalid_request("map", e))?;
+        let mut map = self.state.lock().unwrap();
+        let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
+        let verdict = algorithm::apply(state, policy, cost, now.as_micros());
+        Ok(Decision::from_verdict(verdict, policy, "map"))
+    }
+}
+
+/// Wraps a store and records the key of every decision that reaches it, so
+/// a test can prove what a store was asked (no raw address) or that an open
+/// breaker or a local refusal asked nothing.
+///
+/// It answers only through [`Store::decide`], never inline, so every
+/// decision is seen here even when the wrapped store could answer inline.
+/// Refunds are passed through, unrecorded.
+#[derive(Debug)]
+pub struct Recording<S> {
+    inner: S,
+    keys: Mutex<Vec<Vec<u8>>>,
+}
+
+impl<S> Recording<S> {
+    /// Wraps `inner`, with nothing recorded yet.
+    pub fn new(inner: S) -> Self {
+        Recording {
+            inner,
+            keys: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The keys decided so far, in order.
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        self.keys.lock().unwrap().clone()
+    }
+
+    /// How many decisions reached the wrapped store.
+    pub fn calls(&self) -> u64 {
+        self.keys.lock().unwrap().len() as u64
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for Recording<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.keys.lock().unwrap().push(key.to_vec());
+        self.inner.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.inner.refund(key, policy, cost, now, admitted).await
+    }
+}
