@@ -50,11 +50,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("  store: {store}");
     }
     println!("  client address: {}", config.address_source);
-    for e in settings.limits.endpoints() {
-        println!(
-            "  {:<5}{:<15}{:>4} per {}",
-            e.method, e.path, e.limit, e.per
-        );
+    if let Some(file) = &config.config_file {
+        println!("  limits: {} (flags override)", file.display());
+    }
+    let endpoints = settings.limits.endpoints()?;
+    for e in &endpoints {
+        println!("  {:<5}{:<15}{}", e.method, e.path, e.policy);
     }
     if config.secret.is_none() {
         println!(
@@ -66,7 +67,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("Try:");
     println!(
         "  for i in $(seq 1 {}); do curl -s -o /dev/null -w '%{{http_code}}\\n' '{base}/api/search?q=rust'; done",
-        settings.limits.search_per_minute.saturating_add(5)
+        endpoints[2].policy.limit().saturating_add(5)
     );
     println!("  curl -i '{base}/api/search?q=rust'");
     println!("Ctrl-C stops the server.");

@@ -153,13 +153,9 @@ impl fmt::Display for ParsePolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "invalid policy {:?}: ", self.input)?;
         match self.column {
-            Some(c) => write!(f, "at column {c}: {}", self.reason)?,
-            None => f.write_str(&self.reason)?,
+            Some(c) => write!(f, "at column {c}: {}", self.reason),
+            None => f.write_str(&self.reason),
         }
-        if self.column.is_some() {
-            f.write_str(" (expected a policy such as \"60/minute\", \"fixed_window 1000/day\" or \"gcra 10/s burst 20\")")?;
-        }
-        Ok(())
     }
 }
 
@@ -417,7 +413,13 @@ impl FromStr for Policy {
             next: 0,
         };
         if parser.tokens.is_empty() {
-            return Err(ParsePolicyError::at(input, 1, "empty policy".into()));
+            return Err(ParsePolicyError::at(
+                input,
+                1,
+                "empty policy; write one such as \"60/minute\", \"fixed_window 1000/day\" or \
+                 \"gcra 10/s burst 20\""
+                    .into(),
+            ));
         }
         parser.policy()
     }
