@@ -13,6 +13,7 @@
 //! clock and their own stores.
 
 pub mod limits_file;
+pub mod prometheus;
 pub mod server;
 
 use std::net::SocketAddr;
@@ -25,6 +26,8 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use limiter::memory::MemoryStore;
+use limiter::store::DEFAULT_MEMORY_CAPACITY;
 use limiter::{
     AddressSource, ClientIdentity, Clock, ConfigError, FailurePolicy, Limiter, Policy,
     RateLimitLayer, Rule, Store,
@@ -299,6 +302,23 @@ fn with_feature_hint(error: ConfigError) -> ConfigError {
     }
 }
 
+/// Memory stores by role, for their statistics.
+pub type MemoryStores = Vec<(&'static str, Arc<MemoryStore>)>;
+
+/// The capacity a `memory://` URL that [`limiter::store::from_url`]
+/// accepted asks for; `None` for another scheme.
+fn memory_capacity(url: &str) -> Option<usize> {
+    let url = limiter::url::Url::parse(url).ok()?;
+    if !limiter::store::MEMORY_SCHEMES.contains(&url.scheme()) {
+        return None;
+    }
+    let capacity = url
+        .query_pairs()
+        .find(|(name, _)| name == "capacity")
+        .and_then(|(_, value)| value.parse().ok());
+    Some(capacity.unwrap_or(DEFAULT_MEMORY_CAPACITY))
+}
+
 /// The parsed command line.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -400,9 +420,27 @@ impl Config {
     /// front of it. Refuses `--tiered` over a memory store, which would
     /// only count every request twice in the same process.
     pub async fn stores(&self) -> Result<Stores, ConfigError> {
+        Ok(self.open_stores().await?.0)
+    }
+
+    /// [`stores`](Self::stores), with the memory stores among them by role
+    /// (`primary`, `local`), whose key counts and evictions `/metrics`
+    /// reports.
+    pub async fn open_stores(&self) -> Result<(Stores, MemoryStores), ConfigError> {
         let primary = limiter::store::from_url(&self.store)
             .await
             .map_err(with_feature_hint)?;
+        let mut memory = MemoryStores::new();
+        // A memory store is opened again, typed, for its statistics, which
+        // `dyn Store` does not expose; the URL was validated above.
+        let primary = match memory_capacity(&self.store) {
+            Some(capacity) => {
+                let store = Arc::new(MemoryStore::new(capacity));
+                memory.push(("primary", store.clone()));
+                store as Arc<dyn Store>
+            }
+            None => primary,
+        };
         let local_tier = if self.tiered {
             if !primary.capabilities().shared {
                 return Err(ConfigError::Invalid(format!(
@@ -411,13 +449,18 @@ impl Config {
                     limiter::store::redact(&self.store)
                 )));
             }
-            Some(limiter::store::from_url("memory://").await?)
+            let store = Arc::new(MemoryStore::new(DEFAULT_MEMORY_CAPACITY));
+            memory.push(("local", store.clone()));
+            Some(store as Arc<dyn Store>)
         } else {
             None
         };
-        Ok(Stores {
-            primary,
-            local_tier,
-        })
+        Ok((
+            Stores {
+                primary,
+                local_tier,
+            },
+            memory,
+        ))
     }
 }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use limiter::SystemClock;
+use limiter_demo::prometheus::Metrics;
 use limiter_demo::server::ServerLimits;
 use limiter_demo::{Config, Settings, app, cli};
 
@@ -27,7 +28,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if config.secret.is_none() {
         getrandom::fill(&mut random).map_err(|e| format!("no random secret available: {e}"))?;
     }
-    let stores = config.stores().await?;
+    // Before any limiter exists, so that every series is recorded.
+    let mut metrics = Metrics::install()?;
+    let (stores, memory) = config.open_stores().await?;
+    for (role, store) in memory {
+        metrics.watch_memory(role, store);
+    }
     let identity = config.identity(&random, stores.primary.capabilities().shared)?;
     let settings = Settings {
         limits: config.limits,
@@ -36,7 +42,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         clock: Arc::new(SystemClock),
         on_failure: config.on_failure,
     };
-    let router = app(&settings)?;
+    let router = app(&settings)?.merge(metrics.router());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -70,6 +76,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         endpoints[2].policy.limit().saturating_add(5)
     );
     println!("  curl -i '{base}/api/search?q=rust'");
+    println!("  curl '{base}/metrics'");
     println!("Ctrl-C stops the server.");
 
     limiter_demo::server::serve(listener, router, ServerLimits::default(), async {

@@ -23,7 +23,7 @@
 //! ([`Algorithm::SlidingLog`]): the one algorithm under which "60/minute"
 //! means what it says, at most 60 in *any* minute. It stores one timestamp
 //! per admitted unit, so its limit is at most
-//! [`MAX_LOG_LIMIT`](crate::MAX_LOG_LIMIT); name another algorithm for more
+//! [`MAX_LOG_LIMIT`]; name another algorithm for more
 //! (`sliding_window 100000/h`). A `burst` implies GCRA:
 //! `10/s burst 20` is `gcra 10/s burst 20`,
 //! [`Policy::gcra_with_burst`]`(10, 1 s, 20)`, and applies only to it.
