@@ -8,12 +8,16 @@
 //! | `GET /api/search` | 60 per minute |
 //!
 //! The binary (`cargo run -p limiter-demo -- --help`) parses its flags with
-//! [`cli`] into a [`Config`] and serves [`app`]. Tests build [`app`]
-//! directly with a manual clock and their own stores.
+//! [`cli`] into a [`Config`] (reading a [`limits_file`] if `--config` names
+//! one) and serves [`app`]. Tests build [`app`] directly with a manual
+//! clock and their own stores.
 
+pub mod limits_file;
+pub mod prometheus;
 pub mod server;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,12 +26,16 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use limiter::memory::MemoryStore;
+use limiter::store::DEFAULT_MEMORY_CAPACITY;
 use limiter::{
     AddressSource, ClientIdentity, Clock, ConfigError, FailurePolicy, Limiter, Policy,
     RateLimitLayer, Rule, Store,
 };
 
-/// The limits of the three endpoints.
+/// The limits of the three endpoints: a count per window for each, as the
+/// flags give them, unless [`policies`](Limits::policies) gives the route a
+/// policy in full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// `POST /api/feedback` requests per hour.
@@ -36,6 +44,21 @@ pub struct Limits {
     pub contact_per_day: u32,
     /// `GET /api/search` requests per minute.
     pub search_per_minute: u32,
+    /// Policies in full (any algorithm, window or burst), from a
+    /// [`limits_file`]; a route given one here uses it instead of its
+    /// count above.
+    pub policies: RoutePolicies,
+}
+
+/// A policy for each route that has one of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RoutePolicies {
+    /// `POST /api/feedback`.
+    pub feedback: Option<Policy>,
+    /// `POST /api/contact`.
+    pub contact: Option<Policy>,
+    /// `GET /api/search`.
+    pub search: Option<Policy>,
 }
 
 impl Default for Limits {
@@ -45,6 +68,7 @@ impl Default for Limits {
             feedback_per_hour: 5,
             contact_per_day: 10,
             search_per_minute: 60,
+            policies: RoutePolicies::default(),
         }
     }
 }
@@ -58,12 +82,8 @@ pub struct Endpoint {
     pub method: &'static str,
     /// The path.
     pub path: &'static str,
-    /// Requests admitted per window.
-    pub limit: u32,
-    /// The window.
-    pub window: Duration,
-    /// The window in words.
-    pub per: &'static str,
+    /// Its policy.
+    pub policy: Policy,
 }
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -71,34 +91,35 @@ const DAY: Duration = Duration::from_secs(86_400);
 const MINUTE: Duration = Duration::from_secs(60);
 
 impl Limits {
-    /// The three endpoints with these limits.
-    pub fn endpoints(&self) -> [Endpoint; 3] {
-        [
+    /// The three endpoints with these limits: a route's own policy, else a
+    /// sliding-window log of its count (the exact algorithm of the article).
+    /// Refuses a count the log cannot represent (zero, or above its
+    /// maximum).
+    pub fn endpoints(&self) -> Result<[Endpoint; 3], ConfigError> {
+        let policy = |own: Option<Policy>, count: u32, window: Duration| match own {
+            Some(p) => Ok(p),
+            None => Policy::sliding_log(count, window),
+        };
+        Ok([
             Endpoint {
                 name: "feedback",
                 method: "POST",
                 path: "/api/feedback",
-                limit: self.feedback_per_hour,
-                window: HOUR,
-                per: "hour",
+                policy: policy(self.policies.feedback, self.feedback_per_hour, HOUR)?,
             },
             Endpoint {
                 name: "contact",
                 method: "POST",
                 path: "/api/contact",
-                limit: self.contact_per_day,
-                window: DAY,
-                per: "day",
+                policy: policy(self.policies.contact, self.contact_per_day, DAY)?,
             },
             Endpoint {
                 name: "search",
                 method: "GET",
                 path: "/api/search",
-                limit: self.search_per_minute,
-                window: MINUTE,
-                per: "minute",
+                policy: policy(self.policies.search, self.search_per_minute, MINUTE)?,
             },
-        ]
+        ])
     }
 }
 
@@ -132,12 +153,11 @@ pub struct Settings {
 /// The demo's router: the three endpoints, each with its own rate limit
 /// (one [`RateLimitLayer`] per route), and an unlimited `GET /health`.
 ///
-/// Policies are sliding-window logs, the exact algorithm of the article.
-/// Refuses limits the policy cannot represent (zero, or above the log's
-/// maximum).
+/// Policies are [`Limits::endpoints`]'. Refuses limits they cannot
+/// represent.
 pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
     let mut router = Router::new().route("/health", get(|| async { "ok\n" }));
-    for endpoint in settings.limits.endpoints() {
+    for endpoint in settings.limits.endpoints()? {
         let layer = RateLimitLayer::new(limiter(settings, &endpoint)?, settings.identity.clone());
         let handler: MethodRouter = match endpoint.name {
             "feedback" => post(|| async { json(r#"{"status":"received"}"#) }),
@@ -157,7 +177,7 @@ fn json(body: &'static str) -> impl IntoResponse {
 }
 
 fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigError> {
-    let policy = Policy::sliding_log(endpoint.limit, endpoint.window)?;
+    let policy = endpoint.policy;
     let mut builder = Limiter::builder().shared_clock(settings.clock.clone());
     if let Some(local) = &settings.stores.local_tier {
         let name = format!("{}-local", endpoint.name);
@@ -174,10 +194,22 @@ fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigEr
 
 /// The command line. Every flag can also come from the environment
 /// variable named in its help.
+///
+/// Limits come, for each route, from the first of: its flag on the command
+/// line, its environment variable, the `--config` file, the built-in
+/// default.
 pub fn cli() -> Command {
     let defaults = Limits::default();
     Command::new("limiter-demo")
         .about("Three rate-limited endpoints: POST /api/feedback, POST /api/contact, GET /api/search")
+        .arg(
+            Arg::new("config")
+                .long("config")
+                .env("LIMITER_CONFIG")
+                .value_name("FILE")
+                .value_parser(value_parser!(PathBuf))
+                .help("TOML file of per-route policies ([routes.search] limit = \"60/minute\"); a route's --*-per-* flag overrides it"),
+        )
         .arg(
             Arg::new("listen")
                 .long("listen")
@@ -270,6 +302,23 @@ fn with_feature_hint(error: ConfigError) -> ConfigError {
     }
 }
 
+/// Memory stores by role, for their statistics.
+pub type MemoryStores = Vec<(&'static str, Arc<MemoryStore>)>;
+
+/// The capacity a `memory://` URL that [`limiter::store::from_url`]
+/// accepted asks for; `None` for another scheme.
+fn memory_capacity(url: &str) -> Option<usize> {
+    let url = limiter::url::Url::parse(url).ok()?;
+    if !limiter::store::MEMORY_SCHEMES.contains(&url.scheme()) {
+        return None;
+    }
+    let capacity = url
+        .query_pairs()
+        .find(|(name, _)| name == "capacity")
+        .and_then(|(_, value)| value.parse().ok());
+    Some(capacity.unwrap_or(DEFAULT_MEMORY_CAPACITY))
+}
+
 /// The parsed command line.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -289,14 +338,34 @@ pub struct Config {
     pub on_failure: FailurePolicy,
     /// The limits.
     pub limits: Limits,
+    /// The file the route policies were read from, if one was given.
+    pub config_file: Option<PathBuf>,
 }
 
 impl Config {
-    /// Reads parsed arguments. Refuses an invalid address source.
+    /// Reads parsed arguments, and the `--config` file if one is named.
+    /// Refuses an invalid address source and a bad file (naming it, and the
+    /// offending line).
     pub fn from_matches(m: &ArgMatches) -> Result<Self, ConfigError> {
         let get = |name: &str| m.get_one::<String>(name).cloned();
         let defaults = Limits::default();
         let limit = |name: &str, default: u32| m.get_one::<u32>(name).copied().unwrap_or(default);
+        let config_file = m.get_one::<PathBuf>("config").cloned();
+        let mut policies = match &config_file {
+            Some(path) => limits_file::load(path)?,
+            None => RoutePolicies::default(),
+        };
+        // A count given as a flag or in the environment overrides the file.
+        let given = |name: &str| m.get_one::<u32>(name).is_some();
+        if given("feedback-per-hour") {
+            policies.feedback = None;
+        }
+        if given("contact-per-day") {
+            policies.contact = None;
+        }
+        if given("search-per-minute") {
+            policies.search = None;
+        }
         Ok(Config {
             listen: m
                 .get_one::<SocketAddr>("listen")
@@ -318,7 +387,9 @@ impl Config {
                 feedback_per_hour: limit("feedback-per-hour", defaults.feedback_per_hour),
                 contact_per_day: limit("contact-per-day", defaults.contact_per_day),
                 search_per_minute: limit("search-per-minute", defaults.search_per_minute),
+                policies,
             },
+            config_file,
         })
     }
 
@@ -349,9 +420,27 @@ impl Config {
     /// front of it. Refuses `--tiered` over a memory store, which would
     /// only count every request twice in the same process.
     pub async fn stores(&self) -> Result<Stores, ConfigError> {
+        Ok(self.open_stores().await?.0)
+    }
+
+    /// [`stores`](Self::stores), with the memory stores among them by role
+    /// (`primary`, `local`), whose key counts and evictions `/metrics`
+    /// reports.
+    pub async fn open_stores(&self) -> Result<(Stores, MemoryStores), ConfigError> {
         let primary = limiter::store::from_url(&self.store)
             .await
             .map_err(with_feature_hint)?;
+        let mut memory = MemoryStores::new();
+        // A memory store is opened again, typed, for its statistics, which
+        // `dyn Store` does not expose; the URL was validated above.
+        let primary = match memory_capacity(&self.store) {
+            Some(capacity) => {
+                let store = Arc::new(MemoryStore::new(capacity));
+                memory.push(("primary", store.clone()));
+                store as Arc<dyn Store>
+            }
+            None => primary,
+        };
         let local_tier = if self.tiered {
             if !primary.capabilities().shared {
                 return Err(ConfigError::Invalid(format!(
@@ -360,13 +449,18 @@ impl Config {
                     limiter::store::redact(&self.store)
                 )));
             }
-            Some(limiter::store::from_url("memory://").await?)
+            let store = Arc::new(MemoryStore::new(DEFAULT_MEMORY_CAPACITY));
+            memory.push(("local", store.clone()));
+            Some(store as Arc<dyn Store>)
         } else {
             None
         };
-        Ok(Stores {
-            primary,
-            local_tier,
-        })
+        Ok((
+            Stores {
+                primary,
+                local_tier,
+            },
+            memory,
+        ))
     }
 }

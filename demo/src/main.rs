@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use limiter::SystemClock;
+use limiter_demo::prometheus::Metrics;
 use limiter_demo::server::ServerLimits;
 use limiter_demo::{Config, Settings, app, cli};
 
@@ -27,7 +28,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if config.secret.is_none() {
         getrandom::fill(&mut random).map_err(|e| format!("no random secret available: {e}"))?;
     }
-    let stores = config.stores().await?;
+    // Before any limiter exists, so that every series is recorded.
+    let mut metrics = Metrics::install()?;
+    let (stores, memory) = config.open_stores().await?;
+    for (role, store) in memory {
+        metrics.watch_memory(role, store);
+    }
     let identity = config.identity(&random, stores.primary.capabilities().shared)?;
     let settings = Settings {
         limits: config.limits,
@@ -36,7 +42,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         clock: Arc::new(SystemClock),
         on_failure: config.on_failure,
     };
-    let router = app(&settings)?;
+    let router = app(&settings)?.merge(metrics.router());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -50,11 +56,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("  store: {store}");
     }
     println!("  client address: {}", config.address_source);
-    for e in settings.limits.endpoints() {
-        println!(
-            "  {:<5}{:<15}{:>4} per {}",
-            e.method, e.path, e.limit, e.per
-        );
+    if let Some(file) = &config.config_file {
+        println!("  limits: {} (flags override)", file.display());
+    }
+    let endpoints = settings.limits.endpoints()?;
+    for e in &endpoints {
+        println!("  {:<5}{:<15}{}", e.method, e.path, e.policy);
     }
     if config.secret.is_none() {
         println!(
@@ -66,9 +73,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("Try:");
     println!(
         "  for i in $(seq 1 {}); do curl -s -o /dev/null -w '%{{http_code}}\\n' '{base}/api/search?q=rust'; done",
-        settings.limits.search_per_minute.saturating_add(5)
+        endpoints[2].policy.limit().saturating_add(5)
     );
     println!("  curl -i '{base}/api/search?q=rust'");
+    println!("  curl '{base}/metrics'");
     println!("Ctrl-C stops the server.");
 
     limiter_demo::server::serve(listener, router, ServerLimits::default(), async {

@@ -31,7 +31,7 @@ mod decision;
 mod error;
 pub mod lease;
 mod limiter;
-mod policy;
+pub mod policy;
 mod refusal_cache;
 mod store;
 mod time;
@@ -45,6 +45,7 @@ pub use error::{ConfigError, ErrorKind, StoreError};
 pub use limiter::{
     DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, Rule, RuleStats,
 };
+pub use policy::parse::ParsePolicyError;
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use refusal_cache::REFUSAL_CACHE_KEYS;
 pub use store::{Capabilities, DEFAULT_MAX_KEY_LEN, Store, check_key, check_refund};

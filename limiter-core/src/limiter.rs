@@ -656,11 +656,26 @@ impl Rule {
         policy: &Policy,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
+        #[cfg(feature = "metrics")]
+        let started = std::time::Instant::now();
         let call = store.decide(key, policy, self.cost, now);
-        match tokio::time::timeout(self.timeout, call).await {
+        let result = match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
-        }
+        };
+        #[cfg(feature = "metrics")]
+        self.store_call_took(store.name(), "decide", started);
+        result
+    }
+
+    /// The latency of an awaited store call, timeouts included. Inline
+    /// calls are not timed: they cost a memory store's lookup, which the
+    /// timing would double.
+    #[cfg(feature = "metrics")]
+    fn store_call_took(&self, store: &'static str, op: &'static str, started: std::time::Instant) {
+        metrics::histogram!("limiter_store_call_seconds",
+            "rule" => self.label, "store" => store, "op" => op)
+        .record(started.elapsed().as_secs_f64());
     }
 
     /// One store call under a timeout and a breaker. A store that answers
@@ -719,14 +734,14 @@ impl Rule {
                 tracing::warn!(rule = %self.name, store = store.name(), "circuit breaker opened");
                 #[cfg(feature = "metrics")]
                 metrics::counter!("limiter_breaker_transitions_total",
-                    "rule" => self.name.to_string(), "store" => store.name(), "to" => "open")
+                    "rule" => self.label, "store" => store.name(), "to" => "open")
                 .increment(1);
             }
             Transition::Closed => {
                 tracing::info!(rule = %self.name, store = store.name(), "circuit breaker closed");
                 #[cfg(feature = "metrics")]
                 metrics::counter!("limiter_breaker_transitions_total",
-                    "rule" => self.name.to_string(), "store" => store.name(), "to" => "closed")
+                    "rule" => self.label, "store" => store.name(), "to" => "closed")
                 .increment(1);
             }
             Transition::None => {}
@@ -738,7 +753,7 @@ impl Rule {
         tracing::warn!(rule = %self.name, store, error = %e, "store call failed");
         #[cfg(feature = "metrics")]
         metrics::counter!("limiter_store_errors_total",
-            "rule" => self.name.to_string(), "store" => store,
+            "rule" => self.label, "store" => store,
             "kind" => e.kind().to_string())
         .increment(1);
     }
@@ -806,8 +821,7 @@ impl Rule {
                 bump(&self.counters.fallbacks);
                 d.source.fallback = true;
                 #[cfg(feature = "metrics")]
-                metrics::counter!("limiter_fallbacks_total", "rule" => self.name.to_string())
-                    .increment(1);
+                metrics::counter!("limiter_fallbacks_total", "rule" => self.label).increment(1);
                 (d, Some(Holder::Fallback))
             }
             Err(e) => {
@@ -870,11 +884,16 @@ impl Rule {
                 match store.refund_inline(storage_key, policy, self.cost, now, &admitted) {
                     Some(r) => r,
                     None => {
+                        #[cfg(feature = "metrics")]
+                        let started = std::time::Instant::now();
                         let call = store.refund(storage_key, policy, self.cost, now, &admitted);
-                        match tokio::time::timeout(self.timeout, call).await {
+                        let result = match tokio::time::timeout(self.timeout, call).await {
                             Ok(r) => r,
                             Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
-                        }
+                        };
+                        #[cfg(feature = "metrics")]
+                        self.store_call_took(store.name(), "refund", started);
+                        result
                     }
                 }
             };
@@ -1020,7 +1039,7 @@ impl Rule {
         }
         #[cfg(feature = "metrics")]
         metrics::counter!("limiter_decisions_total",
-            "rule" => self.name.to_string(),
+            "rule" => self.label,
             "outcome" => if decision.allowed { "allowed" } else { "refused" },
             "store" => decision.source.store)
         .increment(1);

@@ -1,7 +1,9 @@
 //! Rate-limiting policies: an algorithm, a limit and a window, validated
-//! once when built.
+//! once when built, and written as text (`"60/minute"`,
+//! `"gcra 10/s burst 20"`) by [`parse`].
 
-use std::fmt;
+pub mod parse;
+
 use std::time::Duration;
 
 use crate::error::ConfigError;
@@ -47,8 +49,8 @@ impl Algorithm {
     }
 }
 
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
 }
@@ -74,22 +76,35 @@ pub const MAX_LIMIT: u32 = 1_000_000_000;
 /// A validated rate-limiting policy: at most `limit` units per `window`,
 /// applied with `algorithm`.
 ///
+/// Built by its constructors or parsed from text (the grammar is in
+/// [`parse`]); its `Display` is that text, and parses back to an equal
+/// policy.
+///
 /// ```
 /// use limiter_core::{Algorithm, Policy};
 /// use std::time::Duration;
 ///
 /// let search = Policy::sliding_log(60, Duration::from_secs(60)).unwrap();
 /// assert_eq!(search.algorithm(), Algorithm::SlidingLog);
+/// assert_eq!("60/minute".parse::<Policy>().unwrap(), search);
+/// assert_eq!(search.to_string(), "sliding_log 60/min");
 ///
 /// // Refused at construction, with a clear message:
 /// let err = Policy::gcra(0, Duration::from_secs(1)).unwrap_err();
 /// assert_eq!(err.to_string(), "limit must be at least 1");
 /// ```
+///
+/// Equality compares the policy as it was written: `gcra 10/s burst 20`
+/// and `gcra 20/2s` decide identically, but are different values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Policy {
     algorithm: Algorithm,
     limit: u32,
     window_us: u64,
+    // The sustained rate as written: `limit` per `window` except for a GCRA
+    // policy built with its own burst, whose text it keeps.
+    rate: u32,
+    per_us: u64,
 }
 
 impl Policy {
@@ -105,22 +120,7 @@ impl Policy {
         if limit == 0 {
             return Err(ConfigError::ZeroLimit);
         }
-        if window < MIN_WINDOW {
-            return Err(ConfigError::WindowTooShort {
-                got: window,
-                min: MIN_WINDOW,
-            });
-        }
-        if window > MAX_WINDOW {
-            return Err(ConfigError::WindowTooLong {
-                got: window,
-                max: MAX_WINDOW,
-            });
-        }
-        if !window.subsec_nanos().is_multiple_of(1_000) {
-            return Err(ConfigError::WindowNotWholeMicros(window));
-        }
-        let window_us = duration_to_micros(window);
+        let window_us = checked_window(window)?;
         let max = match algorithm {
             Algorithm::SlidingLog => u64::from(MAX_LOG_LIMIT),
             Algorithm::FixedWindow => u64::from(MAX_LIMIT),
@@ -138,6 +138,8 @@ impl Policy {
             algorithm,
             limit,
             window_us,
+            rate: limit,
+            per_us: window_us,
         })
     }
 
@@ -162,6 +164,83 @@ impl Policy {
         Self::new(Algorithm::Gcra, limit, window)
     }
 
+    /// A GCRA policy admitting `rate` units per `per` on average, and bursts
+    /// of up to `burst` units at once.
+    ///
+    /// GCRA spaces units by an emission interval `T` and tolerates `burst`
+    /// of them at once; [`Policy::gcra`]`(limit, window)` sets `T = window /
+    /// limit` and a burst of `limit`. This is the same algorithm with
+    /// `T = ⌊per / rate⌋` µs (rounded down, exactly as `gcra(rate, per)`
+    /// rounds it) and a burst of `burst`: the policy
+    /// `gcra(burst, ⌊burst · per / rate⌋ µs)`, whose emission interval is
+    /// exactly `T`. Every backend therefore applies it unchanged, and
+    /// `gcra_with_burst(r, p, r)` equals `gcra(r, p)`. Its [`window`]
+    /// (reported in rate-limit headers) is the time an empty bucket takes
+    /// to refill, and [`rate`] and [`per`] keep the rate as written.
+    ///
+    /// Refuses a zero rate or burst, a `per` that is not a valid window
+    /// (see [`Policy::new`]), a rate above one unit per microsecond, and a
+    /// burst whose refill time falls outside [`MIN_WINDOW`]..=[`MAX_WINDOW`].
+    ///
+    /// [`window`]: Policy::window
+    /// [`rate`]: Policy::rate
+    /// [`per`]: Policy::per
+    ///
+    /// ```
+    /// use limiter_core::Policy;
+    /// use std::time::Duration;
+    ///
+    /// // 10 a second sustained, 20 at once.
+    /// let p = Policy::gcra_with_burst(10, Duration::from_secs(1), 20)?;
+    /// assert_eq!((p.limit(), p.window()), (20, Duration::from_secs(2)));
+    /// assert_eq!(p.emission_interval_micros(), 100_000);
+    /// assert_eq!(p.to_string(), "gcra 10/s burst 20");
+    /// assert_eq!("gcra 10/s burst 20".parse::<Policy>().unwrap(), p);
+    /// # Ok::<(), limiter_core::ConfigError>(())
+    /// ```
+    pub fn gcra_with_burst(rate: u32, per: Duration, burst: u32) -> Result<Self, ConfigError> {
+        if rate == 0 {
+            return Err(ConfigError::Invalid("rate must be at least 1".into()));
+        }
+        if burst == 0 {
+            return Err(ConfigError::Invalid("burst must be at least 1".into()));
+        }
+        // The period is held to a window's bounds: it is one, for `rate`.
+        let per_us = checked_window(per)?;
+        if burst > MAX_LIMIT {
+            return Err(ConfigError::Invalid(format!(
+                "burst {burst} is too large: at most {MAX_LIMIT}"
+            )));
+        }
+        if u64::from(rate) > per_us {
+            return Err(ConfigError::Invalid(format!(
+                "rate {rate} per {per:?} is more than one unit per microsecond, \
+                 the finest interval GCRA spaces units by"
+            )));
+        }
+        // ⌊⌊b·p/r⌋ / b⌋ = ⌊p/r⌋: the rounded-down window keeps the exact
+        // emission interval, in u128 as b·p can pass u64.
+        let refill = u128::from(burst) * u128::from(per_us) / u128::from(rate);
+        let refill_us = u64::try_from(refill).unwrap_or(u64::MAX);
+        let window = Duration::from_micros(refill_us);
+        let out_of_range = |bound: &str, limit: Duration| {
+            ConfigError::Invalid(format!(
+                "a burst of {burst} at {rate} per {per:?} takes {window:?} to refill, \
+                 {bound} window of {limit:?}"
+            ))
+        };
+        if window < MIN_WINDOW {
+            return Err(out_of_range("under the shortest", MIN_WINDOW));
+        }
+        if window > MAX_WINDOW {
+            return Err(out_of_range("over the longest", MAX_WINDOW));
+        }
+        let mut policy = Policy::new(Algorithm::Gcra, burst, window)?;
+        policy.rate = rate;
+        policy.per_us = per_us;
+        Ok(policy)
+    }
+
     /// The algorithm.
     pub const fn algorithm(&self) -> Algorithm {
         self.algorithm
@@ -180,6 +259,30 @@ impl Policy {
     /// The window in microseconds.
     pub const fn window_micros(&self) -> u64 {
         self.window_us
+    }
+
+    /// The sustained rate as written: units admitted per [`per`](Self::per).
+    /// The [`limit`](Self::limit), except for a policy built by
+    /// [`Policy::gcra_with_burst`], where it is the rate it was given.
+    pub const fn rate(&self) -> u32 {
+        self.rate
+    }
+
+    /// The period of [`rate`](Self::rate): the [`window`](Self::window),
+    /// except for a policy built by [`Policy::gcra_with_burst`].
+    pub const fn per(&self) -> Duration {
+        Duration::from_micros(self.per_us)
+    }
+
+    /// The burst of a GCRA policy built with one distinct from its rate
+    /// ([`Policy::gcra_with_burst`]), which is its limit; `None` otherwise.
+    pub const fn burst(&self) -> Option<u32> {
+        match self.algorithm {
+            Algorithm::Gcra if self.rate != self.limit || self.per_us != self.window_us => {
+                Some(self.limit)
+            }
+            _ => None,
+        }
     }
 
     /// GCRA's emission interval: `window / limit` in whole microseconds,
@@ -201,16 +304,24 @@ impl Policy {
     }
 }
 
-impl fmt::Display for Policy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} per {:?} ({})",
-            self.limit,
-            self.window(),
-            self.algorithm
-        )
+/// `window` in microseconds, if it is one a policy accepts.
+fn checked_window(window: Duration) -> Result<u64, ConfigError> {
+    if window < MIN_WINDOW {
+        return Err(ConfigError::WindowTooShort {
+            got: window,
+            min: MIN_WINDOW,
+        });
     }
+    if window > MAX_WINDOW {
+        return Err(ConfigError::WindowTooLong {
+            got: window,
+            max: MAX_WINDOW,
+        });
+    }
+    if !window.subsec_nanos().is_multiple_of(1_000) {
+        return Err(ConfigError::WindowNotWholeMicros(window));
+    }
+    Ok(duration_to_micros(window))
 }
 
 #[cfg(test)]
@@ -266,5 +377,37 @@ mod tests {
             Err(ConfigError::InvalidCost { cost: 0, limit: 5 })
         );
         assert!(p.check_cost(6).is_err());
+    }
+
+    #[test]
+    fn a_gcra_burst_is_separate_from_its_rate() {
+        // 10 a second sustained, 20 at once: what every backend applies,
+        // since each runs `algorithm::apply`'s arithmetic on (limit, window).
+        let p = Policy::gcra_with_burst(10, Duration::from_secs(1), 20).unwrap();
+        let t0 = 1_767_225_600_000_000;
+        let mut state = None;
+        for left in (0..20).rev() {
+            let v = crate::algorithm::apply(&mut state, &p, 1, t0);
+            assert!(v.allowed);
+            assert_eq!(v.remaining, left);
+        }
+        let refused = crate::algorithm::apply(&mut state, &p, 1, t0);
+        assert!(!refused.allowed);
+        assert_eq!(refused.retry_after_us, 100_000, "one emission interval");
+        // Then exactly 10 a second, never a second burst while it is spent.
+        let mut admitted = 0;
+        for step in 1..=100u64 {
+            let now = t0 + step * 10_000;
+            if crate::algorithm::apply(&mut state, &p, 1, now).allowed {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 10, "one second after the burst");
+        // Idle for the refill time (the window), the whole burst is back.
+        let later = t0 + 1_000_000 + p.window_micros();
+        let burst = (0..25)
+            .filter(|_| crate::algorithm::apply(&mut state, &p, 1, later).allowed)
+            .count();
+        assert_eq!(burst, 20);
     }
 }
