@@ -11,9 +11,9 @@ use limiter::memory::MemoryStore;
 use limiter::{
     AddressSource, ClientIdentity, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store,
 };
+use limiter_conformance::broken::Unavailable as Failing;
 use limiter_demo::prometheus::Metrics;
 use limiter_demo::{Limits, Settings, Stores, app};
-use limiter_conformance::broken::Unavailable as Failing;
 use limiter_test_support::http::{TestClient, serve};
 
 const SECRET: &str = "metrics test secret of 32+ bytes";

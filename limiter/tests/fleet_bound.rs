@@ -3,7 +3,9 @@
 //! store, sharing one Redis or Postgres server, all driven by one manual
 //! clock. One attacker key, requests round-robin across the instances, many
 //! more than the limit, all inside one window; the admitted count must be
-//! exactly the documented bound for the composition.
+//! exactly the documented bound for the composition. Leased quotas are
+//! measured the same way, and under the limit by the server calls they
+//! make.
 #![cfg(all(feature = "redis", feature = "postgres", feature = "memory"))]
 
 use std::sync::Arc;
@@ -263,4 +265,70 @@ async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() 
         total(&fleet, |s| s.refused),
         "every refusal counted in the rows"
     );
+}
+
+/// Leased quotas: each instance buys units in batches from the shared
+/// server. Far beyond the limit, the fleet admits exactly `L` (every leased
+/// unit is counted by the server, and every instance keeps asking until it
+/// has spent what it holds); under the limit, it admits every request at
+/// about one server call per ten.
+async fn leased_fleet(shared: Arc<dyn Store>) {
+    use limiter::lease::{LeaseConfig, LeasedStore};
+    let clock = ManualClock::new();
+    let fleet_of = |limit: u32| -> (Vec<Limiter>, Vec<Arc<LeasedStore>>) {
+        let stores: Vec<Arc<LeasedStore>> = (0..N)
+            .map(|_| {
+                Arc::new(LeasedStore::new(
+                    shared.clone(),
+                    LeaseConfig::new(32).unwrap(),
+                ))
+            })
+            .collect();
+        let policy = Policy::fixed_window(limit, Duration::from_secs(60)).unwrap();
+        let fleet = stores
+            .iter()
+            .map(|s| {
+                Limiter::builder()
+                    .clock(clock.clone())
+                    .rule(
+                        Rule::new("leased", s.clone(), policy)
+                            .unwrap()
+                            .on_failure(FailurePolicy::Closed),
+                    )
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        (fleet, stores)
+    };
+    let (fleet, _) = fleet_of(L);
+    assert_eq!(drive(&fleet, PER_INSTANCE).await, L);
+    assert_eq!(total(&fleet, |s| s.degraded), 0);
+
+    // A quota of 1,000 per minute used at 80 %, a key of its own.
+    let (busy, stores) = fleet_of(1_000);
+    let mut admitted = 0;
+    for _ in 0..200 {
+        for limiter in &busy {
+            admitted += u32::from(limiter.check(b"tenant").await.allowed);
+        }
+    }
+    assert_eq!(admitted, N * 200);
+    let calls: u64 = stores.iter().map(|s| s.stats().round_trips).sum();
+    // Per instance: batches of 1, 2, 4, 8, 16, then 32: 11 calls for 200.
+    assert_eq!(
+        calls,
+        u64::from(N) * 11,
+        "server calls for {admitted} admissions"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_fleet_on_redis_admits_the_limit_with_a_call_per_batch() {
+    leased_fleet(redis_store(redis_fixture::shared_url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_fleet_on_postgres_admits_the_limit_with_a_call_per_batch() {
+    leased_fleet(Arc::new(pg_fixture::fresh_store("fleet").await)).await;
 }
