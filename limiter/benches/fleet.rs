@@ -12,8 +12,8 @@
 //! is the library's code, not a model of it.
 //!
 //! ```sh
-//! cargo bench -p limiter --features memory --bench fleet            # N = 1, 4, 64, 1,000
-//! cargo bench -p limiter --features memory --bench fleet -- 4       # one fleet size
+//! cargo bench -p ratewarden --features memory --bench fleet            # N = 1, 4, 64, 1,000
+//! cargo bench -p ratewarden --features memory --bench fleet -- 4       # one fleet size
 //! ```
 //!
 //! For each run: **admitted ÷ limit** in the worst (key, window) — above 1
