@@ -199,6 +199,7 @@ pub use limiter_core;
 pub use limiter_core::*;
 
 pub mod identity;
+pub mod key;
 pub mod layer;
 pub mod store;
 
@@ -212,4 +213,8 @@ pub use limiter_postgres as postgres;
 pub use limiter_redis as redis;
 
 pub use identity::{AddressSource, ClientIdentity, ClientKey};
-pub use layer::{RateLimit, RateLimitBody, RateLimitLayer};
+pub use key::KeyExtractor;
+pub use layer::{
+    HeaderMode, MissingKey, RateLimit, RateLimitBody, RateLimitHeaders, RateLimitLayer,
+    RateLimitLayerBuilder, Refusal,
+};
