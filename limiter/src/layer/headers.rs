@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use limiter_core::{Decision, Limiter};
+use limiter_core::{Decision, Limiter, Policy};
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -59,16 +59,22 @@ struct Described {
     ratelimit_prefix: Vec<u8>,
     /// The policy's window in whole seconds, rounded up.
     window: u64,
+    /// The policy's limit, and as an `X-RateLimit-Limit` value: cloning it
+    /// costs a reference count where building it costs an allocation.
+    limit: u32,
+    limit_value: HeaderValue,
 }
 
 impl Described {
-    fn new(name: String, window: u64) -> Self {
+    fn new(name: String, policy: &Policy) -> Self {
         let mut ratelimit_prefix = sf_string(&name).into_bytes();
         ratelimit_prefix.extend_from_slice(b";r=");
         Described {
             name,
             ratelimit_prefix,
-            window,
+            window: ceil_secs(policy.window()),
+            limit: policy.limit(),
+            limit_value: HeaderValue::from(policy.limit()),
         }
     }
 }
@@ -151,21 +157,19 @@ impl RateLimitHeaders {
             .iter()
             .map(|rule| RuleHeaders {
                 rule: rule.name().to_owned(),
-                own: Described::new(rule.name().to_owned(), ceil_secs(rule.policy().window())),
-                durable: rule.escalation_policy().map(|p| {
-                    Described::new(format!("{}/durable", rule.name()), ceil_secs(p.window()))
-                }),
+                own: Described::new(rule.name().to_owned(), rule.policy()),
+                durable: rule
+                    .escalation_policy()
+                    .map(|p| Described::new(format!("{}/durable", rule.name()), p)),
             })
             .collect();
         let mut members = Vec::new();
-        for (rule, headers) in limiter.rules().iter().zip(&rules) {
-            let policies = std::iter::once((&headers.own, rule.policy()))
-                .chain(headers.durable.iter().zip(rule.escalation_policy()));
-            for (described, policy) in policies {
+        for rule in &rules {
+            for described in std::iter::once(&rule.own).chain(&rule.durable) {
                 members.push(format!(
                     "{};q={};w={}",
                     sf_string(&described.name),
-                    policy.limit(),
+                    described.limit,
                     described.window
                 ));
             }
@@ -202,8 +206,13 @@ impl RateLimitHeaders {
     /// `decision` is a refusal.
     pub fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
         let reset = decision.reset_after_secs();
+        let described = self.described(decision);
         if self.mode.legacy() {
-            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
+            let limit = match described {
+                Some(d) if d.limit == decision.limit => d.limit_value.clone(),
+                _ => HeaderValue::from(decision.limit),
+            };
+            headers.insert(X_RATELIMIT_LIMIT, limit);
             headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
             headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
         }
@@ -211,7 +220,7 @@ impl RateLimitHeaders {
             if let Some(policy) = &self.policy {
                 headers.insert(RATELIMIT_POLICY, policy.clone());
             }
-            if let Some(described) = self.described(decision) {
+            if let Some(described) = described {
                 let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
                 buf.push(&described.ratelimit_prefix);
                 buf.push_u64(u64::from(decision.remaining));
@@ -398,7 +407,8 @@ mod tests {
     #[test]
     fn the_longest_ratelimit_value_fits() {
         let name = "x".repeat(limiter_core::MAX_RULE_NAME) + "/durable";
-        let prefix = Described::new(name, 1).ratelimit_prefix;
+        let policy = Policy::fixed_window(1, Duration::from_secs(1)).unwrap();
+        let prefix = Described::new(name, &policy).ratelimit_prefix;
         let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
         buf.push(&prefix);
         buf.push_u64(u64::MAX);
