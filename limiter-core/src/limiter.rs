@@ -641,12 +641,13 @@ impl Rule {
         store: &dyn Store,
         key: &[u8],
         policy: &Policy,
+        cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        if let Some(result) = store.decide_inline(key, policy, self.cost, now) {
+        if let Some(result) = store.decide_inline(key, policy, cost, now) {
             return result;
         }
-        self.awaited(store, key, policy, now).await
+        self.awaited(store, key, policy, cost, now).await
     }
 
     async fn awaited(
@@ -654,11 +655,12 @@ impl Rule {
         store: &dyn Store,
         key: &[u8],
         policy: &Policy,
+        cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
         #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
-        let call = store.decide(key, policy, self.cost, now);
+        let call = store.decide(key, policy, cost, now);
         let result = match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
@@ -681,16 +683,20 @@ impl Rule {
     /// One store call under a timeout and a breaker. A store that answers
     /// inline needs neither: it cannot hang, and a failure costs nothing to
     /// retry.
+    // The request's inputs, one by one: a struct bundling them would be
+    // built on every decision for the sake of a lint.
+    #[allow(clippy::too_many_arguments)]
     async fn guarded(
         &self,
         store: &dyn Store,
         breaker: &Breaker,
         key: &[u8],
         policy: &Policy,
+        cost: u32,
         now: Timestamp,
         clock: &dyn Clock,
     ) -> Called {
-        if let Some(result) = store.decide_inline(key, policy, self.cost, now) {
+        if let Some(result) = store.decide_inline(key, policy, cost, now) {
             return match result {
                 Ok(d) => Called::Answered(d),
                 Err(e) => {
@@ -704,7 +710,7 @@ impl Rule {
             return Called::Skipped;
         }
         let guard = ProbeGuard::new(breaker, permit);
-        let result = self.awaited(store, key, policy, now).await;
+        let result = self.awaited(store, key, policy, cost, now).await;
         guard.disarm();
         let transition = match &result {
             Ok(_) => breaker.success(),
@@ -791,6 +797,7 @@ impl Rule {
     async fn decide_local(
         &self,
         key: &[u8],
+        cost: u32,
         now: Timestamp,
         clock: &dyn Clock,
     ) -> (Decision, Option<Holder>) {
@@ -800,6 +807,7 @@ impl Rule {
                 &self.breaker,
                 key,
                 &self.policy,
+                cost,
                 now,
                 clock,
             )
@@ -816,7 +824,10 @@ impl Rule {
         let Some(fallback) = &self.fallback else {
             return (self.degraded(self.store.name()), None);
         };
-        match self.timed(fallback.as_ref(), key, &self.policy, now).await {
+        match self
+            .timed(fallback.as_ref(), key, &self.policy, cost, now)
+            .await
+        {
             Ok(mut d) => {
                 bump(&self.counters.fallbacks);
                 d.source.fallback = true;
@@ -850,7 +861,7 @@ impl Rule {
     }
 
     /// Undoes the admissions of a request that was refused after all.
-    async fn refund(&self, storage_key: &[u8], charges: &[Charge], now: Timestamp) {
+    async fn refund(&self, storage_key: &[u8], charges: &[Charge], cost: u32, now: Timestamp) {
         for charge in charges.iter().rev() {
             let Some((store, policy)) = self.holder(charge.holder) else {
                 continue;
@@ -881,12 +892,12 @@ impl Rule {
                     retry_after: Duration::ZERO,
                     source: Source::store(store.name()),
                 };
-                match store.refund_inline(storage_key, policy, self.cost, now, &admitted) {
+                match store.refund_inline(storage_key, policy, cost, now, &admitted) {
                     Some(r) => r,
                     None => {
                         #[cfg(feature = "metrics")]
                         let started = std::time::Instant::now();
-                        let call = store.refund(storage_key, policy, self.cost, now, &admitted);
+                        let call = store.refund(storage_key, policy, cost, now, &admitted);
                         let result = match tokio::time::timeout(self.timeout, call).await {
                             Ok(r) => r,
                             Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
@@ -933,15 +944,16 @@ impl Rule {
         &self,
         key: &[u8],
         storage_key: &[u8],
+        cost: u32,
         now: Timestamp,
         keep: bool,
     ) -> Option<Applied> {
         if self.escalation.is_some() {
             return None;
         }
-        let Some(Ok(decision)) =
-            self.store
-                .decide_inline(storage_key, &self.policy, self.cost, now)
+        let Some(Ok(decision)) = self
+            .store
+            .decide_inline(storage_key, &self.policy, cost, now)
         else {
             return None;
         };
@@ -963,6 +975,7 @@ impl Rule {
         &self,
         key: &[u8],
         storage_key: &[u8],
+        cost: u32,
         now: Timestamp,
         clock: &dyn Clock,
         keep: bool,
@@ -972,14 +985,14 @@ impl Rule {
         // takes the full path, which asks again and handles it.
         let inline = match self
             .store
-            .decide_inline(storage_key, &self.policy, self.cost, now)
+            .decide_inline(storage_key, &self.policy, cost, now)
         {
             Some(Ok(d)) => Some((d, Some(Holder::Authoritative))),
             _ => None,
         };
         let (decision, holder) = match inline {
             Some(answer) => answer,
-            None => self.decide_local(storage_key, now, clock).await,
+            None => self.decide_local(storage_key, cost, now, clock).await,
         };
         if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
             cache.put(key, now, &decision);
@@ -1006,6 +1019,7 @@ impl Rule {
                 &escalation.breaker,
                 storage_key,
                 &escalation.policy,
+                cost,
                 now,
                 clock,
             )
@@ -1013,7 +1027,7 @@ impl Rule {
         match durable {
             Called::Answered(mut refused) if !refused.allowed => {
                 refused.source.escalated = true;
-                self.refund(storage_key, &charges, now).await;
+                self.refund(storage_key, &charges, cost, now).await;
                 self.record_abuse(key, &refused, now, clock).await;
                 Applied {
                     decision: refused,
@@ -1055,7 +1069,7 @@ impl Rule {
         let mut buf = StorageKey::new();
         let storage_key = self.fill_storage_key(&mut buf, key);
         let mut decision = self
-            .apply(key, storage_key, now, clock, false)
+            .apply(key, storage_key, self.cost, now, clock, false)
             .await
             .decision;
         self.finish(&mut decision);
@@ -1197,6 +1211,38 @@ impl Limiter {
     /// knows nothing of the client's quota, so it is shown only when no
     /// store answered at all.
     pub async fn check(&self, key: &[u8]) -> Decision {
+        self.decide(key, 1).await
+    }
+
+    /// [`check`](Self::check) for a request that weighs `weight` units: each
+    /// rule charges `weight` times its own cost ([`Rule::with_cost`]), and
+    /// refunds as much if a later rule refuses.
+    ///
+    /// Refuses with [`ConfigError::InvalidCost`], before any store is asked
+    /// and charging nothing, a weight that some rule could never admit: zero,
+    /// or a charge above the rule's limit (or its escalation policy's).
+    /// Such a request is not refused *for now*: no wait would ever admit it,
+    /// so it gets no decision and no retry time.
+    pub async fn check_cost(&self, key: &[u8], weight: u32) -> Result<Decision, ConfigError> {
+        for rule in self.rules.iter() {
+            let charge = rule
+                .cost
+                .checked_mul(weight)
+                .ok_or(ConfigError::InvalidCost {
+                    cost: weight,
+                    limit: rule.policy.limit(),
+                })?;
+            rule.policy.check_cost(charge)?;
+            if let Some(e) = &rule.escalation {
+                e.policy.check_cost(charge)?;
+            }
+        }
+        Ok(self.decide(key, weight).await)
+    }
+
+    /// `weight` was checked against every rule: their charges cannot
+    /// overflow.
+    async fn decide(&self, key: &[u8], weight: u32) -> Decision {
         let now = self.clock.now();
         // A standing refusal from any rule's cache answers before any store
         // is asked, so a hammering offender costs no round trip and no
@@ -1215,12 +1261,16 @@ impl Limiter {
         let mut tightest: Option<Decision> = None;
         for (i, rule) in self.rules.iter().enumerate() {
             let storage_key = rule.fill_storage_key(&mut buf, key);
+            let cost = rule.cost * weight;
             // A rule answered inline (a local tier) is decided without
             // building its future, whose size alone made moving it cost
             // more than the store's own decision.
-            let applied = match rule.apply_inline(key, storage_key, now, i < last) {
+            let applied = match rule.apply_inline(key, storage_key, cost, now, i < last) {
                 Some(applied) => applied,
-                None => rule.apply(key, storage_key, now, clock, i < last).await,
+                None => {
+                    rule.apply(key, storage_key, cost, now, clock, i < last)
+                        .await
+                }
             };
             let Applied {
                 mut decision,
@@ -1235,7 +1285,8 @@ impl Limiter {
             if !decision.allowed {
                 for p in pending.iter().rev() {
                     let storage_key = p.rule.fill_storage_key(&mut buf, key);
-                    p.rule.refund(storage_key, &p.charges, now).await;
+                    let cost = p.rule.cost * weight;
+                    p.rule.refund(storage_key, &p.charges, cost, now).await;
                 }
                 return decision;
             }

@@ -238,6 +238,7 @@ struct Inner {
     source: AddressSource,
     ipv6_prefix: u8,
     unknown: ClientKey,
+    global: ClientKey,
 }
 
 impl fmt::Debug for ClientIdentity {
@@ -267,12 +268,14 @@ impl ClientIdentity {
         let mac = <Hmac<Sha256> as Mac>::new_from_slice(secret)
             .map_err(|_| ConfigError::Invalid("the HMAC secret was refused".into()))?;
         let unknown = derive(&mac, &[b"unknown"]);
+        let global = KeyHasher::new(&mac, "global").key(b"");
         Ok(ClientIdentity {
             inner: Arc::new(Inner {
                 mac,
                 source: AddressSource::peer(),
                 ipv6_prefix: DEFAULT_IPV6_PREFIX,
                 unknown,
+                global,
             }),
         })
     }
@@ -308,6 +311,36 @@ impl ClientIdentity {
     /// The key of every request without a usable address.
     pub fn unknown_key(&self) -> ClientKey {
         self.inner.unknown
+    }
+
+    /// The one key every request shares under
+    /// [`GlobalKey`](crate::key::GlobalKey): a key of its own namespace, never
+    /// equal to a client's.
+    pub fn global_key(&self) -> ClientKey {
+        self.inner.global
+    }
+
+    /// A hasher of keys in `namespace` (say `"header:x-api-key"`), for keys
+    /// that are not addresses: API keys, user ids, tenants. Its keys look
+    /// like every [`ClientKey`] and never equal one of another namespace or
+    /// an address's, since the namespace is part of the HMAC input.
+    ///
+    /// Build it once (it holds the HMAC state keyed and fed with the
+    /// namespace) and call [`KeyHasher::key`] per request.
+    ///
+    /// ```
+    /// use limiter::ClientIdentity;
+    ///
+    /// let identity = ClientIdentity::new([7u8; 32])?;
+    /// let tenants = identity.hasher("tenant");
+    /// let key = tenants.key(b"acme");
+    /// assert_eq!(key, identity.hasher("tenant").key(b"acme"));
+    /// assert_ne!(key, identity.hasher("user").key(b"acme"));
+    /// assert!(!key.as_str().contains("acme"));
+    /// # Ok::<(), limiter::ConfigError>(())
+    /// ```
+    pub fn hasher(&self, namespace: &str) -> KeyHasher {
+        KeyHasher::new(&self.inner.mac, namespace)
     }
 
     /// The key of a request, from its headers and extensions (see
@@ -356,13 +389,57 @@ impl ClientIdentity {
     }
 }
 
+/// Derives [`ClientKey`]s of one namespace (see [`ClientIdentity::hasher`]).
+///
+/// The secret never appears in `Debug` output.
+#[derive(Clone)]
+pub struct KeyHasher {
+    /// Keyed with the secret and already fed the purpose and namespace: a
+    /// key then costs a clone of this state and the value's blocks.
+    mac: Hmac<Sha256>,
+}
+
+impl fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyHasher").finish_non_exhaustive()
+    }
+}
+
+/// Opens every namespaced HMAC input, after [`PURPOSE`]. Address inputs open
+/// with `ip4:`, `ip6/` or `unknown`, so no namespaced input equals one.
+const NAMESPACE: &[u8] = b"ns";
+
+impl KeyHasher {
+    fn new(mac: &Hmac<Sha256>, namespace: &str) -> Self {
+        let mut mac = mac.clone();
+        mac.update(PURPOSE);
+        mac.update(NAMESPACE);
+        // The length first, so that no namespace and value can be read as
+        // another namespace and value.
+        let len = u32::try_from(namespace.len()).unwrap_or(u32::MAX);
+        mac.update(&len.to_be_bytes());
+        mac.update(namespace.as_bytes());
+        KeyHasher { mac }
+    }
+
+    /// The key of `value` in this hasher's namespace.
+    pub fn key(&self, value: &[u8]) -> ClientKey {
+        let mut mac = self.mac.clone();
+        mac.update(value);
+        hex_key(&mac.finalize().into_bytes())
+    }
+}
+
 fn derive(mac: &Hmac<Sha256>, parts: &[&[u8]]) -> ClientKey {
     let mut mac = mac.clone();
     mac.update(PURPOSE);
     for part in parts {
         mac.update(part);
     }
-    let digest = mac.finalize().into_bytes();
+    hex_key(&mac.finalize().into_bytes())
+}
+
+fn hex_key(digest: &[u8]) -> ClientKey {
     let mut out = [0u8; KEY_LEN];
     // KEY_LEN hex characters are the first KEY_LEN / 2 bytes of the digest.
     // hex::encode_to_slice only fails on a length mismatch, which the

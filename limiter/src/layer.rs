@@ -1,27 +1,56 @@
-//! A tower [`Layer`] that rate-limits HTTP requests per client.
+//! A tower [`Layer`] that rate-limits HTTP requests.
 //!
-//! Every request is keyed by a [`ClientIdentity`] and decided by a
+//! Every request is keyed (by default by its client's address through a
+//! [`ClientIdentity`]; see [`crate::key`] for the others) and decided by a
 //! [`Limiter`]. A refused request gets `429 Too Many Requests` with a JSON
 //! body and never reaches the inner service; every response, admitted or
-//! refused, carries the rate-limit headers:
-//!
-//! | header | value |
-//! |---|---|
-//! | `Retry-After` | (429 only) seconds to wait, rounded up |
-//! | `X-RateLimit-Limit` | the limit of the deciding rule |
-//! | `X-RateLimit-Remaining` | units still admitted now |
-//! | `X-RateLimit-Reset` | seconds until the full quota is back, rounded up |
-//! | `RateLimit-Policy` | `"search";q=60;w=60`: rule name, limit, window in seconds |
-//! | `RateLimit` | `"search";r=0;t=42`: rule name, remaining, reset seconds |
-//!
-//! The last two are the structured fields of
-//! draft-ietf-httpapi-ratelimit-headers-11. The rule reported is the one that
-//! decided: the refusing rule, or the admitting rule with the least
-//! remaining.
+//! refused, carries the rate-limit headers ([`RateLimitHeaders`] lists
+//! them; [`HeaderMode`] chooses which).
 //!
 //! A store failure never becomes a 500: [`Limiter::check`] answers it with
 //! the failing rule's [`FailurePolicy`](limiter_core::FailurePolicy) (admit
 //! or refuse), so the layer has no error path of its own.
+//!
+//! # The builder
+//!
+//! [`RateLimitLayer::new`] keys by client address and writes every header.
+//! [`RateLimitLayer::builder`] also sets the key, the requests that are not
+//! limited, what a request costs, the refusal and the headers:
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, routing::post};
+//! use http::StatusCode;
+//! use limiter::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule};
+//! use limiter::key::HeaderKey;
+//! use limiter::layer::{HeaderMode, MissingKey};
+//!
+//! # #[cfg(feature = "memory")] {
+//! # fn main() -> Result<(), limiter::ConfigError> {
+//! let store = std::sync::Arc::new(limiter::memory::MemoryStore::new(10_000));
+//! let uploads = Limiter::builder()
+//!     .rule(Rule::new("upload", store, Policy::gcra(100, Duration::from_secs(60))?)?)
+//!     .build()?;
+//! let identity = ClientIdentity::new(b"0123456789abcdef0123456789abcdef")?;
+//! let layer = RateLimitLayer::builder(uploads, identity.clone())
+//!     // One quota per API key (hashed, never stored) ...
+//!     .key(HeaderKey::new(&identity, "x-api-key")?)
+//!     // ... and none without one.
+//!     .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+//!     // Internal callers are not limited, charged or told about limits.
+//!     .skip(|request| request.headers.contains_key("x-internal-token"))
+//!     // A batch of n items costs n units.
+//!     .cost(|request| {
+//!         request.headers.get("x-batch-size")
+//!             .and_then(|v| v.to_str().ok()?.parse().ok())
+//!             .unwrap_or(1)
+//!     })
+//!     .headers(HeaderMode::Draft11)
+//!     .build()?;
+//! let app: Router = Router::new().route("/api/upload", post(|| async { "stored" }).layer(layer));
+//! # let _ = app; Ok(()) }
+//! # main().unwrap(); }
+//! ```
 //!
 //! # Per-route limits
 //!
@@ -59,41 +88,66 @@
 //! ```
 //!
 //! A layer wrapped around a whole router limits all its routes together,
-//! under one quota per client. Layers can be stacked; the outermost one's
+//! under one quota per key. Layers can be stacked; the outermost one's
 //! headers are the ones the client sees. To check several policies on one
-//! route and report the tightest, put them as rules in one [`Limiter`].
+//! route, put them as rules in one [`Limiter`]: `RateLimit-Policy` lists
+//! them all, and the other headers describe the tightest.
 //!
 //! The decision is also inserted into the request's extensions, so a
 //! handler can read it (`Extension<Decision>` in axum).
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use limiter_core::{Decision, Limiter};
+use http_body_util::BodyExt;
+use limiter_core::{ConfigError, Decision, Limiter};
 use tower::{Layer, Service};
 
-use crate::identity::{ClientIdentity, peer_addr};
+use crate::identity::{ClientIdentity, ClientKey};
+use crate::key::{ClientAddress, KeyExtractor};
 
-/// `X-RateLimit-Limit`.
-pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-/// `X-RateLimit-Remaining`.
-pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-/// `X-RateLimit-Reset`.
-pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+mod headers;
 
-/// Rate-limits every request of the wrapped service per client.
+pub use headers::{
+    HeaderMode, RATELIMIT, RATELIMIT_POLICY, RateLimitHeaders, Refusal, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+
+type SkipFn = dyn Fn(&Parts) -> bool + Send + Sync;
+type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// A custom refusal, its body collected: `None` if the body failed.
+type RefusalFn = dyn Fn(&Decision) -> BoxFuture<Option<Response<Bytes>>> + Send + Sync;
+
+/// What the layer does with a request whose key the [`KeyExtractor`] cannot
+/// read (no API key header, no user id extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Limit it by its client address, as [`RateLimitLayer::new`] limits
+    /// every request. The default: a request is never unlimited for
+    /// lacking a key, and telling a client it is unauthenticated is the
+    /// authentication layer's business, not the limiter's. Address keys
+    /// live in a namespace of their own, so they never share a quota with
+    /// an extracted key.
+    #[default]
+    ClientAddress,
+    /// Answer with this status (a client error, 400 to 499) and a JSON body
+    /// `{"error":"missing_key"}`, without consulting the limiter and without
+    /// rate-limit headers. A `401` should carry `WWW-Authenticate`; add it
+    /// in an outer layer if your clients need it.
+    Reject(StatusCode),
+}
+
+/// Rate-limits every request of the wrapped service.
 ///
 /// Cheap to clone: one layer can wrap any number of services, and they share
 /// its limiter.
@@ -102,36 +156,54 @@ pub struct RateLimitLayer {
     shared: Arc<Shared>,
 }
 
-#[derive(Debug)]
 struct Shared {
     limiter: Limiter,
     identity: ClientIdentity,
-    /// (rule name, header-safe policy name, window in whole seconds, window
-    /// of its escalation policy).
-    rules: Vec<(String, String, u64, Option<u64>)>,
+    key: Box<dyn KeyExtractor>,
+    /// The key of a request without one, when [`MissingKey::ClientAddress`].
+    fallback: Option<ClientAddress>,
+    reject: Option<StatusCode>,
+    skip: Option<Box<SkipFn>>,
+    cost: Option<Box<CostFn>>,
+    refusal: Option<Box<RefusalFn>>,
+    headers: RateLimitHeaders,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.limiter)
+            .field("identity", &self.identity)
+            .field("key", &self.key)
+            .field("on_missing_key", &self.reject)
+            .field("skip", &self.skip.is_some())
+            .field("cost", &self.cost.is_some())
+            .field("custom_refusal", &self.refusal.is_some())
+            .field("headers", &self.headers.mode())
+            .finish()
+    }
 }
 
 impl RateLimitLayer {
-    /// A layer deciding with `limiter`, keying clients by `identity`.
+    /// A layer deciding with `limiter`, keying requests by client address
+    /// through `identity`, writing every rate-limit header.
     pub fn new(limiter: Limiter, identity: ClientIdentity) -> Self {
-        let rules = limiter
-            .rules()
-            .iter()
-            .map(|rule| {
-                (
-                    rule.name().to_owned(),
-                    sf_string(rule.name()),
-                    ceil_secs(rule.policy().window()),
-                    rule.escalation_policy().map(|p| ceil_secs(p.window())),
-                )
-            })
-            .collect();
-        RateLimitLayer {
-            shared: Arc::new(Shared {
-                limiter,
-                identity,
-                rules,
-            }),
+        RateLimitLayer::builder(limiter, identity).finish()
+    }
+
+    /// A builder of a layer deciding with `limiter`. `identity` holds the
+    /// secret every key is hashed with, and keys requests by client address
+    /// unless [`key`](RateLimitLayerBuilder::key) says otherwise.
+    pub fn builder(limiter: Limiter, identity: ClientIdentity) -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            limiter,
+            identity,
+            key: None,
+            on_missing_key: MissingKey::default(),
+            skip: None,
+            cost: None,
+            refusal: None,
+            mode: HeaderMode::default(),
         }
     }
 
@@ -143,6 +215,158 @@ impl RateLimitLayer {
     /// The client identity.
     pub fn identity(&self) -> &ClientIdentity {
         &self.shared.identity
+    }
+
+    /// The headers the layer writes, for a middleware of its own that
+    /// answers as the layer does.
+    pub fn headers(&self) -> &RateLimitHeaders {
+        &self.shared.headers
+    }
+}
+
+/// Builds a [`RateLimitLayer`]; see [`RateLimitLayer::builder`].
+pub struct RateLimitLayerBuilder {
+    limiter: Limiter,
+    identity: ClientIdentity,
+    key: Option<Box<dyn KeyExtractor>>,
+    on_missing_key: MissingKey,
+    skip: Option<Box<SkipFn>>,
+    cost: Option<Box<CostFn>>,
+    refusal: Option<Box<RefusalFn>>,
+    mode: HeaderMode,
+}
+
+impl fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("limiter", &self.limiter)
+            .field("key", &self.key)
+            .field("on_missing_key", &self.on_missing_key)
+            .field("headers", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// Keys requests with `extractor` instead of by client address (see
+    /// [`crate::key`]).
+    pub fn key(mut self, extractor: impl KeyExtractor) -> Self {
+        self.key = Some(Box::new(extractor));
+        self
+    }
+
+    /// What to do with a request whose key cannot be extracted;
+    /// [`MissingKey::ClientAddress`] unless set.
+    pub fn on_missing_key(mut self, on_missing_key: MissingKey) -> Self {
+        self.on_missing_key = on_missing_key;
+        self
+    }
+
+    /// Passes the requests for which `skip` is true straight to the inner
+    /// service: not charged, not refused, and without rate-limit headers
+    /// (health checks, internal callers). Runs before the key is extracted.
+    ///
+    /// Whatever the predicate reads must be something a client cannot
+    /// forge, or every client will send it.
+    pub fn skip(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.skip = Some(Box::new(skip));
+        self
+    }
+
+    /// Charges each request what `cost` says instead of 1, in every rule
+    /// (times the rule's own [`Rule::with_cost`](limiter_core::Rule::with_cost));
+    /// see [`Limiter::check_cost`]. A cost of 0 is charged as 1: a request
+    /// is never free (skip it instead). A request costing more than some
+    /// rule could ever admit is answered `413 Content Too Large`, charged
+    /// nothing: no wait would let it through, so a 429 would send its
+    /// client into a retry loop.
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Box::new(cost));
+        self
+    }
+
+    /// Builds refusals with `refusal` instead of the default JSON body. The
+    /// rate-limit headers and `Retry-After` are written over the response
+    /// it returns, whatever its status. Its body is read whole before it is
+    /// sent; should reading fail, the default refusal is sent instead.
+    ///
+    /// ```
+    /// # #[cfg(feature = "axum")] {
+    /// use axum::response::IntoResponse;
+    /// use http::StatusCode;
+    /// # fn f(b: limiter::layer::RateLimitLayerBuilder) -> limiter::layer::RateLimitLayerBuilder {
+    /// b.refusal(|decision| {
+    ///     let wait = decision.retry_after_secs();
+    ///     (StatusCode::TOO_MANY_REQUESTS, format!("Slow down: try again in {wait} s.\n"))
+    ///         .into_response()
+    /// })
+    /// # }
+    /// # }
+    /// ```
+    pub fn refusal<F, B>(mut self, refusal: F) -> Self
+    where
+        F: Fn(&Decision) -> Response<B> + Send + Sync + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: fmt::Display,
+    {
+        self.refusal = Some(Box::new(move |decision| {
+            let (parts, body) = refusal(decision).into_parts();
+            Box::pin(async move {
+                match body.collect().await {
+                    Ok(body) => Some(Response::from_parts(parts, body.to_bytes())),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "custom refusal body failed; default sent");
+                        None
+                    }
+                }
+            })
+        }));
+        self
+    }
+
+    /// Which rate-limit headers responses carry; [`HeaderMode::Both`]
+    /// unless set.
+    pub fn headers(mut self, mode: HeaderMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Builds the layer. Refuses a [`MissingKey::Reject`] status that is not
+    /// a client error (400 to 499).
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        if let MissingKey::Reject(status) = self.on_missing_key
+            && !status.is_client_error()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "a request without a key must be refused with a client error (400 to 499), \
+                 not {status}"
+            )));
+        }
+        Ok(self.finish())
+    }
+
+    fn finish(self) -> RateLimitLayer {
+        let headers = RateLimitHeaders::new(&self.limiter, self.mode);
+        let (fallback, reject) = match self.on_missing_key {
+            MissingKey::ClientAddress => (Some(ClientAddress::new(self.identity.clone())), None),
+            MissingKey::Reject(status) => (None, Some(status)),
+        };
+        let key = self
+            .key
+            .unwrap_or_else(|| Box::new(ClientAddress::new(self.identity.clone())));
+        RateLimitLayer {
+            shared: Arc::new(Shared {
+                limiter: self.limiter,
+                identity: self.identity,
+                key,
+                fallback,
+                reject,
+                skip: self.skip,
+                cost: self.cost,
+                refusal: self.refusal,
+                headers,
+            }),
+        }
     }
 }
 
@@ -164,9 +388,12 @@ pub struct RateLimit<S> {
     shared: Arc<Shared>,
 }
 
-/// Set once the first request without a peer address is seen, so the
-/// misconfiguration is logged once rather than per request.
-static WARNED_NO_PEER: AtomicBool = AtomicBool::new(false);
+/// What the layer does with one request, decided before its future is built.
+enum Plan {
+    Skip,
+    Reject(StatusCode),
+    Check(ClientKey, u32),
+}
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
@@ -182,118 +409,99 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = self.shared.clone();
-        if peer_addr(request.extensions()).is_none()
-            && !WARNED_NO_PEER.swap(true, Ordering::Relaxed)
-        {
-            tracing::warn!(
-                "request without a peer address: serve with axum's \
-                 into_make_service_with_connect_info::<SocketAddr>() (feature `axum`) or insert \
-                 a SocketAddr extension; until then clients without a trusted forwarding header \
-                 share one rate-limit key"
-            );
-        }
-        let key = shared.identity.key_for_request(&request);
+        // Moving the head out and back is two moves, and gives the
+        // extractor and the closures one type to read, whatever the body.
+        let (parts, body) = request.into_parts();
+        let plan = shared.plan(&parts);
+        let mut request = Request::from_parts(parts, body);
         // The inner service was driven to readiness in poll_ready; take that
         // one and leave a clone in its place (tower's usual pattern).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let decision = shared.limiter.check(key.as_bytes()).await;
+            let (key, cost) = match plan {
+                Plan::Check(key, cost) => (key, cost),
+                Plan::Skip => {
+                    let response = inner.call(request).await?;
+                    return Ok(response.map(RateLimitBody::inner));
+                }
+                Plan::Reject(status) => return Ok(error_response(status, MISSING_KEY_BODY)),
+            };
+            let decision = if cost == 1 {
+                shared.limiter.check(key.as_bytes()).await
+            } else {
+                match shared.limiter.check_cost(key.as_bytes(), cost).await {
+                    Ok(decision) => decision,
+                    Err(_) => {
+                        return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, COST_BODY));
+                    }
+                }
+            };
             if !decision.allowed {
-                return Ok(shared.refusal(&decision));
+                return Ok(shared.refusal(&decision).await);
             }
             request.extensions_mut().insert(decision.clone());
             let mut response = inner.call(request).await?;
-            shared.write_headers(&decision, response.headers_mut());
+            shared.headers.write(&decision, response.headers_mut());
             Ok(response.map(RateLimitBody::inner))
         })
     }
 }
 
+const MISSING_KEY_BODY: &[u8] = b"{\"error\":\"missing_key\",\
+    \"message\":\"This request carries no rate-limit key.\"}";
+const COST_BODY: &[u8] = b"{\"error\":\"cost_exceeds_limit\",\
+    \"message\":\"This request costs more than the rate limit ever admits.\"}";
+
+fn error_response<B>(status: StatusCode, body: &'static [u8]) -> Response<RateLimitBody<B>> {
+    let mut response = Response::new(RateLimitBody::full(Bytes::from_static(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
 impl Shared {
-    /// The deciding rule, and the window of the policy that decided: a
-    /// durable refusal of an escalating rule carries the escalation policy's
-    /// limit, so it must carry that policy's window too.
-    fn rule(&self, decision: &Decision) -> (&str, &str, u64) {
-        let name = decision.source.rule;
-        let durable = decision.source.escalated && !decision.allowed;
-        self.rules
-            .iter()
-            .find(|(rule, ..)| Some(rule.as_str()) == name)
-            .map(|(rule, sf, window, escalated)| {
-                let window = escalated.filter(|_| durable).unwrap_or(*window);
-                (rule.as_str(), sf.as_str(), window)
-            })
-            // A limiter always names the deciding rule; be total anyway.
-            .unwrap_or(("default", "\"default\"", 0))
+    fn plan(&self, parts: &Parts) -> Plan {
+        if self.skip.as_ref().is_some_and(|skip| skip(parts)) {
+            return Plan::Skip;
+        }
+        let key = match self.key.extract(parts) {
+            Some(key) => key,
+            None => match (&self.fallback, self.reject) {
+                (Some(address), _) => match address.extract(parts) {
+                    Some(key) => key,
+                    None => self.identity.unknown_key(),
+                },
+                (None, Some(status)) => return Plan::Reject(status),
+                (None, None) => self.identity.unknown_key(),
+            },
+        };
+        let cost = self.cost.as_ref().map_or(1, |cost| cost(parts).max(1));
+        Plan::Check(key, cost)
     }
 
-    fn write_headers(&self, decision: &Decision, headers: &mut HeaderMap) {
-        let (_, policy, window) = self.rule(decision);
-        let reset = decision.reset_after_secs();
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
-        // sf_string output is printable ASCII, always a valid header value.
-        if let Ok(v) = HeaderValue::try_from(format!("{policy};q={};w={window}", decision.limit)) {
-            headers.insert(RATELIMIT_POLICY, v);
-        }
-        if let Ok(v) = HeaderValue::try_from(format!("{policy};r={};t={reset}", decision.remaining))
-        {
-            headers.insert(RATELIMIT, v);
-        }
-        if !decision.allowed {
-            headers.insert(RETRY_AFTER, HeaderValue::from(decision.retry_after_secs()));
-        }
-    }
-
-    fn refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
-        let (rule, _, window) = self.rule(decision);
-        let retry_after = decision.retry_after_secs();
-        // Written by hand to keep the documented field order (`error`
-        // first); only the rule name needs JSON escaping.
-        let body = format!(
-            "{{\"error\":\"rate_limited\",\"retry_after\":{retry_after},\"limit\":{},\
-             \"remaining\":{},\"reset\":{},\"policy\":{},\"window\":{window},\
-             \"message\":\"Too many requests. Retry in {retry_after} s.\"}}",
-            decision.limit,
-            decision.remaining,
-            decision.reset_after_secs(),
-            serde_json::Value::from(rule),
-        );
-        let mut response = Response::new(RateLimitBody::full(Bytes::from(body)));
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        self.write_headers(decision, headers);
-        response
-    }
-}
-
-/// `name` as a structured-field string (RFC 9651 §3.3.3): printable ASCII,
-/// with `"` and `\` escaped. Other characters cannot be represented and
-/// become `_`, so any rule name yields a valid header.
-fn sf_string(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 2);
-    out.push('"');
-    for c in name.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+    async fn refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
+        let custom = match &self.refusal {
+            Some(refusal) => refusal(decision).await,
+            None => None,
+        };
+        let mut response = match custom {
+            Some(response) => response,
+            None => {
+                return self
+                    .headers
+                    .refusal(decision)
+                    .into_http()
+                    .map(RateLimitBody::full);
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
-        }
+        };
+        self.headers.write(decision, response.headers_mut());
+        response.map(RateLimitBody::full)
     }
-    out.push('"');
-    out
-}
-
-fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 pin_project_lite::pin_project! {
@@ -364,23 +572,5 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sf_strings_escape_and_replace() {
-        assert_eq!(sf_string("search"), "\"search\"");
-        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
-        assert_eq!(sf_string("tab\there é"), "\"tab_here _\"");
-    }
-
-    #[test]
-    fn windows_round_up_to_seconds() {
-        assert_eq!(ceil_secs(Duration::from_secs(60)), 60);
-        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
     }
 }

@@ -8,9 +8,14 @@
 //! * [`identity`]: a client key that is an HMAC of the client's normalised
 //!   address, from the socket peer or a forwarding header trusted to a
 //!   configured number of proxy hops. No store ever sees a raw address.
+//! * [`key`]: what a request is charged to — its client address (the
+//!   default), a hashed header such as an API key, a hashed id an
+//!   authentication layer left in its extensions, or one global key.
 //! * [`layer`]: [`RateLimitLayer`], returning 429 with `Retry-After`, a JSON
 //!   body and `X-RateLimit-*` / IETF `RateLimit-Policy` / `RateLimit`
-//!   headers.
+//!   headers; its builder adds keys, skipped requests, costs, custom
+//!   refusals and header modes, and [`RateLimitHeaders`] gives a middleware
+//!   of your own the same headers.
 //! * Everything public in [`limiter_core`] is re-exported here: [`Limiter`],
 //!   [`Rule`], [`Policy`], [`Decision`], [`Store`], the clocks and errors.
 //!
@@ -199,6 +204,7 @@ pub use limiter_core;
 pub use limiter_core::*;
 
 pub mod identity;
+pub mod key;
 pub mod layer;
 pub mod store;
 
@@ -212,4 +218,8 @@ pub use limiter_postgres as postgres;
 pub use limiter_redis as redis;
 
 pub use identity::{AddressSource, ClientIdentity, ClientKey};
-pub use layer::{RateLimit, RateLimitBody, RateLimitLayer};
+pub use key::KeyExtractor;
+pub use layer::{
+    HeaderMode, MissingKey, RateLimit, RateLimitBody, RateLimitHeaders, RateLimitLayer,
+    RateLimitLayerBuilder, Refusal,
+};

@@ -471,8 +471,9 @@ async fn a_plain_tower_service_reads_a_socket_addr_extension() {
 }
 
 /// A refusal by an escalating rule's durable store carries the durable
-/// policy's limit, so its headers carry that policy's window too: one
-/// policy per response, never the local limit beside the durable window.
+/// policy's limit, so its headers name that policy and its window: never
+/// the local limit beside the durable window. `RateLimit-Policy` lists both
+/// policies on every response.
 #[tokio::test]
 async fn a_durable_refusal_describes_the_durable_policy() {
     let clock = ManualClock::new();
@@ -494,12 +495,16 @@ async fn a_durable_refusal_describes_the_durable_policy() {
     let client = TestClient::new(server, None);
     let first = client.get("/api/search").await;
     assert_eq!(first.status, StatusCode::OK);
-    assert_eq!(first.header("ratelimit-policy"), "\"search\";q=10;w=60");
+    let both = "\"search\";q=10;w=60, \"search/durable\";q=1;w=3600";
+    assert_eq!(first.header("ratelimit-policy"), both);
+    assert_eq!(first.header("ratelimit"), "\"search\";r=9;t=60");
     let refused = client.get("/api/search").await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.header_u64("x-ratelimit-limit"), 1);
-    assert_eq!(refused.header("ratelimit-policy"), "\"search\";q=1;w=3600");
-    assert!(refused.body.contains("\"window\":3600"), "{}", refused.body);
+    assert_eq!(refused.header("ratelimit-policy"), both);
+    assert_eq!(refused.header("ratelimit"), "\"search/durable\";r=0;t=3600");
+    assert_eq!(refused.json()["policy"], "search/durable");
+    assert_eq!(refused.json()["window"], 3600);
     assert_eq!(refused.header_u64("retry-after"), 3600);
     assert_eq!(hits.load(Ordering::SeqCst), 1);
 }

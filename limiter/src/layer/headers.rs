@@ -1,0 +1,425 @@
+//! Rate-limit headers and the 429 response, for the layer and for
+//! hand-written middleware.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use limiter_core::{Decision, Limiter, Policy};
+
+/// `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
+
+/// Which rate-limit headers responses carry. `Retry-After` is written on
+/// every refusal whatever the mode: it is plain HTTP (RFC 9110), not a
+/// rate-limit header, and clients that know nothing else honour it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderMode {
+    /// `RateLimit-Policy` and `RateLimit` and the `X-RateLimit-*` trio.
+    #[default]
+    Both,
+    /// `RateLimit-Policy` and `RateLimit` only
+    /// (draft-ietf-httpapi-ratelimit-headers-11).
+    Draft11,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
+    /// only, as GitHub and many clients read them.
+    XRateLimit,
+    /// No rate-limit headers.
+    None,
+}
+
+impl HeaderMode {
+    fn draft(self) -> bool {
+        matches!(self, HeaderMode::Both | HeaderMode::Draft11)
+    }
+
+    fn legacy(self) -> bool {
+        matches!(self, HeaderMode::Both | HeaderMode::XRateLimit)
+    }
+}
+
+/// One policy of a limiter as the headers name it.
+#[derive(Debug, Clone)]
+struct Described {
+    /// The list member's name: the rule's name, `/durable` after it for an
+    /// escalating rule's durable policy (rule names hold no `/`, so it never
+    /// equals another rule's).
+    name: String,
+    /// `"name";r=`, the start of the `RateLimit` value.
+    ratelimit_prefix: Vec<u8>,
+    /// The policy's window in whole seconds, rounded up.
+    window: u64,
+    /// The policy's limit, and as an `X-RateLimit-Limit` value: cloning it
+    /// costs a reference count where building it costs an allocation.
+    limit: u32,
+    limit_value: HeaderValue,
+}
+
+impl Described {
+    fn new(name: String, policy: &Policy) -> Self {
+        let mut ratelimit_prefix = sf_string(&name).into_bytes();
+        ratelimit_prefix.extend_from_slice(b";r=");
+        Described {
+            name,
+            ratelimit_prefix,
+            window: ceil_secs(policy.window()),
+            limit: policy.limit(),
+            limit_value: HeaderValue::from(policy.limit()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RuleHeaders {
+    rule: String,
+    own: Described,
+    durable: Option<Described>,
+}
+
+/// The rate-limit headers of one [`Limiter`], built once and written on
+/// every response: what can be prepared without a decision (the
+/// `RateLimit-Policy` value, each policy's name and window) is.
+///
+/// | header | value |
+/// |---|---|
+/// | `Retry-After` | (refusals only) seconds to wait, rounded up |
+/// | `X-RateLimit-Limit` | the limit of the deciding policy |
+/// | `X-RateLimit-Remaining` | units still admitted now |
+/// | `X-RateLimit-Reset` | seconds until the full quota is back, rounded up |
+/// | `RateLimit-Policy` | every policy of the limiter: `"burst";q=12;w=300, "hourly";q=40;w=3600` |
+/// | `RateLimit` | the deciding policy: `"burst";r=0;t=42` |
+///
+/// The last two are the structured fields of
+/// draft-ietf-httpapi-ratelimit-headers-11: `RateLimit-Policy` lists one
+/// member per policy (a rule's, and an escalating rule's durable policy as
+/// `"rule/durable"`), `RateLimit` names the policy that decided: the
+/// refusing one, or the admitting one with the least remaining.
+///
+/// A hand-written middleware writes the same headers as the layer:
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use std::net::SocketAddr;
+/// use axum::extract::{ConnectInfo, Request, State};
+/// use axum::middleware::{self, Next};
+/// use axum::response::{IntoResponse, Response};
+/// use axum::{Router, routing::get};
+/// use limiter::{ClientIdentity, Limiter};
+/// use limiter::layer::{HeaderMode, RateLimitHeaders};
+///
+/// #[derive(Clone)]
+/// struct Limits { limiter: Limiter, identity: ClientIdentity, headers: std::sync::Arc<RateLimitHeaders> }
+///
+/// async fn limit(State(l): State<Limits>, ConnectInfo(peer): ConnectInfo<SocketAddr>,
+///                request: Request, next: Next) -> Response {
+///     let key = l.identity.key(request.headers(), Some(peer.ip()));
+///     let decision = l.limiter.check(key.as_bytes()).await;
+///     if !decision.allowed {
+///         return l.headers.refusal(&decision).into_response();
+///     }
+///     let mut response = next.run(request).await;
+///     l.headers.write(&decision, response.headers_mut());
+///     response
+/// }
+///
+/// # fn app(limiter: Limiter, identity: ClientIdentity) -> Router {
+/// let headers = std::sync::Arc::new(RateLimitHeaders::new(&limiter, HeaderMode::Both));
+/// let limits = Limits { limiter, identity, headers };
+/// Router::new()
+///     .route("/api/search", get(|| async { "results" }))
+///     .layer(middleware::from_fn_with_state(limits, limit))
+/// # }
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RateLimitHeaders {
+    mode: HeaderMode,
+    rules: Vec<RuleHeaders>,
+    /// The whole `RateLimit-Policy` value: it depends on the limiter only.
+    policy: Option<HeaderValue>,
+}
+
+impl RateLimitHeaders {
+    /// The headers of `limiter`'s decisions, in `mode`.
+    pub fn new(limiter: &Limiter, mode: HeaderMode) -> Self {
+        let rules: Vec<RuleHeaders> = limiter
+            .rules()
+            .iter()
+            .map(|rule| RuleHeaders {
+                rule: rule.name().to_owned(),
+                own: Described::new(rule.name().to_owned(), rule.policy()),
+                durable: rule
+                    .escalation_policy()
+                    .map(|p| Described::new(format!("{}/durable", rule.name()), p)),
+            })
+            .collect();
+        let mut members = Vec::new();
+        for rule in &rules {
+            for described in std::iter::once(&rule.own).chain(&rule.durable) {
+                members.push(format!(
+                    "{};q={};w={}",
+                    sf_string(&described.name),
+                    described.limit,
+                    described.window
+                ));
+            }
+        }
+        // sf_string output is printable ASCII: always a valid value.
+        let policy = HeaderValue::try_from(members.join(", ")).ok();
+        RateLimitHeaders {
+            mode,
+            rules,
+            policy,
+        }
+    }
+
+    /// The header mode.
+    pub fn mode(&self) -> HeaderMode {
+        self.mode
+    }
+
+    /// The policy that made `decision`: an escalating rule's durable refusal
+    /// carries the durable policy's limit, so it names that policy and its
+    /// window too.
+    fn described(&self, decision: &Decision) -> Option<&Described> {
+        let name = decision.source.rule?;
+        let rule = self.rules.iter().find(|r| r.rule == name)?;
+        let durable = decision.source.escalated && !decision.allowed;
+        Some(match (&rule.durable, durable) {
+            (Some(d), true) => d,
+            _ => &rule.own,
+        })
+    }
+
+    /// Writes the headers of `decision` into `headers`, replacing any of the
+    /// same names: the rate-limit headers of the mode, and `Retry-After` if
+    /// `decision` is a refusal.
+    pub fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
+        let reset = decision.reset_after_secs();
+        let described = self.described(decision);
+        if self.mode.legacy() {
+            let limit = match described {
+                Some(d) if d.limit == decision.limit => d.limit_value.clone(),
+                _ => HeaderValue::from(decision.limit),
+            };
+            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
+            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        }
+        if self.mode.draft() {
+            if let Some(policy) = &self.policy {
+                headers.insert(RATELIMIT_POLICY, policy.clone());
+            }
+            if let Some(described) = described {
+                let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
+                buf.push(&described.ratelimit_prefix);
+                buf.push_u64(u64::from(decision.remaining));
+                buf.push(b";t=");
+                buf.push_u64(reset);
+                if let Ok(value) = HeaderValue::from_bytes(buf.as_bytes()) {
+                    headers.insert(RATELIMIT, value);
+                }
+            }
+        }
+        if !decision.allowed {
+            headers.insert(RETRY_AFTER, HeaderValue::from(decision.retry_after_secs()));
+        }
+    }
+
+    /// The `429 Too Many Requests` response to `decision`: the headers of
+    /// [`write`](Self::write) and a JSON body.
+    ///
+    /// ```json
+    /// {"error":"rate_limited","retry_after":57,"limit":60,"remaining":0,"reset":60,
+    ///  "policy":"search","window":60,"message":"Too many requests. Retry in 57 s."}
+    /// ```
+    pub fn refusal(&self, decision: &Decision) -> Refusal {
+        let mut response = Response::new(self.refusal_body(decision));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, APPLICATION_JSON);
+        self.write(decision, headers);
+        Refusal { response }
+    }
+
+    fn refusal_body(&self, decision: &Decision) -> Bytes {
+        let retry_after = decision.retry_after_secs();
+        let (name, window) = self
+            .described(decision)
+            .map_or(("default", 0), |d| (d.name.as_str(), d.window));
+        // Written by hand rather than through serde: a handful of integers
+        // and one name that needs no escaping (rule names are
+        // `A-Z a-z 0-9 _ - .`, with `/durable` at most), in the documented
+        // field order, with one allocation.
+        let mut body = Vec::with_capacity(192 + name.len());
+        let mut int = itoa::Buffer::new();
+        body.extend_from_slice(b"{\"error\":\"rate_limited\",\"retry_after\":");
+        body.extend_from_slice(int.format(retry_after).as_bytes());
+        body.extend_from_slice(b",\"limit\":");
+        body.extend_from_slice(int.format(decision.limit).as_bytes());
+        body.extend_from_slice(b",\"remaining\":");
+        body.extend_from_slice(int.format(decision.remaining).as_bytes());
+        body.extend_from_slice(b",\"reset\":");
+        body.extend_from_slice(int.format(decision.reset_after_secs()).as_bytes());
+        body.extend_from_slice(b",\"policy\":\"");
+        body.extend_from_slice(json_safe(name).as_bytes());
+        body.extend_from_slice(b"\",\"window\":");
+        body.extend_from_slice(int.format(window).as_bytes());
+        body.extend_from_slice(b",\"message\":\"Too many requests. Retry in ");
+        body.extend_from_slice(int.format(retry_after).as_bytes());
+        body.extend_from_slice(b" s.\"}");
+        Bytes::from(body)
+    }
+}
+
+/// A `429 Too Many Requests` response, from [`RateLimitHeaders::refusal`].
+///
+/// With the `axum` feature it is an `IntoResponse`; otherwise
+/// [`into_http`](Self::into_http) gives the response.
+#[derive(Debug)]
+pub struct Refusal {
+    response: Response<Bytes>,
+}
+
+impl Refusal {
+    /// The response.
+    pub fn into_http(self) -> Response<Bytes> {
+        self.response
+    }
+}
+
+impl From<Refusal> for Response<Bytes> {
+    fn from(refusal: Refusal) -> Self {
+        refusal.response
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for Refusal {
+    fn into_response(self) -> axum::response::Response {
+        self.response.map(axum::body::Body::from)
+    }
+}
+
+/// Rule names are validated by `limiter-core`; this keeps a body valid JSON
+/// even if that rule were ever relaxed.
+fn json_safe(name: &str) -> &str {
+    if name
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    {
+        name
+    } else {
+        "default"
+    }
+}
+
+/// The longest `RateLimit` value: a name of at most 64 characters and
+/// `/durable` (escaped: at most twice as long, and quotes), then two
+/// integers of at most 20 digits.
+const MAX_RATELIMIT_LEN: usize = 2 * 72 + 2 + 3 + 20 + 3 + 20;
+
+/// A byte buffer on the stack, so a header value costs no allocation
+/// before the one `HeaderValue` makes. Written by hand: the one crate doing
+/// this (`arrayvec`) would be a dependency for six lines.
+struct StackBuf<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackBuf<N> {
+    fn new() -> Self {
+        StackBuf {
+            buf: [0; N],
+            len: 0,
+        }
+    }
+
+    /// Appends what fits; a value longer than `N` is cut, and a cut value
+    /// is still ASCII.
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(N - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+
+    fn push_u64(&mut self, n: u64) {
+        self.push(itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// `name` as a structured-field string (RFC 9651 §3.3.3): printable ASCII,
+/// with `"` and `\` escaped. Other characters cannot be represented and
+/// become `_`, so any name yields a valid header.
+fn sf_string(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn ceil_secs(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn sf_strings_escape_and_replace() {
+        assert_eq!(sf_string("search"), "\"search\"");
+        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(sf_string("tab\there é"), "\"tab_here _\"");
+    }
+
+    #[test]
+    fn windows_round_up_to_seconds() {
+        assert_eq!(ceil_secs(Duration::from_secs(60)), 60);
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+    }
+
+    #[test]
+    fn the_longest_ratelimit_value_fits() {
+        let name = "x".repeat(limiter_core::MAX_RULE_NAME) + "/durable";
+        let policy = Policy::fixed_window(1, Duration::from_secs(1)).unwrap();
+        let prefix = Described::new(name, &policy).ratelimit_prefix;
+        let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
+        buf.push(&prefix);
+        buf.push_u64(u64::MAX);
+        buf.push(b";t=");
+        buf.push_u64(u64::MAX);
+        assert!(buf.as_bytes().ends_with(u64::MAX.to_string().as_bytes()));
+    }
+
+    #[test]
+    fn json_names_stay_json() {
+        assert_eq!(json_safe("search.v2-x_y/durable"), "search.v2-x_y/durable");
+        assert_eq!(json_safe("a\"b"), "default");
+    }
+}
