@@ -240,7 +240,7 @@ impl AbuseRecorder {
         if permit == Permit::Skip {
             return self.hold_back(event, Writes::default());
         }
-        let guard = crate::limiter::ProbeGuard::new(&self.breaker, permit);
+        let guard = crate::limiter::rule::ProbeGuard::new(&self.breaker, permit);
         let result = match tokio::time::timeout(timeout, self.sink.record(event.clone())).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::timeout("abuse sink", timeout)),
