@@ -94,6 +94,9 @@
 //! limiter_conformance::conformance_tests!(store);
 //! # fn main() {}
 //! ```
+//!
+//! About 740 lines before its tests: the store, its shards and its stored
+//! keys, whose bounds and eviction guarantee are stated once, above.
 
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};

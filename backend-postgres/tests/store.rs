@@ -1,6 +1,9 @@
 //! The PostgreSQL store against a real server: one statement per decision,
 //! exactness over a pool, bounded sweeps, schema versions, abuse events,
 //! server clock and construction errors.
+//!
+//! About 960 lines: one test per PostgreSQL behaviour; most share one
+//! server, each in a schema of its own.
 
 use std::sync::Arc;
 use std::time::Duration;

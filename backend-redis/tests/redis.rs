@@ -1,6 +1,9 @@
 //! Redis-specific behaviour the conformance suite cannot see: one round trip
 //! per decision, what a refusal writes, TTLs, the server-clock mode, and
 //! failures (a paused, stopped, silent or misbehaving server).
+//!
+//! About 800 lines: one test per Redis behaviour; most share one container,
+//! the failure tests start their own.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -50,6 +50,9 @@
 //! (algorithm, key), so drivers comparing the two use one policy per
 //! algorithm, as a [`Limiter`](limiter_core::Limiter) does by prefixing keys
 //! with the rule name.
+//!
+//! About 730 lines: the model of one store and of a limiter of tiers, with
+//! their replays and differentials, which share their step types.
 
 use std::collections::HashMap;
 use std::time::Duration;

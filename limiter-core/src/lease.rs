@@ -74,6 +74,9 @@
 //! assert_eq!(leased.stats().round_trips, 10);
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
+//!
+//! About 520 lines, then its tests (the fleet and soundness checks live
+//! here, next to the accounting they check).
 
 use std::collections::HashMap;
 use std::fmt;

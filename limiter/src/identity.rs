@@ -37,6 +37,9 @@
 //! assert_eq!(key.as_str().len(), 32);
 //! # Ok::<(), limiter::ConfigError>(())
 //! ```
+//!
+//! About 570 lines before its tests: address parsing, normalisation and
+//! keying are one chain whose every step decides what a client key is.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -8,6 +8,9 @@
 //!
 //! Time in the limiter is a `ManualClock`; wall time is only a hang guard
 //! and is printed, never asserted.
+//!
+//! About 710 lines: the fault scenarios, written once, and the two servers
+//! they run against.
 #![cfg(all(feature = "memory", any(feature = "redis", feature = "postgres")))]
 
 #[cfg(feature = "redis")]

@@ -1,4 +1,6 @@
 //! The layer over a real socket: axum serving on 127.0.0.1, a hyper client.
+//!
+//! About 510 lines: one test per behaviour of the layer over a socket.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -7,6 +7,9 @@
 //! stores; defects inside the composition (how it samples, writes abuse
 //! events or runs its breaker) by a small composition written here around a
 //! real [`Limiter`] from which that feature was taken out.
+//!
+//! One file of about 550 lines: each broken composition is small, and a
+//! reader checking what a scenario catches wants them side by side.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,6 +1,9 @@
 //! The composition scenarios. Each builds its compositions through the
 //! [`Composer`] it is given, with local tiers on the reference store and
 //! shared tiers from the factory, and checks hand-derived numbers.
+//!
+//! One scenario after another, about 900 lines: each is self-contained, with
+//! its hand-derived numbers in its own comments.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -57,6 +57,8 @@
 //!
 //! With the `serde` feature, [`Policy`] deserializes from this text and
 //! serializes to it.
+//!
+//! About 490 lines of grammar and errors, then its tests.
 
 use std::fmt;
 use std::str::FromStr;
