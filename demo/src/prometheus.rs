@@ -10,6 +10,7 @@
 //! | `limiter_decisions_total` | counter | `rule`, `store`, `outcome` (`allowed`, `refused`) |
 //! | `limiter_store_errors_total` | counter | `rule`, `store`, `kind` |
 //! | `limiter_breaker_transitions_total` | counter | `rule`, `store`, `to` (`open`, `closed`) |
+//! | `limiter_breaker_open` | gauge | `rule`, `store`: 1 while the store's breaker is open or probing, 0 once it closed again (absent until it first opens) |
 //! | `limiter_fallbacks_total` | counter | `rule` |
 //! | `limiter_store_call_seconds` | histogram | `rule`, `store`, `op` (`decide`, `refund`); awaited calls only, timeouts included |
 //! | `limiter_memory_keys`, `limiter_memory_capacity` | gauge | `store` (`primary`, `local`) |
@@ -128,6 +129,10 @@ fn describe() {
         "limiter_store_call_seconds",
         Unit::Seconds,
         "Latency of awaited store calls, timeouts included"
+    );
+    describe_gauge!(
+        "limiter_breaker_open",
+        "1 while a rule's store has its circuit breaker open, 0 once closed"
     );
     describe_gauge!("limiter_memory_keys", "Keys a memory store holds");
     describe_gauge!("limiter_memory_capacity", "Keys a memory store may hold");

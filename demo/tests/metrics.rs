@@ -209,6 +209,15 @@ async fn metrics_show_what_the_limiter_did() {
         ),
         1.0
     );
+    // The breaker's state now: open.
+    assert_eq!(
+        value(
+            &s,
+            "limiter_breaker_open",
+            &[dead_search[0], dead_search[1]]
+        ),
+        1.0
+    );
     // Store-call latency: the three awaited calls to the dead store (the
     // fourth was skipped by the open breaker), and lookup's one; memory
     // answers inline and is not timed.

@@ -156,6 +156,10 @@ impl Rule {
                 metrics::counter!("limiter_breaker_transitions_total",
                     "rule" => self.label, "store" => store.name(), "to" => "open")
                 .increment(1);
+                #[cfg(feature = "metrics")]
+                metrics::gauge!("limiter_breaker_open",
+                    "rule" => self.label, "store" => store.name())
+                .set(1.0);
             }
             Transition::Closed => {
                 tracing::info!(rule = %self.name, store = store.name(), "circuit breaker closed");
@@ -163,6 +167,10 @@ impl Rule {
                 metrics::counter!("limiter_breaker_transitions_total",
                     "rule" => self.label, "store" => store.name(), "to" => "closed")
                 .increment(1);
+                #[cfg(feature = "metrics")]
+                metrics::gauge!("limiter_breaker_open",
+                    "rule" => self.label, "store" => store.name())
+                .set(0.0);
             }
             Transition::None => {}
         }
