@@ -128,18 +128,35 @@ pub async fn wait_until_up(url: &str) {
     panic!("Redis at {url} did not come back within 20 s");
 }
 
+/// A port for a cluster node on the host network, with its bus port (port +
+/// 10,000) free too. Both are drawn below 32,768, where Linux hands out no
+/// ephemeral ports, so that no client connection of a concurrent test takes
+/// one between this check and the node's bind.
+fn cluster_port(taken: &[u16]) -> u16 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    for _ in 0..1_000 {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as u64)
+            ^ N.fetch_add(0x9E37_79B9, Ordering::Relaxed)
+            ^ u64::from(std::process::id()) << 20;
+        let port = 10_000 + (seed % 12_768) as u16;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if !taken.contains(&port) && free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free cluster port pair below 32,768 on 127.0.0.1");
+}
+
 /// A three-master Redis Cluster on 127.0.0.1 (host networking), returned
 /// with its `redis+cluster://` URL.
 pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
     let mut ports: Vec<u16> = Vec::new();
-    while ports.len() < 3 {
-        let p = free_port(true);
-        if !ports.contains(&p) {
-            ports.push(p);
-        }
-    }
     let mut nodes = Vec::new();
-    for port in &ports {
+    let mut failures = Vec::new();
+    while nodes.len() < 3 {
+        let port = cluster_port(&ports);
         let request = image().with_network("host").with_cmd([
             "--port".to_string(),
             port.to_string(),
@@ -150,7 +167,20 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
             "--cluster-node-timeout".into(),
             "5000".into(),
         ]);
-        nodes.push(start_request(request, "Redis cluster node").await);
+        // A port found free can be taken before the node binds it (by any
+        // process on the host): try another rather than fail the test.
+        match labelled(request).start().await {
+            Ok(node) => {
+                reap_on_exit(node.id());
+                ports.push(port);
+                nodes.push(node);
+            }
+            Err(e) if failures.len() < 4 => failures.push(format!("port {port}: {e}")),
+            Err(e) => panic!(
+                "cannot start a Redis cluster node container ({e}; earlier attempts: {}); {FIX}",
+                failures.join("; ")
+            ),
+        }
     }
     let mut create = vec!["redis-cli".to_string(), "--cluster".into(), "create".into()];
     create.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
