@@ -29,6 +29,7 @@ pub mod algorithm;
 mod breaker;
 mod decision;
 mod error;
+mod intern;
 pub mod lease;
 mod limiter;
 pub mod policy;
@@ -42,6 +43,7 @@ pub use abuse::{ABUSE_TRACKED_KEYS, AbuseEvent, AbuseSink};
 pub use breaker::{BreakerConfig, BreakerState};
 pub use decision::{Decision, Source};
 pub use error::{ConfigError, ErrorKind, StoreError};
+pub use intern::intern;
 pub use limiter::{
     DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, Rule, RuleStats,
 };

@@ -184,7 +184,74 @@ impl Limiter {
     /// knows nothing of the client's quota, so it is shown only when no
     /// store answered at all.
     pub async fn check(&self, key: &[u8]) -> Decision {
-        self.decide(key, 1).await
+        match self.check_inline(key) {
+            Some(decision) => decision,
+            // Whatever made it fail (a store that must be awaited, or an
+            // error), the rule's full path asks the store again.
+            None => self.decide(key, 1, self.inline_rule().is_some()).await,
+        }
+    }
+
+    /// The one rule of a limiter that [`check_inline`](Self::check_inline)
+    /// can answer, if it is one.
+    fn inline_rule(&self) -> Option<&Rule> {
+        // One rule: a later rule that needed awaiting could not be told
+        // apart from this one until this one had counted the request.
+        match &*self.rules {
+            [rule] if !self.caches && rule.escalation.is_none() => Some(rule),
+            _ => None,
+        }
+    }
+
+    /// [`check`](Self::check) answered at once, without a future, where no
+    /// waiting could be needed: a limiter of one rule, with no escalation
+    /// and no refusal cache, whose store answers
+    /// [`Store::decide_inline`](crate::Store::decide_inline) (a memory
+    /// store). `None` otherwise, with nothing decided or counted: then
+    /// `check` decides.
+    ///
+    /// The same decision `check` gives, and the same counters and metrics;
+    /// it exists so that a caller on a hot path (an HTTP layer) can skip
+    /// building a future for a decision that needs none. A store error is
+    /// left to `check`, which applies the rule's fallback or failure policy.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use limiter_core::{Limiter, ManualClock, Policy, Rule};
+    /// # use limiter_core::{Capabilities, Decision, Store, StoreError, Timestamp, Algorithm};
+    /// # #[derive(Debug)] struct Local;
+    /// # #[async_trait::async_trait] impl Store for Local {
+    /// #   fn name(&self) -> &'static str { "local" }
+    /// #   fn capabilities(&self) -> Capabilities { Capabilities { algorithms: &Algorithm::ALL,
+    /// #     key_capacity: None, shared: false, server_clock: false } }
+    /// #   async fn decide(&self, k: &[u8], p: &Policy, c: u32, n: Timestamp) -> Result<Decision, StoreError> {
+    /// #     self.decide_inline(k, p, c, n).unwrap() }
+    /// #   fn decide_inline(&self, _: &[u8], p: &Policy, c: u32, _: Timestamp) -> Option<Result<Decision, StoreError>> {
+    /// #     let mut s = None; let v = limiter_core::algorithm::apply(&mut s, p, c, 0);
+    /// #     Some(Ok(Decision::from_verdict(v, p, "local"))) } }
+    /// // A store that answers inline, such as limiter_memory::MemoryStore.
+    /// let store: Arc<dyn limiter_core::Store> = Arc::new(Local);
+    /// let limiter = Limiter::builder()
+    ///     .clock(ManualClock::new())
+    ///     .rule(Rule::new("search", store, Policy::gcra(60, Duration::from_secs(60))?)?)
+    ///     .build()?;
+    /// let decision = limiter.check_inline(b"client:1").expect("a local store answers at once");
+    /// assert!(decision.allowed);
+    /// assert_eq!(limiter.stats()[0].allowed, 1);
+    /// # Ok::<(), limiter_core::ConfigError>(())
+    /// ```
+    pub fn check_inline(&self, key: &[u8]) -> Option<Decision> {
+        let rule = self.inline_rule()?;
+        let now = self.clock.now();
+        let mut buf = StorageKey::new();
+        let storage_key = rule.fill_storage_key(&mut buf, key);
+        let mut decision = rule
+            .store
+            .decide_inline(storage_key, &rule.policy, rule.cost, now)?
+            .ok()?;
+        rule.finish(&mut decision);
+        Some(decision)
     }
 
     /// [`check`](Self::check) for a request that weighs `weight` units: each
@@ -210,12 +277,13 @@ impl Limiter {
                 e.policy.check_cost(charge)?;
             }
         }
-        Ok(self.decide(key, weight).await)
+        Ok(self.decide(key, weight, false).await)
     }
 
     /// `weight` was checked against every rule: their charges cannot
-    /// overflow.
-    async fn decide(&self, key: &[u8], weight: u32) -> Decision {
+    /// overflow. `asked_inline`: [`check_inline`](Self::check_inline) has
+    /// just asked the one rule's store, which did not answer inline.
+    async fn decide(&self, key: &[u8], weight: u32, asked_inline: bool) -> Decision {
         let now = self.clock.now();
         // A standing refusal from any rule's cache answers before any store
         // is asked, so a hammering offender costs no round trip and no
@@ -238,7 +306,12 @@ impl Limiter {
             // A rule answered inline (a local tier) is decided without
             // building its future, whose size alone made moving it cost
             // more than the store's own decision.
-            let applied = match rule.apply_inline(key, storage_key, cost, now, i < last) {
+            let inline = if asked_inline {
+                None
+            } else {
+                rule.apply_inline(key, storage_key, cost, now, i < last)
+            };
+            let applied = match inline {
                 Some(applied) => applied,
                 None => {
                     rule.apply(key, storage_key, cost, now, clock, i < last)

@@ -10,7 +10,7 @@
 //!
 //! Run with `cargo bench -p ratewarden --bench http` (`-- --requests N` sets
 //! the requests per row, 200,000 by default; `-- --requests 200` is a
-//! smoke run). Numbers from a busy machine say little: the load average is
+//! smoke run; `-- --only GCRA` runs one contender beside the baseline). Numbers from a busy machine say little: the load average is
 //! printed beside them.
 //!
 //! The load generator runs in the same process and on the same Tokio
@@ -225,6 +225,13 @@ fn loadavg() -> String {
 
 fn main() {
     let requests = requests_arg();
+    // `--only NAME` runs the rows whose contender's name contains NAME
+    // (besides the `none` baseline), for a profiler.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -251,6 +258,12 @@ fn main() {
                 Contender::Gcra,
                 Contender::Governor,
             ] {
+                if only
+                    .as_ref()
+                    .is_some_and(|o| !contender.name().contains(o.as_str()))
+                {
+                    continue;
+                }
                 let r = match contender {
                     Contender::None => none,
                     _ => row(contender, traffic, requests).await,

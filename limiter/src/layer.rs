@@ -119,6 +119,7 @@ use crate::key::{ClientAddress, KeyExtractor};
 
 mod headers;
 
+use headers::HeaderWriter;
 pub use headers::{
     HeaderMode, RATELIMIT, RATELIMIT_POLICY, RateLimitHeaders, Refusal, X_RATELIMIT_LIMIT,
     X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
@@ -406,24 +407,41 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let shared = self.shared.clone();
         // Moving the head out and back is two moves, and gives the
         // extractor and the closures one type to read, whatever the body.
         let (parts, body) = request.into_parts();
-        let plan = shared.plan(&parts);
+        let plan = self.shared.plan(&parts);
         let mut request = Request::from_parts(parts, body);
+        // A limiter answering at once (one rule on a memory store) is asked
+        // here, so that the request is decided without a boxed future, a
+        // clone of the inner service or a count on the shared layer state.
+        if let Plan::Check(key, 1) = &plan
+            && let Some(decision) = self.shared.limiter.check_inline(key.as_bytes())
+        {
+            if decision.allowed {
+                let headers = self.shared.headers.writer(&decision);
+                request.extensions_mut().insert(decision.clone());
+                return ResponseFuture::inner(self.inner.call(request), decision, headers);
+            }
+            if self.shared.refusal.is_none() {
+                return ResponseFuture::ready(self.shared.default_refusal(&decision));
+            }
+            let shared = self.shared.clone();
+            return ResponseFuture::boxed(async move { Ok(shared.refusal(&decision).await) });
+        }
+        let shared = self.shared.clone();
         // The inner service was driven to readiness in poll_ready; take that
         // one and leave a clone in its place (tower's usual pattern).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
+        ResponseFuture::boxed(async move {
             let (key, cost) = match plan {
                 Plan::Check(key, cost) => (key, cost),
                 Plan::Skip => {
@@ -450,6 +468,104 @@ where
             shared.headers.write(&decision, response.headers_mut());
             Ok(response.map(RateLimitBody::inner))
         })
+    }
+}
+
+type BoxResponseFuture<B, E> = BoxFuture<Result<Response<RateLimitBody<B>>, E>>;
+
+pin_project_lite::pin_project! {
+    /// The future of a [`RateLimit`] service's response.
+    ///
+    /// A request decided at once (see
+    /// [`Limiter::check_inline`](limiter_core::Limiter::check_inline)) is
+    /// the inner service's future and the decision's headers, written when
+    /// the response comes; a refusal is a ready response; anything that
+    /// waits on a store is boxed.
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        state: State<F, B, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    enum State<F, B, E> {
+        Inner {
+            #[pin]
+            future: F,
+            decision: Decision,
+            headers: HeaderWriter,
+        },
+        Ready { response: Option<Response<RateLimitBody<B>>> },
+        Boxed { future: BoxResponseFuture<B, E> },
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    fn inner(future: F, decision: Decision, headers: HeaderWriter) -> Self {
+        ResponseFuture {
+            state: State::Inner {
+                future,
+                decision,
+                headers,
+            },
+        }
+    }
+
+    fn ready(response: Response<RateLimitBody<B>>) -> Self {
+        ResponseFuture {
+            state: State::Ready {
+                response: Some(response),
+            },
+        }
+    }
+
+    fn boxed(
+        future: impl Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send + 'static,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Boxed {
+                future: Box::pin(future),
+            },
+        }
+    }
+}
+
+impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Inner { .. } => "inner",
+            State::Ready { .. } => "ready",
+            State::Boxed { .. } => "boxed",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<RateLimitBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner {
+                future,
+                decision,
+                headers,
+            } => {
+                let mut response = std::task::ready!(future.poll(cx))?;
+                headers.write(decision, response.headers_mut());
+                Poll::Ready(Ok(response.map(RateLimitBody::inner)))
+            }
+            StateProj::Ready { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("a ResponseFuture is not polled after it is ready"))),
+            StateProj::Boxed { future } => future.as_mut().poll(cx),
+        }
     }
 }
 
@@ -487,20 +603,20 @@ impl Shared {
         Plan::Check(key, cost)
     }
 
+    fn default_refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
+        self.headers
+            .refusal(decision)
+            .into_http()
+            .map(RateLimitBody::full)
+    }
+
     async fn refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
         let custom = match &self.refusal {
             Some(refusal) => refusal(decision).await,
             None => None,
         };
-        let mut response = match custom {
-            Some(response) => response,
-            None => {
-                return self
-                    .headers
-                    .refusal(decision)
-                    .into_http()
-                    .map(RateLimitBody::full);
-            }
+        let Some(mut response) = custom else {
+            return self.default_refusal(decision);
         };
         self.headers.write(decision, response.headers_mut());
         response.map(RateLimitBody::full)

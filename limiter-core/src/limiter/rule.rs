@@ -1,11 +1,10 @@
 //! One tier of a limiter: a [`Rule`], how it is configured, and what it
 //! keeps between a request's rules. How it decides is in `decide.rs`.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -14,6 +13,7 @@ use crate::abuse::{AbuseRecorder, AbuseSink};
 use crate::breaker::{Breaker, BreakerConfig, Permit};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
+use crate::intern::intern;
 use crate::policy::Policy;
 use crate::refusal_cache::{REFUSAL_CACHE_KEYS, RefusalCache};
 use crate::store::Store;
@@ -457,25 +457,6 @@ fn check_rule_name(name: &str) -> Result<(), ConfigError> {
              '-' and '.'"
         )))
     }
-}
-
-/// A rule name as a `&'static str`, the same one for every rule of that
-/// name. Each distinct name is leaked once, for the life of the process: at
-/// most [`MAX_RULE_NAME`] bytes, for the handful of names an application
-/// has, however many rules and limiters it builds with them.
-fn intern(name: &str) -> &'static str {
-    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let mut names = NAMES
-        .get_or_init(Mutex::default)
-        .lock()
-        // A set of strings is whole after any panic.
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(interned) = names.get(name) {
-        return interned;
-    }
-    let interned: &'static str = Box::leak(name.into());
-    names.insert(interned);
-    interned
 }
 
 pub(crate) fn micros(d: Duration) -> u64 {

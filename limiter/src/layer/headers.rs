@@ -55,26 +55,36 @@ struct Described {
     /// escalating rule's durable policy (rule names hold no `/`, so it never
     /// equals another rule's).
     name: String,
-    /// `"name";r=`, the start of the `RateLimit` value.
-    ratelimit_prefix: Vec<u8>,
     /// The policy's window in whole seconds, rounded up.
     window: u64,
-    /// The policy's limit, and as an `X-RateLimit-Limit` value: cloning it
-    /// costs a reference count where building it costs an allocation.
+    /// What a response's headers take from the policy.
+    values: PolicyValues,
+}
+
+/// The header values of one policy that do not depend on a decision, as
+/// `'static` text ([`limiter_core::intern`]: they come from configuration),
+/// so that copying them into a response costs neither an allocation nor a
+/// reference count on a line every request would share.
+#[derive(Debug, Clone, Copy)]
+struct PolicyValues {
+    /// The policy's limit, and as an `X-RateLimit-Limit` value.
     limit: u32,
-    limit_value: HeaderValue,
+    limit_value: &'static str,
+    /// `"name";r=`, the start of the `RateLimit` value.
+    ratelimit_prefix: &'static str,
 }
 
 impl Described {
     fn new(name: String, policy: &Policy) -> Self {
-        let mut ratelimit_prefix = sf_string(&name).into_bytes();
-        ratelimit_prefix.extend_from_slice(b";r=");
+        let ratelimit_prefix = format!("{};r=", sf_string(&name));
         Described {
             name,
-            ratelimit_prefix,
             window: ceil_secs(policy.window()),
-            limit: policy.limit(),
-            limit_value: HeaderValue::from(policy.limit()),
+            values: PolicyValues {
+                limit: policy.limit(),
+                limit_value: limiter_core::intern(&policy.limit().to_string()),
+                ratelimit_prefix: limiter_core::intern(&ratelimit_prefix),
+            },
         }
     }
 }
@@ -146,7 +156,17 @@ pub struct RateLimitHeaders {
     mode: HeaderMode,
     rules: Vec<RuleHeaders>,
     /// The whole `RateLimit-Policy` value: it depends on the limiter only.
-    policy: Option<HeaderValue>,
+    policy: Option<&'static str>,
+}
+
+/// Everything [`RateLimitHeaders::write`] needs for one decision, held by
+/// value: a response future of the layer carries it instead of a reference
+/// to the layer, whose count every request would write.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeaderWriter {
+    mode: HeaderMode,
+    values: Option<PolicyValues>,
+    policy: Option<&'static str>,
 }
 
 impl RateLimitHeaders {
@@ -169,13 +189,18 @@ impl RateLimitHeaders {
                 members.push(format!(
                     "{};q={};w={}",
                     sf_string(&described.name),
-                    described.limit,
+                    described.values.limit,
                     described.window
                 ));
             }
         }
-        // sf_string output is printable ASCII: always a valid value.
-        let policy = HeaderValue::try_from(members.join(", ")).ok();
+        // sf_string output is printable ASCII: always a valid value, checked
+        // here all the same, since `HeaderValue::from_static` would panic
+        // on any other.
+        let policy = members.join(", ");
+        let policy = HeaderValue::from_str(&policy)
+            .is_ok()
+            .then(|| limiter_core::intern(&policy));
         RateLimitHeaders {
             mode,
             rules,
@@ -205,34 +230,15 @@ impl RateLimitHeaders {
     /// same names: the rate-limit headers of the mode, and `Retry-After` if
     /// `decision` is a refusal.
     pub fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
-        let reset = decision.reset_after_secs();
-        let described = self.described(decision);
-        if self.mode.legacy() {
-            let limit = match described {
-                Some(d) if d.limit == decision.limit => d.limit_value.clone(),
-                _ => HeaderValue::from(decision.limit),
-            };
-            headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
-        }
-        if self.mode.draft() {
-            if let Some(policy) = &self.policy {
-                headers.insert(RATELIMIT_POLICY, policy.clone());
-            }
-            if let Some(described) = described {
-                let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
-                buf.push(&described.ratelimit_prefix);
-                buf.push_u64(u64::from(decision.remaining));
-                buf.push(b";t=");
-                buf.push_u64(reset);
-                if let Ok(value) = HeaderValue::from_bytes(buf.as_bytes()) {
-                    headers.insert(RATELIMIT, value);
-                }
-            }
-        }
-        if !decision.allowed {
-            headers.insert(RETRY_AFTER, HeaderValue::from(decision.retry_after_secs()));
+        self.writer(decision).write(decision, headers);
+    }
+
+    /// What writing `decision`'s headers takes from these.
+    pub(crate) fn writer(&self, decision: &Decision) -> HeaderWriter {
+        HeaderWriter {
+            mode: self.mode,
+            values: self.described(decision).map(|d| d.values),
+            policy: self.policy,
         }
     }
 
@@ -279,6 +285,40 @@ impl RateLimitHeaders {
         body.extend_from_slice(int.format(retry_after).as_bytes());
         body.extend_from_slice(b" s.\"}");
         Bytes::from(body)
+    }
+}
+
+impl HeaderWriter {
+    /// [`RateLimitHeaders::write`].
+    pub(crate) fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
+        let reset = decision.reset_after_secs();
+        if self.mode.legacy() {
+            let limit = match self.values {
+                Some(v) if v.limit == decision.limit => HeaderValue::from_static(v.limit_value),
+                _ => HeaderValue::from(decision.limit),
+            };
+            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
+            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        }
+        if self.mode.draft() {
+            if let Some(policy) = self.policy {
+                headers.insert(RATELIMIT_POLICY, HeaderValue::from_static(policy));
+            }
+            if let Some(values) = self.values {
+                let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
+                buf.push(values.ratelimit_prefix.as_bytes());
+                buf.push_u64(u64::from(decision.remaining));
+                buf.push(b";t=");
+                buf.push_u64(reset);
+                if let Ok(value) = HeaderValue::from_bytes(buf.as_bytes()) {
+                    headers.insert(RATELIMIT, value);
+                }
+            }
+        }
+        if !decision.allowed {
+            headers.insert(RETRY_AFTER, HeaderValue::from(decision.retry_after_secs()));
+        }
     }
 }
 
@@ -408,9 +448,9 @@ mod tests {
     fn the_longest_ratelimit_value_fits() {
         let name = "x".repeat(limiter_core::MAX_RULE_NAME) + "/durable";
         let policy = Policy::fixed_window(1, Duration::from_secs(1)).unwrap();
-        let prefix = Described::new(name, &policy).ratelimit_prefix;
+        let prefix = Described::new(name, &policy).values.ratelimit_prefix;
         let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
-        buf.push(&prefix);
+        buf.push(prefix.as_bytes());
         buf.push_u64(u64::MAX);
         buf.push(b";t=");
         buf.push_u64(u64::MAX);

@@ -1,0 +1,135 @@
+//! `Limiter::check_inline`: a limiter of one rule on a store that answers
+//! inline is decided at once, exactly as `check` decides it, and everything
+//! else is left to `check` with nothing decided or counted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use limiter_conformance::broken::ReferenceStore;
+use limiter_conformance::composition::Switch;
+use limiter_core::{Limiter, ManualClock, Policy, Rule, Store};
+
+fn policy() -> Policy {
+    Policy::gcra(3, Duration::from_secs(60)).unwrap()
+}
+
+/// The reference store answers inline; bounded, exact.
+fn inline_store() -> Arc<dyn Store> {
+    Arc::new(ReferenceStore::new(1_000).with_max_key_len(64))
+}
+
+fn limiter(clock: &ManualClock, rules: Vec<Rule>) -> Limiter {
+    rules
+        .into_iter()
+        .fold(Limiter::builder().clock(clock.clone()), |b, r| b.rule(r))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn one_inline_rule_is_decided_at_once_as_check_decides_it() {
+    let clock = ManualClock::new();
+    let inline = limiter(
+        &clock,
+        vec![Rule::new("r", inline_store(), policy()).unwrap()],
+    );
+    let awaited = limiter(
+        &clock,
+        vec![Rule::new("r", inline_store(), policy()).unwrap()],
+    );
+    for step in 0..8 {
+        let got = inline
+            .check_inline(b"client")
+            .expect("an inline store answers");
+        let want = awaited.check(b"client").await;
+        assert_eq!(got, want, "request {step}");
+        assert_eq!(got.source.rule, Some("r"));
+        clock.advance(Duration::from_secs(7));
+    }
+    // Both paths count alike, and share the rule's state: `check` after
+    // `check_inline` sees the units it spent.
+    assert_eq!(inline.stats(), awaited.stats());
+    let stats = &inline.stats()[0];
+    assert!(stats.allowed > 0 && stats.refused > 0, "{stats:?}");
+    assert_eq!(
+        inline.check(b"client").await,
+        awaited.check(b"client").await
+    );
+}
+
+#[tokio::test]
+async fn compositions_that_may_wait_are_left_to_check_with_nothing_counted() {
+    let clock = ManualClock::new();
+    let awaited = Switch::<dyn Store>::new(inline_store());
+    let cases: Vec<(&str, Limiter)> = vec![
+        (
+            "two rules",
+            limiter(
+                &clock,
+                vec![
+                    Rule::new("a", inline_store(), policy()).unwrap(),
+                    Rule::new("b", inline_store(), policy()).unwrap(),
+                ],
+            ),
+        ),
+        (
+            "a store that must be awaited",
+            limiter(
+                &clock,
+                vec![Rule::new("a", awaited.clone(), policy()).unwrap()],
+            ),
+        ),
+        (
+            "a refusal cache",
+            limiter(
+                &clock,
+                vec![
+                    Rule::new("a", inline_store(), policy())
+                        .unwrap()
+                        .with_refusal_cache(10)
+                        .unwrap(),
+                ],
+            ),
+        ),
+        (
+            "an escalation",
+            limiter(
+                &clock,
+                vec![
+                    Rule::new("a", inline_store(), policy())
+                        .unwrap()
+                        .with_escalation(inline_store(), policy(), 1, None)
+                        .unwrap(),
+                ],
+            ),
+        ),
+    ];
+    for (case, limiter) in cases {
+        assert_eq!(limiter.check_inline(b"client"), None, "{case}");
+        for stats in limiter.stats() {
+            assert_eq!((stats.allowed, stats.refused), (0, 0), "{case}: {stats:?}");
+        }
+        // Nothing was spent: `check` still finds the whole quota.
+        let decision = limiter.check(b"client").await;
+        assert!(decision.allowed, "{case}");
+        assert_eq!(decision.remaining, 2, "{case}");
+    }
+    assert_eq!(awaited.calls(), 1, "only `check` reached the awaited store");
+}
+
+#[tokio::test]
+async fn an_inline_store_error_is_left_to_the_failure_policy() {
+    let clock = ManualClock::new();
+    let limiter = limiter(
+        &clock,
+        vec![Rule::new("r", inline_store(), policy()).unwrap()],
+    );
+    let too_long = [b'k'; 100];
+    assert_eq!(limiter.check_inline(&too_long), None);
+    assert_eq!(limiter.stats()[0].store_errors, 0, "nothing counted yet");
+    let decision = limiter.check(&too_long).await;
+    assert!(decision.source.degraded, "{decision:?}");
+    assert!(decision.allowed, "the default failure policy admits");
+    let stats = &limiter.stats()[0];
+    assert_eq!((stats.store_errors, stats.degraded), (1, 1), "{stats:?}");
+}
