@@ -8,9 +8,16 @@
 //!   request is admitted;
 //! * **abuser**: one address, past its limit, every request refused.
 //!
+//! This crate's layer writes five rate-limit headers by default
+//! (`HeaderMode::Both`), tower_governor two; the `X-RL` row writes the three
+//! `X-RateLimit-*` only. (With axum's `content-length`, seven headers
+//! outgrow a response's first `HeaderMap` table, which costs one more
+//! allocation per response.)
+//!
 //! Run with `cargo bench -p ratewarden --bench http` (`-- --requests N` sets
 //! the requests per row, 200,000 by default; `-- --requests 200` is a
-//! smoke run; `-- --only GCRA` runs one contender beside the baseline). Numbers from a busy machine say little: the load average is
+//! smoke run; `-- --only GCRA` runs one contender beside the baseline,
+//! `-- --traffic clients` or `-- --traffic abusive` one traffic shape). Numbers from a busy machine say little: the load average is
 //! printed beside them.
 //!
 //! The load generator runs in the same process and on the same Tokio
@@ -34,6 +41,7 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
+use limiter::layer::HeaderMode;
 use limiter::memory::MemoryStore;
 use limiter::{AddressSource, ClientIdentity, Limiter, Policy, RateLimitLayer, Rule};
 use tower::{Service, ServiceExt};
@@ -56,6 +64,9 @@ enum Contender {
     None,
     SlidingLog,
     Gcra,
+    /// GCRA with the `X-RateLimit-*` headers only: three headers, against
+    /// tower_governor's two, where the default writes five.
+    GcraLegacyHeaders,
     Governor,
 }
 
@@ -65,6 +76,7 @@ impl Contender {
             Contender::None => "no limiter",
             Contender::SlidingLog => "limiter, sliding log",
             Contender::Gcra => "limiter, GCRA",
+            Contender::GcraLegacyHeaders => "limiter, GCRA, X-RL",
             Contender::Governor => "tower_governor",
         }
     }
@@ -84,18 +96,27 @@ fn router(contender: Contender, traffic: Traffic) -> Router {
     let identity = ClientIdentity::new([42u8; 32])
         .unwrap()
         .with_source(AddressSource::x_forwarded_for(1).unwrap());
-    let ours = |policy: Policy| {
+    let ours = |policy: Policy, headers: HeaderMode| {
         let store = Arc::new(MemoryStore::new(2 * CLIENTS as usize));
         let limiter = Limiter::builder()
             .rule(Rule::new("search", store, policy).unwrap())
             .build()
             .unwrap();
-        handler().layer(RateLimitLayer::new(limiter, identity.clone()))
+        let layer = RateLimitLayer::builder(limiter, identity.clone())
+            .headers(headers)
+            .build()
+            .unwrap();
+        handler().layer(layer)
     };
+    let gcra = Policy::gcra(limit, window).unwrap();
     match contender {
         Contender::None => handler(),
-        Contender::SlidingLog => ours(Policy::sliding_log(limit, window).unwrap()),
-        Contender::Gcra => ours(Policy::gcra(limit, window).unwrap()),
+        Contender::SlidingLog => ours(
+            Policy::sliding_log(limit, window).unwrap(),
+            HeaderMode::Both,
+        ),
+        Contender::Gcra => ours(gcra, HeaderMode::Both),
+        Contender::GcraLegacyHeaders => ours(gcra, HeaderMode::XRateLimit),
         Contender::Governor => {
             let config = GovernorConfigBuilder::default()
                 .period(window / limit)
@@ -232,6 +253,11 @@ fn main() {
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1).cloned());
+    // `--traffic clients` or `--traffic abusive`: one traffic shape only.
+    let traffic_only = args
+        .iter()
+        .position(|a| a == "--traffic")
+        .and_then(|i| args.get(i + 1).cloned());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -246,6 +272,12 @@ fn main() {
             (Traffic::Clients, "distinct clients (admitted)"),
             (Traffic::Abuser, "one abusive client (refused)"),
         ] {
+            if traffic_only
+                .as_ref()
+                .is_some_and(|t| !title.contains(t.as_str()))
+            {
+                continue;
+            }
             println!("\n{title}");
             println!(
                 "{:<22} {:>12} {:>10} {:>14} {:>14} {:>9}",
@@ -256,6 +288,7 @@ fn main() {
                 Contender::None,
                 Contender::SlidingLog,
                 Contender::Gcra,
+                Contender::GcraLegacyHeaders,
                 Contender::Governor,
             ] {
                 if only
