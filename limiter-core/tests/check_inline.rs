@@ -18,25 +18,27 @@ fn inline_store() -> Arc<dyn Store> {
     Arc::new(ReferenceStore::new(1_000).with_max_key_len(64))
 }
 
-fn limiter(clock: &ManualClock, rules: Vec<Rule>) -> Limiter {
-    rules
-        .into_iter()
-        .fold(Limiter::builder().clock(clock.clone()), |b, r| b.rule(r))
-        .build()
-        .unwrap()
+/// A limiter of `first` and then `then`, if given.
+fn limiter(clock: &ManualClock, first: Rule, then: Option<Rule>) -> Limiter {
+    let builder = Limiter::builder().clock(clock.clone()).rule(first);
+    match then {
+        Some(rule) => builder.rule(rule),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+/// A rule named `name` on the inline store.
+fn inline_rule(name: &str) -> Rule {
+    Rule::new(name, inline_store(), policy()).unwrap()
 }
 
 #[tokio::test]
 async fn one_inline_rule_is_decided_at_once_as_check_decides_it() {
     let clock = ManualClock::new();
-    let inline = limiter(
-        &clock,
-        vec![Rule::new("r", inline_store(), policy()).unwrap()],
-    );
-    let awaited = limiter(
-        &clock,
-        vec![Rule::new("r", inline_store(), policy()).unwrap()],
-    );
+    let inline = limiter(&clock, inline_rule("r"), None);
+    let awaited = limiter(&clock, inline_rule("r"), None);
     for step in 0..8 {
         let got = inline
             .check_inline(b"client")
@@ -64,43 +66,32 @@ async fn compositions_that_may_wait_are_left_to_check_with_nothing_counted() {
     let cases: Vec<(&str, Limiter)> = vec![
         (
             "two rules",
-            limiter(
-                &clock,
-                vec![
-                    Rule::new("a", inline_store(), policy()).unwrap(),
-                    Rule::new("b", inline_store(), policy()).unwrap(),
-                ],
-            ),
+            limiter(&clock, inline_rule("a"), Some(inline_rule("b"))),
         ),
         (
             "a store that must be awaited",
             limiter(
                 &clock,
-                vec![Rule::new("a", awaited.clone(), policy()).unwrap()],
+                Rule::new("a", awaited.clone(), policy()).unwrap(),
+                None,
             ),
         ),
         (
             "a refusal cache",
             limiter(
                 &clock,
-                vec![
-                    Rule::new("a", inline_store(), policy())
-                        .unwrap()
-                        .with_refusal_cache(10)
-                        .unwrap(),
-                ],
+                inline_rule("a").with_refusal_cache(10).unwrap(),
+                None,
             ),
         ),
         (
             "an escalation",
             limiter(
                 &clock,
-                vec![
-                    Rule::new("a", inline_store(), policy())
-                        .unwrap()
-                        .with_escalation(inline_store(), policy(), 1, None)
-                        .unwrap(),
-                ],
+                inline_rule("a")
+                    .with_escalation(inline_store(), policy(), 1, None)
+                    .unwrap(),
+                None,
             ),
         ),
     ];
@@ -120,10 +111,7 @@ async fn compositions_that_may_wait_are_left_to_check_with_nothing_counted() {
 #[tokio::test]
 async fn an_inline_store_error_is_left_to_the_failure_policy() {
     let clock = ManualClock::new();
-    let limiter = limiter(
-        &clock,
-        vec![Rule::new("r", inline_store(), policy()).unwrap()],
-    );
+    let limiter = limiter(&clock, inline_rule("r"), None);
     let too_long = [b'k'; 100];
     assert_eq!(limiter.check_inline(&too_long), None);
     assert_eq!(limiter.stats()[0].store_errors, 0, "nothing counted yet");

@@ -17,8 +17,9 @@
 //! Run with `cargo bench -p ratewarden --bench http` (`-- --requests N` sets
 //! the requests per row, 200,000 by default; `-- --requests 200` is a
 //! smoke run; `-- --only GCRA` runs one contender beside the baseline,
-//! `-- --traffic clients` or `-- --traffic abusive` one traffic shape). Numbers from a busy machine say little: the load average is
-//! printed beside them.
+//! `-- --traffic clients` or `-- --traffic abusive` one traffic shape,
+//! `-- --workers 1` one runtime worker thread). Numbers from a busy
+//! machine say little: the load average is printed beside them.
 //!
 //! The load generator runs in the same process and on the same Tokio
 //! runtime as the router: each of 64 tasks builds a request, calls the
@@ -258,13 +259,21 @@ fn main() {
         .iter()
         .position(|a| a == "--traffic")
         .and_then(|i| args.get(i + 1).cloned());
+    // `--workers N`: the runtime's worker threads (default: one per core).
+    // One worker takes the scheduler's cross-thread handoffs, and most of
+    // the run-to-run spread, out of the figures.
+    let workers = args
+        .iter()
+        .position(|a| a == "--workers")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap();
     println!(
-        "{requests} requests per row, {TASKS} tasks, {} worker threads, load average {}",
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "{requests} requests per row, {TASKS} tasks, {workers} worker threads, load average {}",
         loadavg()
     );
     runtime.block_on(async {

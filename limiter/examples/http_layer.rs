@@ -18,8 +18,8 @@ use axum::{Router, http::StatusCode};
 use limiter::key::{ExtensionKey, GlobalKey, HeaderKey, LimitKey};
 use limiter::memory::MemoryStore;
 use limiter::{
-    AddressSource, ClientIdentity, ConfigError, HeaderMode, Limiter, MissingKey, Policy,
-    RateLimitLayer, Rule,
+    AddressSource, ClientIdentity, ClientKey, ConfigError, Decision, HeaderMode, Limiter,
+    MissingKey, Policy, RateLimitLayer, Rule,
 };
 use tower::ServiceExt;
 
@@ -145,8 +145,24 @@ async fn send(app: &Router, method: &str, path: &str, headers: &[(&str, &str)]) 
     println!("{method} {path} {headers:?}\n    {}", shown.join("\n    "));
 }
 
+/// A decision without a future where none is needed, as the layer itself
+/// decides a request.
+async fn decide(limiter: &Limiter, key: &ClientKey) -> Decision {
+    match limiter.check_inline(key.as_bytes()) {
+        Some(decision) => decision, // decided, counted, no future
+        None => limiter.check(key.as_bytes()).await,
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), ConfigError> {
+    let limiter = limiter("direct", 2, Duration::from_secs(60))?;
+    let identity = ClientIdentity::new([7u8; 32])?;
+    let key = identity.key_for_addr([203, 0, 113, 7].into());
+    for _ in 0..3 {
+        let d = decide(&limiter, &key).await;
+        println!("direct: allowed {} remaining {}", d.allowed, d.remaining);
+    }
     let app = app()?;
     send(&app, "GET", "/api/search", &[]).await;
     send(&app, "GET", "/api/data", &[("x-api-key", "k-123")]).await;

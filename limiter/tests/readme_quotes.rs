@@ -36,7 +36,7 @@ fn assert_quoted(heading: &str, until: &str, example: &str, blocks: usize) {
 
 #[test]
 fn the_readme_quotes_the_http_example_verbatim() {
-    assert_quoted("### The HTTP layer's options", "\n## ", "http_layer.rs", 2);
+    assert_quoted("### The HTTP layer's options", "\n## ", "http_layer.rs", 3);
 }
 
 #[test]

@@ -88,6 +88,8 @@ pub struct Rule {
     pub(crate) name: Arc<str>,
     /// The same name, interned, for [`Source::rule`](crate::Source::rule).
     pub(crate) label: &'static str,
+    /// `{name}:`, which leads every storage key of the rule, interned.
+    pub(crate) key_prefix: &'static str,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) policy: Policy,
     pub(crate) cost: u32,
@@ -227,6 +229,7 @@ impl Rule {
             .then(|| Arc::new(RefusalCache::new(REFUSAL_CACHE_KEYS)));
         Ok(Rule {
             label: intern(&name),
+            key_prefix: intern(&format!("{name}:")),
             name,
             store,
             policy,
@@ -436,7 +439,8 @@ impl Rule {
     /// then the client key. Names hold no `:`, so two rules never share
     /// state, and the key is printable whenever the client key is.
     pub fn storage_key(&self, key: &[u8]) -> Vec<u8> {
-        self.storage_key_buf(key).into_vec()
+        let mut buf = StorageKey::new();
+        self.fill_storage_key(&mut buf, key).to_vec()
     }
 }
 

@@ -31,39 +31,17 @@ impl Rule {
         }
     }
 
-    pub(crate) fn storage_key_buf(&self, key: &[u8]) -> StorageKey {
-        let mut k = StorageKey::new();
-        self.fill_storage_key(&mut k, key);
-        k
-    }
-
     /// Writes the storage key into `buf`, which a request reuses for each of
     /// its rules instead of moving a new key through every call.
     pub(crate) fn fill_storage_key<'b>(&self, buf: &'b mut StorageKey, key: &[u8]) -> &'b [u8] {
         buf.clear();
-        buf.extend_from_slice(self.name.as_bytes());
-        buf.push(b':');
+        buf.extend_from_slice(self.key_prefix.as_bytes());
         buf.extend_from_slice(key);
         buf
     }
 
-    /// One store call under a timeout, without a breaker: answered inline
-    /// by a store that never waits ([`Store::decide_inline`]), awaited
-    /// under the rule's timeout otherwise.
-    async fn timed(
-        &self,
-        store: &dyn Store,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        if let Some(result) = store.decide_inline(key, policy, cost, now) {
-            return result;
-        }
-        self.awaited(store, key, policy, cost, now).await
-    }
-
+    /// One store call under the rule's timeout, without a breaker (a store
+    /// answering inline is asked before, and needs neither).
     async fn awaited(
         &self,
         store: &dyn Store,
@@ -146,33 +124,28 @@ impl Rule {
     }
 
     fn report(&self, store: &dyn Store, breaker: &Breaker, transition: Transition) {
-        match transition {
-            Transition::Opened => {
-                if std::ptr::eq(breaker, &*self.breaker) {
-                    bump(&self.counters.breaker_opened);
-                }
-                tracing::warn!(rule = %self.name, store = store.name(), "circuit breaker opened");
-                #[cfg(feature = "metrics")]
-                metrics::counter!("limiter_breaker_transitions_total",
-                    "rule" => self.label, "store" => store.name(), "to" => "open")
-                .increment(1);
-                #[cfg(feature = "metrics")]
-                metrics::gauge!("limiter_breaker_open",
-                    "rule" => self.label, "store" => store.name())
-                .set(1.0);
+        let open = match transition {
+            Transition::Opened => true,
+            Transition::Closed => false,
+            Transition::None => return,
+        };
+        if open {
+            if std::ptr::eq(breaker, &*self.breaker) {
+                bump(&self.counters.breaker_opened);
             }
-            Transition::Closed => {
-                tracing::info!(rule = %self.name, store = store.name(), "circuit breaker closed");
-                #[cfg(feature = "metrics")]
-                metrics::counter!("limiter_breaker_transitions_total",
-                    "rule" => self.label, "store" => store.name(), "to" => "closed")
-                .increment(1);
-                #[cfg(feature = "metrics")]
-                metrics::gauge!("limiter_breaker_open",
-                    "rule" => self.label, "store" => store.name())
-                .set(0.0);
-            }
-            Transition::None => {}
+            tracing::warn!(rule = %self.name, store = store.name(), "circuit breaker opened");
+        } else {
+            tracing::info!(rule = %self.name, store = store.name(), "circuit breaker closed");
+        }
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!("limiter_breaker_transitions_total",
+                "rule" => self.label, "store" => store.name(),
+                "to" => if open { "open" } else { "closed" })
+            .increment(1);
+            metrics::gauge!("limiter_breaker_open",
+                "rule" => self.label, "store" => store.name())
+            .set(if open { 1.0 } else { 0.0 });
         }
     }
 
@@ -246,10 +219,16 @@ impl Rule {
         let Some(fallback) = &self.fallback else {
             return (self.degraded(self.store.name()), None);
         };
-        match self
-            .timed(fallback.as_ref(), key, &self.policy, cost, now)
-            .await
-        {
+        // The fallback has no breaker of its own: it is asked only when the
+        // authoritative store has failed, and a local store cannot hang.
+        let answer = match fallback.decide_inline(key, &self.policy, cost, now) {
+            Some(answer) => answer,
+            None => {
+                self.awaited(fallback.as_ref(), key, &self.policy, cost, now)
+                    .await
+            }
+        };
+        match answer {
             Ok(mut d) => {
                 bump(&self.counters.fallbacks);
                 d.source.fallback = true;
