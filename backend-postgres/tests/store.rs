@@ -13,6 +13,7 @@ use limiter_core::{
 };
 use limiter_postgres::{BuildError, PostgresStore, SCHEMA_VERSION};
 use limiter_test_support::postgres as fixture;
+use limiter_test_support::stores::first_admission;
 use sqlx::{Connection, PgConnection};
 
 const S: u64 = 1_000_000;
@@ -647,16 +648,7 @@ async fn server_clock_mode_refuses_refunds() {
         .unwrap();
     for algorithm in Algorithm::ALL {
         let policy = Policy::new(algorithm, 5, Duration::from_secs(60)).unwrap();
-        let admitted = limiter_core::Decision::from_verdict(
-            limiter_core::algorithm::Verdict {
-                allowed: true,
-                remaining: 4,
-                reset_after_us: policy.window_micros(),
-                retry_after_us: 0,
-            },
-            &policy,
-            "postgres",
-        );
+        let admitted = first_admission(&policy, "postgres");
         let err = store
             .refund(b"k", &policy, 1, T0, &admitted)
             .await

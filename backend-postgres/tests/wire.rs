@@ -19,6 +19,7 @@ use limiter_core::{AbuseEvent, AbuseSink, Algorithm, ErrorKind, Policy, Store, T
 use limiter_postgres::PostgresStore;
 use limiter_test_support::WireCounter;
 use limiter_test_support::postgres as fixture;
+use limiter_test_support::stores::first_admission;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
@@ -318,16 +319,7 @@ async fn a_refund_refused_in_server_clock_mode_sends_nothing() {
     let connections = counter.connections();
     let before = counter.exchanges();
     let policy = Policy::gcra(5, Duration::from_secs(60)).unwrap();
-    let admitted = limiter_core::Decision::from_verdict(
-        limiter_core::algorithm::Verdict {
-            allowed: true,
-            remaining: 4,
-            reset_after_us: policy.window_micros(),
-            retry_after_us: 0,
-        },
-        &policy,
-        "postgres",
-    );
+    let admitted = first_admission(&policy, "postgres");
     let err = store
         .refund(b"k", &policy, 1, T0, &admitted)
         .await
