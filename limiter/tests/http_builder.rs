@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use limiter::key::{ExtensionKey, GlobalKey, HeaderKey, LimitKey};
 use limiter::layer::{HeaderMode, MissingKey, RateLimitHeaders};
 use limiter::{ClientIdentity, Limiter, ManualClock, Policy, RateLimitLayer, Rule, Store};
+use limiter_test_support::http::Reply;
 use limiter_test_support::stores::{MapStore, Recording};
 use tower::{Layer, Service};
 
@@ -39,22 +40,15 @@ fn one_rule(name: &str, store: Arc<dyn Store>, limit: u32) -> Limiter {
         .unwrap()
 }
 
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
+/// What these tests read from a [`Reply`] beside its headers.
+trait ReplyExt {
+    fn remaining(&self) -> u64;
+    fn rate_limit_headers(&self) -> Vec<&str>;
 }
 
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
+impl ReplyExt for Reply {
     fn remaining(&self) -> u64 {
-        self.header("x-ratelimit-remaining")
-            .unwrap()
-            .parse()
-            .unwrap()
+        self.header_u64("x-ratelimit-remaining")
     }
 
     fn rate_limit_headers(&self) -> Vec<&str> {
@@ -101,15 +95,7 @@ where
             .insert(format!("{peer}:4000").parse::<SocketAddr>().unwrap());
         prepare(&mut request);
         poll_fn(|cx| self.service.poll_ready(cx)).await.unwrap();
-        let response = self.service.call(request).await.unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        Reply {
-            status,
-            headers,
-            body: String::from_utf8(body.to_vec()).unwrap(),
-        }
+        Reply::read(self.service.call(request).await.unwrap()).await
     }
 }
 
@@ -199,7 +185,7 @@ async fn a_request_without_a_key_can_be_rejected_before_the_limiter() {
         let reply = h.send("192.0.2.1", &[]).await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
         assert_eq!(reply.rate_limit_headers(), Vec::<&str>::new());
-        assert_eq!(reply.header("content-type"), Some("application/json"));
+        assert_eq!(reply.header("content-type"), "application/json");
         let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
         assert_eq!(json["error"], "missing_key");
     }
@@ -384,9 +370,9 @@ async fn a_weighted_refusal_refunds_its_whole_weight() {
         .unwrap();
     let mut h = harness(layer);
     let first = h.send("192.0.2.1", &[("x-batch", "3")]).await;
-    assert_eq!(first.header("ratelimit"), Some("\"slow\";r=1;t=60"));
+    assert_eq!(first.header("ratelimit"), "\"slow\";r=1;t=60");
     let refused = h.send("192.0.2.1", &[("x-batch", "3")]).await;
-    assert_eq!(refused.header("ratelimit"), Some("\"slow\";r=1;t=60"));
+    assert_eq!(refused.header("ratelimit"), "\"slow\";r=1;t=60");
     // "burst" holds the first request's 3 units only: one more leaves 6.
     let key = id.key_for_addr("192.0.2.1".parse().unwrap());
     let d = burst.check(key.as_bytes(), &clock).await;
@@ -416,9 +402,9 @@ async fn a_custom_refusal_still_carries_the_headers() {
     let refused = h.send("192.0.2.1", &[]).await;
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(refused.body, "busy, back in 60 s");
-    assert_eq!(refused.header("content-type"), Some("text/plain"));
-    assert_eq!(refused.header("retry-after"), Some("60"));
-    assert_eq!(refused.header("ratelimit"), Some("\"api\";r=0;t=60"));
+    assert_eq!(refused.header("content-type"), "text/plain");
+    assert_eq!(refused.header("retry-after"), "60");
+    assert_eq!(refused.header("ratelimit"), "\"api\";r=0;t=60");
     let mut with_retry = admitted.rate_limit_headers();
     with_retry.push("retry-after");
     with_retry.sort_unstable();
@@ -485,9 +471,9 @@ async fn the_policy_header_lists_every_rule_and_ratelimit_the_tightest() {
     let reply = h.send("192.0.2.1", &[]).await;
     assert_eq!(
         reply.header("ratelimit-policy"),
-        Some("\"burst\";q=12;w=300, \"hourly\";q=3;w=3600")
+        "\"burst\";q=12;w=300, \"hourly\";q=3;w=3600"
     );
-    assert_eq!(reply.header("ratelimit"), Some("\"hourly\";r=2;t=3600"));
+    assert_eq!(reply.header("ratelimit"), "\"hourly\";r=2;t=3600");
 }
 
 /// A hand-written middleware using [`RateLimitHeaders`] answers exactly as
