@@ -27,6 +27,12 @@ fn config(args: &[&str]) -> Result<Config, String> {
     Config::from_matches(&matches).map_err(|e| e.to_string())
 }
 
+/// The error a `--config` file named `name` holding `text` is refused with.
+fn config_error(name: &str, text: &str) -> String {
+    let path = file(name, text);
+    config(&["--config", path.to_str().unwrap()]).unwrap_err()
+}
+
 fn policy(text: &str) -> Policy {
     text.parse().unwrap()
 }
@@ -116,39 +122,35 @@ fn a_flag_overrides_the_file_for_its_route_only() {
 
 #[test]
 fn a_bad_policy_is_refused_naming_the_file_and_line() {
-    let path = file(
+    let err = config_error(
         "bad_policy.toml",
         "[routes.feedback]\nlimit = \"5/hour\"\n\n[routes.search]\nlimit = \"60/fortnight\"\n",
     );
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
     assert!(err.contains("bad_policy.toml: line 5, column 9"), "{err}");
     assert!(err.contains("unknown unit \"fortnight\""), "{err}");
 
     // Well formed, but a policy the constructor refuses.
-    let path = file(
+    let err = config_error(
         "zero.toml",
         "[routes.contact]\nlimit = \"fixed_window 0/day\"\n",
     );
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
     assert!(err.contains("zero.toml: line 2"), "{err}");
     assert!(err.contains("limit must be at least 1"), "{err}");
 }
 
 #[test]
 fn unknown_keys_and_routes_are_refused_naming_the_line() {
-    let path = file(
+    let err = config_error(
         "unknown_key.toml",
         "[routes.search]\nlimit = \"60/min\"\nburst = 5\n",
     );
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
     assert!(err.contains("unknown_key.toml: line 3"), "{err}");
     assert!(err.contains("unknown field `burst`"), "{err}");
 
-    let path = file(
+    let err = config_error(
         "unknown_route.toml",
         "\n[routes.serach]\nlimit = \"60/min\"\n",
     );
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
     assert!(err.contains("unknown_route.toml: line 2"), "{err}");
     assert!(err.contains("unknown field `serach`"), "{err}");
     assert!(
@@ -156,15 +158,13 @@ fn unknown_keys_and_routes_are_refused_naming_the_line() {
         "the known routes are listed: {err}"
     );
 
-    let path = file("top_level.toml", "listen = \"0.0.0.0:80\"\n");
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
+    let err = config_error("top_level.toml", "listen = \"0.0.0.0:80\"\n");
     assert!(
         err.contains("line 1") && err.contains("unknown field `listen`"),
         "{err}"
     );
 
-    let path = file("not_toml.toml", "[routes.search\n");
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
+    let err = config_error("not_toml.toml", "[routes.search\n");
     assert!(err.contains("not_toml.toml: line 1"), "{err}");
 
     let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-such-limits.toml");
