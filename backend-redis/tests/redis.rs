@@ -75,8 +75,10 @@ async fn key_exists(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
         .unwrap()
 }
 
-async fn key_dump(conn: &mut MultiplexedConnection, key: &[u8]) -> Vec<u8> {
-    redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap()
+/// What `key` holds, serialized (`DUMP`), and its TTL in milliseconds.
+async fn key_state(conn: &mut MultiplexedConnection, key: &[u8]) -> (Vec<u8>, i64) {
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap();
+    (dump, key_ttl(conn, key).await)
 }
 
 /// What MONITOR saw between [`Monitor::start`] and [`Monitor::finish`]:
@@ -274,8 +276,7 @@ async fn refusals_write_nothing_and_ttls_are_bounded() {
         while decide_guarded(&store, b"k", &p, t).await.unwrap().allowed {
             t += 1000;
         }
-        let dump = key_dump(&mut conn, &key).await;
-        let ttl = key_ttl(&mut conn, &key).await;
+        let (dump, ttl) = key_state(&mut conn, &key).await;
         assert!(
             ttl > 0 && ttl <= bound,
             "{p}: PTTL {ttl} not in (0, {bound}]"
@@ -290,8 +291,7 @@ async fn refusals_write_nothing_and_ttls_are_bounded() {
                 "{p}: a refusal still answers its reset"
             );
         }
-        let after = key_dump(&mut conn, &key).await;
-        let ttl_after = key_ttl(&mut conn, &key).await;
+        let (after, ttl_after) = key_state(&mut conn, &key).await;
         assert_eq!(dump, after, "{p}: a refusal changed the stored state");
         assert!(
             ttl_after <= ttl,
@@ -474,16 +474,23 @@ async fn refunds_create_nothing_and_never_extend_a_ttl() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paused_server_times_out_then_recovers() {
-    let (container, url) = fixture::start_redis().await;
-    let store = RedisStore::builder(&url)
-        .key_prefix(fixture::unique_prefix("pause"))
+/// A store on `url` with a 300 ms timeout, the failure tests' policy, and a
+/// first decision made while the server is up.
+async fn answering(url: &str, what: &str) -> (RedisStore, Policy) {
+    let store = RedisStore::builder(url)
+        .key_prefix(fixture::unique_prefix(what))
         .timeout(Duration::from_millis(300))
         .build()
         .unwrap();
     let p = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
     decide_guarded(&store, b"k", &p, T0).await.unwrap();
+    (store, p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_times_out_then_recovers() {
+    let (container, url) = fixture::start_redis().await;
+    let (store, p) = answering(&url, "pause").await;
 
     container.pause().await.expect("docker pause");
     let calls = (0..8).map(|i| {
@@ -497,22 +504,13 @@ async fn paused_server_times_out_then_recovers() {
     }
 
     container.unpause().await.expect("docker unpause");
-    assert!(
-        recovers(&store, &p).await,
-        "the store must answer again once the server is back"
-    );
+    assert_recovers(&store, &p).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_server_fails_then_recovers_after_restart() {
     let (container, url) = fixture::start_redis_on_fixed_port().await;
-    let store = RedisStore::builder(&url)
-        .key_prefix(fixture::unique_prefix("stop"))
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let p = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
-    decide_guarded(&store, b"k", &p, T0).await.unwrap();
+    let (store, p) = answering(&url, "stop").await;
 
     container.stop().await.expect("docker stop");
     for i in 0..3 {
@@ -527,21 +525,18 @@ async fn stopped_server_fails_then_recovers_after_restart() {
     }
 
     container.start().await.expect("docker start");
-    assert!(
-        recovers(&store, &p).await,
-        "the store must answer again once the server is back"
-    );
+    assert_recovers(&store, &p).await;
 }
 
 /// Polls until a decision succeeds; the server needs a moment to come back.
-async fn recovers(store: &RedisStore, p: &Policy) -> bool {
+async fn assert_recovers(store: &RedisStore, p: &Policy) {
     for i in 0..100 {
         if decide_guarded(store, b"k", p, T0 + S + i).await.is_ok() {
-            return true;
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    false
+    panic!("the store must answer again once the server is back");
 }
 
 async fn futures_join<F: std::future::Future + Send + 'static>(
@@ -612,15 +607,21 @@ fn resp_command_len(buf: &[u8]) -> Option<usize> {
     Some(at)
 }
 
+/// What a store with `timeout` answers, under each of [`policies`], from a
+/// [`fake_server`] answering `reply`: an error every time.
+async fn fake_server_errors(reply: Option<&'static [u8]>, timeout: Duration) -> Vec<StoreError> {
+    let url = fake_server(reply).await;
+    let store = RedisStore::builder(&url).timeout(timeout).build().unwrap();
+    let mut errors = Vec::new();
+    for p in policies() {
+        errors.push(decide_guarded(&store, b"k", &p, T0).await.unwrap_err());
+    }
+    errors
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_server_times_out() {
-    let url = fake_server(None).await;
-    let store = RedisStore::builder(&url)
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    for p in policies() {
-        let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+    for err in fake_server_errors(None, Duration::from_millis(200)).await {
         assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     }
 }
@@ -633,13 +634,7 @@ async fn replies_of_the_wrong_type_are_protocol_errors() {
         b"*2\r\n:1\r\n:0\r\n",
         b"$-1\r\n",
     ] {
-        let url = fake_server(Some(reply)).await;
-        let store = RedisStore::builder(&url)
-            .timeout(Duration::from_millis(500))
-            .build()
-            .unwrap();
-        for p in policies() {
-            let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+        for err in fake_server_errors(Some(reply), Duration::from_millis(500)).await {
             assert_eq!(
                 err.kind(),
                 ErrorKind::Protocol,
@@ -652,13 +647,8 @@ async fn replies_of_the_wrong_type_are_protocol_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_is_an_error_not_a_panic_or_a_hang() {
-    let url = fake_server(Some(b"this is not RESP\r\n")).await;
-    let store = RedisStore::builder(&url)
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
-    for p in policies() {
-        let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+    let garbage = Some(&b"this is not RESP\r\n"[..]);
+    for err in fake_server_errors(garbage, Duration::from_millis(500)).await {
         assert!(
             matches!(
                 err.kind(),
