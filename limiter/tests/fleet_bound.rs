@@ -21,6 +21,7 @@ use limiter::{
 };
 use limiter_test_support::postgres as pg_fixture;
 use limiter_test_support::redis as redis_fixture;
+use rstest::rstest;
 
 /// Instances in the fleet.
 const N: u32 = 4;
@@ -79,9 +80,32 @@ fn total(fleet: &[Limiter], f: impl Fn(&limiter::RuleStats) -> u64) -> u64 {
     fleet.iter().map(|l| f(&l.stats()[0])).sum()
 }
 
-/// A fleet whose one rule decides on `shared` alone, failing closed,
-/// admits exactly the limit, and never degrades.
-async fn shared_alone_admits_the_limit(shared: Arc<dyn Store>) {
+/// The server a fleet shares.
+#[derive(Debug, Clone, Copy)]
+enum Server {
+    /// The shared Redis server, a key prefix of the test's own.
+    Redis,
+    /// The shared PostgreSQL server, a schema of the test's own.
+    Postgres,
+}
+
+impl Server {
+    async fn store(self) -> Arc<dyn Store> {
+        match self {
+            Server::Redis => redis_store(redis_fixture::shared_url()),
+            Server::Postgres => Arc::new(pg_fixture::fresh_store("fleet").await),
+        }
+    }
+}
+
+/// A fleet whose one rule decides on the shared store alone, failing
+/// closed, admits exactly the limit, and never degrades.
+#[rstest]
+#[case::redis(Server::Redis)]
+#[case::postgres(Server::Postgres)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_store_only_admits_the_limit_across_the_fleet(#[case] server: Server) {
+    let shared = server.store().await;
     let clock = ManualClock::new();
     let fleet = fleet(&clock, || {
         Rule::new("search", shared.clone(), policy())
@@ -90,16 +114,6 @@ async fn shared_alone_admits_the_limit(shared: Arc<dyn Store>) {
     });
     assert_eq!(drive(&fleet, PER_INSTANCE).await, L);
     assert_eq!(total(&fleet, |s| s.degraded), 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_store_only_admits_the_limit_across_the_fleet() {
-    shared_alone_admits_the_limit(redis_store(redis_fixture::shared_url())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_postgres_only_admits_the_limit_across_the_fleet() {
-    shared_alone_admits_the_limit(Arc::new(pg_fixture::fresh_store("fleet").await)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,8 +273,13 @@ async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() 
 /// unit is counted by the server, and every instance keeps asking until it
 /// has spent what it holds); under the limit, it admits every request at
 /// about one server call per ten.
-async fn leased_fleet(shared: Arc<dyn Store>) {
+#[rstest]
+#[case::redis(Server::Redis)]
+#[case::postgres(Server::Postgres)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_fleet_admits_the_limit_with_a_call_per_batch(#[case] server: Server) {
     use limiter::lease::{LeaseConfig, LeasedStore};
+    let shared = server.store().await;
     let clock = ManualClock::new();
     let fleet_of = |limit: u32| -> (Vec<Limiter>, Vec<Arc<LeasedStore>>) {
         let stores: Vec<Arc<LeasedStore>> = (0..N)
@@ -308,14 +327,4 @@ async fn leased_fleet(shared: Arc<dyn Store>) {
         u64::from(N) * 11,
         "server calls for {admitted} admissions"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leased_fleet_on_redis_admits_the_limit_with_a_call_per_batch() {
-    leased_fleet(redis_store(redis_fixture::shared_url())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leased_fleet_on_postgres_admits_the_limit_with_a_call_per_batch() {
-    leased_fleet(Arc::new(pg_fixture::fresh_store("fleet").await)).await;
 }
