@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use limiter::key::{ExtensionKey, GlobalKey, HeaderKey, LimitKey};
-use limiter::layer::{HeaderMode, MissingKey, RateLimitHeaders};
+use limiter::layer::{HeaderMode, MissingKey, RateLimitHeaders, RateLimitLayerBuilder};
 use limiter::{ClientIdentity, Limiter, ManualClock, Policy, RateLimitLayer, Rule, Store};
 use limiter_test_support::http::Reply;
 use limiter_test_support::stores::{MapStore, Recording};
@@ -38,6 +38,15 @@ fn one_rule(name: &str, store: Arc<dyn Store>, limit: u32) -> Limiter {
         )
         .build()
         .unwrap()
+}
+
+/// A layer builder for [`one_rule`] named "api" on an exact store of its
+/// own.
+fn api_on_map(limit: u32, identity: ClientIdentity) -> RateLimitLayerBuilder {
+    RateLimitLayer::builder(
+        one_rule("api", Arc::new(MapStore::default()), limit),
+        identity,
+    )
 }
 
 /// What these tests read from a [`Reply`] beside its headers.
@@ -147,13 +156,10 @@ async fn each_api_key_has_its_own_quota_and_none_is_stored_raw() {
 #[tokio::test]
 async fn a_request_without_a_key_falls_back_to_its_address_by_default() {
     let id = identity();
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 2),
-        id.clone(),
-    )
-    .key(HeaderKey::new(&id, "x-api-key").unwrap())
-    .build()
-    .unwrap();
+    let layer = api_on_map(2, id.clone())
+        .key(HeaderKey::new(&id, "x-api-key").unwrap())
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     assert_eq!(h.send("192.0.2.1", &[]).await.remaining(), 1);
     assert_eq!(
@@ -213,14 +219,11 @@ impl LimitKey for UserId {
 #[tokio::test]
 async fn a_user_id_from_an_auth_layer_is_the_key() {
     let id = identity();
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 1),
-        id.clone(),
-    )
-    .key(ExtensionKey::<UserId>::new(&id, "user"))
-    .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
-    .build()
-    .unwrap();
+    let layer = api_on_map(1, id.clone())
+        .key(ExtensionKey::<UserId>::new(&id, "user"))
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     // What an authentication layer in front would do.
     let as_user = |n| {
@@ -268,13 +271,10 @@ async fn a_global_key_limits_everyone_together() {
 
 #[tokio::test]
 async fn skipped_requests_are_not_charged_and_carry_no_headers() {
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 1),
-        identity(),
-    )
-    .skip(|r| r.headers.get("x-internal").is_some_and(|v| v == "probe"))
-    .build()
-    .unwrap();
+    let layer = api_on_map(1, identity())
+        .skip(|r| r.headers.get("x-internal").is_some_and(|v| v == "probe"))
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     for _ in 0..5 {
         let skipped = h.send("192.0.2.1", &[("x-internal", "probe")]).await;
@@ -301,13 +301,7 @@ fn batch_cost(r: &http::request::Parts) -> u32 {
 
 #[tokio::test]
 async fn a_request_costs_what_the_cost_closure_says() {
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 10),
-        identity(),
-    )
-    .cost(batch_cost)
-    .build()
-    .unwrap();
+    let layer = api_on_map(10, identity()).cost(batch_cost).build().unwrap();
     let mut h = harness(layer);
     assert_eq!(
         h.send("192.0.2.1", &[("x-batch", "3")]).await.remaining(),
@@ -381,22 +375,19 @@ async fn a_weighted_refusal_refunds_its_whole_weight() {
 
 #[tokio::test]
 async fn a_custom_refusal_still_carries_the_headers() {
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 1),
-        identity(),
-    )
-    .refusal(|d| {
-        Response::builder()
-            .status(StatusCode::SERVICE_UNAVAILABLE)
-            .header("content-type", "text/plain")
-            .body(Full::new(Bytes::from(format!(
-                "busy, back in {} s",
-                d.retry_after_secs()
-            ))))
-            .unwrap()
-    })
-    .build()
-    .unwrap();
+    let layer = api_on_map(1, identity())
+        .refusal(|d| {
+            Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .header("content-type", "text/plain")
+                .body(Full::new(Bytes::from(format!(
+                    "busy, back in {} s",
+                    d.retry_after_secs()
+                ))))
+                .unwrap()
+        })
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     let admitted = h.send("192.0.2.1", &[]).await;
     let refused = h.send("192.0.2.1", &[]).await;
@@ -426,13 +417,7 @@ async fn header_modes_choose_the_headers() {
         (HeaderMode::XRateLimit, legacy.to_vec()),
         (HeaderMode::None, vec![]),
     ] {
-        let layer = RateLimitLayer::builder(
-            one_rule("api", Arc::new(MapStore::default()), 1),
-            identity(),
-        )
-        .headers(mode)
-        .build()
-        .unwrap();
+        let layer = api_on_map(1, identity()).headers(mode).build().unwrap();
         let mut h = harness(layer);
         let admitted = h.send("192.0.2.1", &[]).await;
         assert_eq!(admitted.rate_limit_headers(), expected, "{mode:?}");
