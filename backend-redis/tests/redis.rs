@@ -34,6 +34,14 @@ fn builder(url: &str, what: &str) -> RedisStoreBuilder {
         .timeout(GENEROUS)
 }
 
+/// A [`builder`] store on the shared server, and a connection for the
+/// test's own commands there.
+async fn on_shared_server(what: &str) -> (RedisStore, MultiplexedConnection) {
+    let url = fixture::shared_url();
+    let store = builder(url, what).build().unwrap();
+    (store, fixture::admin(url).await)
+}
+
 fn policies() -> Vec<Policy> {
     Algorithm::ALL
         .iter()
@@ -261,9 +269,7 @@ async fn one_evalsha_per_refund_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_write_nothing_and_ttls_are_bounded() {
-    let url = fixture::shared_url();
-    let mut conn = fixture::admin(url).await;
-    let store = builder(url, "writes").build().unwrap();
+    let (store, mut conn) = on_shared_server("writes").await;
     let margin_ms = DEFAULT_EXPIRY_MARGIN.as_millis() as i64;
     for p in policies() {
         let key = store.redis_key(b"k", p.algorithm());
@@ -302,9 +308,7 @@ async fn refusals_write_nothing_and_ttls_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_window_expiry_is_set_when_the_window_opens() {
-    let url = fixture::shared_url();
-    let mut conn = fixture::admin(url).await;
-    let store = builder(url, "expiry").build().unwrap();
+    let (store, mut conn) = on_shared_server("expiry").await;
     let p = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
     let key = store.redis_key(b"k", Algorithm::FixedWindow);
     decide_guarded(&store, b"k", &p, T0).await.unwrap();
@@ -332,9 +336,7 @@ async fn fixed_window_expiry_is_set_when_the_window_opens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_another_type_is_an_error_not_a_panic() {
-    let url = fixture::shared_url();
-    let mut conn = fixture::admin(url).await;
-    let store = builder(url, "wrongtype").build().unwrap();
+    let (store, mut conn) = on_shared_server("wrongtype").await;
     for p in policies() {
         let key = store.redis_key(b"k", p.algorithm());
         let _: () = redis::cmd("DEL")
@@ -436,9 +438,7 @@ async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_create_nothing_and_never_extend_a_ttl() {
-    let url = fixture::shared_url();
-    let mut conn = fixture::admin(url).await;
-    let store = builder(url, "refund-ttl").build().unwrap();
+    let (store, mut conn) = on_shared_server("refund-ttl").await;
     for p in policies() {
         let now = Timestamp::from_micros(T0);
         let first = decide_guarded(&store, b"k", &p, T0).await.unwrap();
