@@ -25,6 +25,11 @@ fn identity() -> ClientIdentity {
     ClientIdentity::new(SECRET).unwrap()
 }
 
+/// A rule on an exact store of its own.
+fn exact_rule(name: &str, policy: Policy) -> Rule {
+    Rule::new(name, Arc::new(MapStore::default()), policy).unwrap()
+}
+
 fn one_rule(name: &str, store: Arc<dyn Store>, limit: u32) -> Limiter {
     Limiter::builder()
         .clock(ManualClock::new())
@@ -348,14 +353,7 @@ async fn a_weighted_refusal_refunds_its_whole_weight() {
     let limiter = Limiter::builder()
         .clock(clock.clone())
         .rule(burst.clone())
-        .rule(
-            Rule::new(
-                "slow",
-                Arc::new(MapStore::default()),
-                Policy::fixed_window(4, window).unwrap(),
-            )
-            .unwrap(),
-        )
+        .rule(exact_rule("slow", Policy::fixed_window(4, window).unwrap()))
         .build()
         .unwrap();
     let layer = RateLimitLayer::builder(limiter, id.clone())
@@ -434,22 +432,14 @@ async fn header_modes_choose_the_headers() {
 async fn the_policy_header_lists_every_rule_and_ratelimit_the_tightest() {
     let limiter = Limiter::builder()
         .clock(ManualClock::new())
-        .rule(
-            Rule::new(
-                "burst",
-                Arc::new(MapStore::default()),
-                Policy::sliding_log(12, Duration::from_secs(300)).unwrap(),
-            )
-            .unwrap(),
-        )
-        .rule(
-            Rule::new(
-                "hourly",
-                Arc::new(MapStore::default()),
-                Policy::sliding_log(3, Duration::from_millis(3_599_500)).unwrap(),
-            )
-            .unwrap(),
-        )
+        .rule(exact_rule(
+            "burst",
+            Policy::sliding_log(12, Duration::from_secs(300)).unwrap(),
+        ))
+        .rule(exact_rule(
+            "hourly",
+            Policy::sliding_log(3, Duration::from_millis(3_599_500)).unwrap(),
+        ))
         .build()
         .unwrap();
     let mut h = harness(RateLimitLayer::new(limiter, identity()));
