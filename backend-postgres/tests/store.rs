@@ -12,6 +12,7 @@ use limiter_core::{
     AbuseEvent, AbuseSink, Algorithm, ConfigError, ErrorKind, ManualClock, Policy, Store, Timestamp,
 };
 use limiter_postgres::{BuildError, PostgresStore, SCHEMA_VERSION};
+use limiter_test_support::policy;
 use limiter_test_support::postgres as fixture;
 use limiter_test_support::stores::first_admission;
 use sqlx::{Connection, PgConnection};
@@ -85,10 +86,7 @@ async fn statement_calls(db: &str) -> i64 {
 }
 
 fn counted_policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .map(|&a| Policy::new(a, 3, Duration::from_secs(60)).unwrap())
-        .collect()
+    policy::of_every_algorithm(3, Duration::from_secs(60))
 }
 
 /// pg_stat_statements (track = top) counts every statement a client sends,

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use limiter_core::url::Url;
-use limiter_core::{AbuseEvent, AbuseSink, Algorithm, ErrorKind, Policy, Store, Timestamp};
+use limiter_core::{AbuseEvent, AbuseSink, ErrorKind, Policy, Store, Timestamp};
 use limiter_postgres::PostgresStore;
 use limiter_test_support::WireCounter;
+use limiter_test_support::policy;
 use limiter_test_support::postgres as fixture;
 use limiter_test_support::stores::first_admission;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -67,10 +68,7 @@ async fn store_behind_proxy(prefix: &str) -> (WireCounter, PostgresStore) {
 }
 
 fn policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .map(|&a| Policy::new(a, 3, Duration::from_secs(60)).unwrap())
-        .collect()
+    policy::of_every_algorithm(3, Duration::from_secs(60))
 }
 
 /// The statement a store runs for a GCRA decision, as an application would

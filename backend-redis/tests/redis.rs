@@ -12,6 +12,7 @@ use futures::StreamExt;
 use limiter_conformance::model::{algorithm_differential, refund_differential};
 use limiter_core::{Algorithm, ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
 use limiter_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore, RedisStoreBuilder};
+use limiter_test_support::policy;
 use limiter_test_support::redis as fixture;
 use limiter_test_support::stores::{first_admission, refund_all_and_ghosts};
 use redis::aio::MultiplexedConnection;
@@ -43,10 +44,7 @@ async fn on_shared_server(what: &str) -> (RedisStore, MultiplexedConnection) {
 }
 
 fn policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .map(|a| Policy::new(*a, 5, Duration::from_secs(60)).unwrap())
-        .collect()
+    policy::of_every_algorithm(5, Duration::from_secs(60))
 }
 
 async fn decide_guarded(

@@ -6,18 +6,16 @@
 
 use std::time::Duration;
 
-use limiter_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
+use limiter_core::{ManualClock, Policy, Store, Timestamp};
 use limiter_redis::RedisStore;
+use limiter_test_support::policy;
 use limiter_test_support::redis as fixture;
 use limiter_test_support::stores::{Admission, refund_all_and_ghosts};
 
 const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 
 fn policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .map(|a| Policy::new(*a, 5, Duration::from_secs(60)).unwrap())
-        .collect()
+    policy::of_every_algorithm(5, Duration::from_secs(60))
 }
 
 async fn store_via(url: &str, what: &str) -> RedisStore {

@@ -7,6 +7,7 @@
 //! * [`stores`]: an exact reference store and a wrapper that records the
 //!   calls reaching a store (always);
 //! * [`Rng`]: a deterministic generator for schedules and keys (always);
+//! * [`policy`]: one policy of each algorithm (always);
 //! * `http`: a server on a free port and an HTTP client that reads whole
 //!   replies and checks the rate-limit headers;
 //! * `redis`, `postgres`: servers in containers, shared by address only,
@@ -21,6 +22,7 @@ mod wire;
 pub mod containers;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
