@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
-use limiter_conformance::model::{Expected, Model, Step, replay, replay_tiers};
+use limiter_conformance::model::{Expected, Model, Step};
 use limiter_memory::MemoryStore;
-use limiter_test_support::strategy::{policies, steps};
+use limiter_test_support::strategy::{policies, replay_case, replay_tiers_case, steps};
 use proptest::prelude::*;
 
 fn key(k: u8) -> Vec<u8> {
@@ -95,10 +95,7 @@ proptest! {
     fn memory_store_agrees_with_model(policies in policies(), steps in steps(4, 120)) {
         let store = MemoryStore::builder().capacity(1_000).build().unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let result = rt.block_on(replay(&store, &policies, &steps, key, ManualClock::DEFAULT_START));
-        if let Err(failure) = result {
-            return Err(TestCaseError::fail(failure.0));
-        }
+        replay_case(&rt, &store, &policies, &steps, key)?;
     }
 
     /// One shard of `cap` keys evicts exactly what the documented recency
@@ -225,9 +222,6 @@ proptest! {
             .iter()
             .map(|_| Arc::new(MemoryStore::new(1_000)) as Arc<dyn Store>)
             .collect();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-        if let Err(failure) = rt.block_on(replay_tiers(&stores, &tiers, &steps)) {
-            return Err(TestCaseError::fail(failure.0));
-        }
+        replay_tiers_case(&stores, &tiers, &steps)?;
     }
 }

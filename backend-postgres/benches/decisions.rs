@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use limiter_core::{Policy, Store, Timestamp};
 use limiter_postgres::PostgresStore;
+use limiter_test_support::Rng;
 use testcontainers::core::{IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{GenericImage, ImageExt};
@@ -58,18 +59,6 @@ const MODES: [Mode; 3] = [
         synchronous_commit: false,
     },
 ];
-
-/// A cheap xorshift generator per task, so drawing a key costs nothing.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 struct Run {
     per_sec: f64,
@@ -109,7 +98,7 @@ async fn run_store(store: &PostgresStore, tasks: usize, hot: bool, secs: u64) ->
                     let key = if hot {
                         "hot".to_string()
                     } else {
-                        format!("key-{}", 1 + rng.next() % KEYS)
+                        format!("key-{}", 1 + rng.next_u64() % KEYS)
                     };
                     let start = Instant::now();
                     let d = store
@@ -187,21 +176,16 @@ fn run_pgbench(url: &str, mode: Mode, clients: usize, hot: bool, secs: u64) -> O
         );
         return None;
     }
-    let tps = text
-        .lines()
-        .find(|l| l.starts_with("tps"))?
-        .split_whitespace()
-        .nth(2)?
-        .parse()
-        .ok()?;
-    let latency = text
-        .lines()
-        .find(|l| l.starts_with("latency average"))?
-        .split_whitespace()
-        .nth(3)?
-        .parse()
-        .ok()?;
-    Some((tps, latency))
+    // "tps = 1234.5 (without initial connection time)", "latency average = 0.8 ms".
+    let number = |label: &str, word: usize| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(label))?
+            .split_whitespace()
+            .nth(word)?
+            .parse()
+            .ok()
+    };
+    Some((number("tps", 2)?, number("latency average", 3)?))
 }
 
 fn main() {

@@ -4,25 +4,41 @@
 
 use std::time::Duration;
 
-use limiter_core::{ErrorKind, ManualClock, Policy, Store, Timestamp};
-use limiter_postgres::PostgresStore;
+use limiter_core::{ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
+use limiter_postgres::{PostgresStore, PostgresStoreBuilder};
 use limiter_test_support::postgres as fixture;
 
 const T0: Timestamp = ManualClock::DEFAULT_START;
 /// Far above every timeout below: only a hang reaches it.
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
+/// A store on `url`'s private server, in `schema`, giving up on a
+/// statement after 300 ms.
+fn builder(url: &str, schema: &str) -> PostgresStoreBuilder {
+    PostgresStore::builder(url)
+        .schema(schema)
+        .timeout(Duration::from_millis(300))
+        .sweep_interval(None)
+}
+
+/// A decision the database cannot answer: an error (a timeout, or the
+/// database unavailable) well before the hang guard.
+async fn cannot_decide(store: &PostgresStore, policy: &Policy, now: Timestamp) -> StoreError {
+    let result = tokio::time::timeout(HANG_GUARD, store.decide(b"k", policy, 1, now))
+        .await
+        .expect("a decision must not hang on a database that cannot answer");
+    let err = result.expect_err("a database that cannot answer cannot decide");
+    assert!(
+        matches!(err.kind(), ErrorKind::Timeout | ErrorKind::Unavailable),
+        "{err}"
+    );
+    err
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_database_is_an_error_within_the_timeout_then_recovers() {
     let (container, url) = fixture::start_private().await;
-    let store = PostgresStore::builder(&url)
-        .schema("failure")
-        .pool_size(4)
-        .timeout(Duration::from_millis(300))
-        .sweep_interval(None)
-        .build()
-        .await
-        .unwrap();
+    let store = builder(&url, "failure").pool_size(4).build().await.unwrap();
     let policy = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
     assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
 
@@ -31,14 +47,7 @@ async fn a_frozen_database_is_an_error_within_the_timeout_then_recovers() {
     // abandoned, later ones wait for a connection; every one is an error.
     for i in 0..8u64 {
         let now = Timestamp::from_micros(T0.as_micros() + i);
-        let result = tokio::time::timeout(HANG_GUARD, store.decide(b"k", &policy, 1, now))
-            .await
-            .expect("a decision must not hang on a frozen database");
-        let err = result.expect_err("a frozen database cannot decide");
-        assert!(
-            matches!(err.kind(), ErrorKind::Timeout | ErrorKind::Unavailable),
-            "{err}"
-        );
+        let err = cannot_decide(&store, &policy, now).await;
         assert!(err.is_transient(), "{err}");
     }
     let sweep = tokio::time::timeout(HANG_GUARD, store.sweep(T0, 10))
@@ -64,24 +73,11 @@ async fn a_frozen_database_is_an_error_within_the_timeout_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_database_is_an_error_not_a_hang() {
     let (container, url) = fixture::start_private().await;
-    let store = PostgresStore::builder(&url)
-        .schema("stopped")
-        .timeout(Duration::from_millis(300))
-        .sweep_interval(None)
-        .build()
-        .await
-        .unwrap();
+    let store = builder(&url, "stopped").build().await.unwrap();
     let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
     assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
     container.stop().await.expect("stop the container");
     for _ in 0..3 {
-        let result = tokio::time::timeout(HANG_GUARD, store.decide(b"k", &policy, 1, T0))
-            .await
-            .expect("a decision must not hang on a stopped database");
-        let err = result.expect_err("a stopped database cannot decide");
-        assert!(
-            matches!(err.kind(), ErrorKind::Timeout | ErrorKind::Unavailable),
-            "{err}"
-        );
+        cannot_decide(&store, &policy, T0).await;
     }
 }

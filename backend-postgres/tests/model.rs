@@ -7,10 +7,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use limiter_conformance::limiter_core::ManualClock;
-use limiter_conformance::model::{refund_differential, replay};
+use limiter_conformance::model::refund_differential;
 use limiter_test_support::postgres as fixture;
-use limiter_test_support::strategy::{policies, steps};
+use limiter_test_support::strategy::{policies, replay_case, steps};
 use proptest::prelude::*;
 
 #[test]
@@ -29,16 +28,9 @@ fn postgres_store_agrees_with_model() {
     proptest!(config, |(policies in policies(), steps in steps(4, 100))| {
         // A fresh namespace per case (shrinking included) in the one schema.
         let n = case.fetch_add(1, Ordering::Relaxed);
-        let result = rt.block_on(replay(
-            &store,
-            &policies,
-            &steps,
-            |k| format!("case{n}:client:{k}").into_bytes(),
-            ManualClock::DEFAULT_START,
-        ));
-        if let Err(failure) = result {
-            return Err(TestCaseError::fail(failure.0));
-        }
+        replay_case(&rt, &store, &policies, &steps, |k| {
+            format!("case{n}:client:{k}").into_bytes()
+        })?;
     });
 }
 

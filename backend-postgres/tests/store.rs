@@ -12,7 +12,9 @@ use limiter_core::{
     AbuseEvent, AbuseSink, Algorithm, ConfigError, ErrorKind, ManualClock, Policy, Store, Timestamp,
 };
 use limiter_postgres::{BuildError, PostgresStore, SCHEMA_VERSION};
+use limiter_test_support::policy;
 use limiter_test_support::postgres as fixture;
+use limiter_test_support::stores::first_admission;
 use sqlx::{Connection, PgConnection};
 
 const S: u64 = 1_000_000;
@@ -84,10 +86,7 @@ async fn statement_calls(db: &str) -> i64 {
 }
 
 fn counted_policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .map(|&a| Policy::new(a, 3, Duration::from_secs(60)).unwrap())
-        .collect()
+    policy::of_every_algorithm(3, Duration::from_secs(60))
 }
 
 /// pg_stat_statements (track = top) counts every statement a client sends,
@@ -647,16 +646,7 @@ async fn server_clock_mode_refuses_refunds() {
         .unwrap();
     for algorithm in Algorithm::ALL {
         let policy = Policy::new(algorithm, 5, Duration::from_secs(60)).unwrap();
-        let admitted = limiter_core::Decision::from_verdict(
-            limiter_core::algorithm::Verdict {
-                allowed: true,
-                remaining: 4,
-                reset_after_us: policy.window_micros(),
-                retry_after_us: 0,
-            },
-            &policy,
-            "postgres",
-        );
+        let admitted = first_admission(&policy, "postgres");
         let err = store
             .refund(b"k", &policy, 1, T0, &admitted)
             .await

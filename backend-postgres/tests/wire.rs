@@ -15,10 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use limiter_core::url::Url;
-use limiter_core::{AbuseEvent, AbuseSink, Algorithm, ErrorKind, Policy, Store, Timestamp};
+use limiter_core::{AbuseEvent, AbuseSink, ErrorKind, Policy, Store, Timestamp};
 use limiter_postgres::PostgresStore;
 use limiter_test_support::WireCounter;
+use limiter_test_support::policy;
 use limiter_test_support::postgres as fixture;
+use limiter_test_support::stores::first_admission;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
@@ -66,10 +68,7 @@ async fn store_behind_proxy(prefix: &str) -> (WireCounter, PostgresStore) {
 }
 
 fn policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .map(|&a| Policy::new(a, 3, Duration::from_secs(60)).unwrap())
-        .collect()
+    policy::of_every_algorithm(3, Duration::from_secs(60))
 }
 
 /// The statement a store runs for a GCRA decision, as an application would
@@ -318,16 +317,7 @@ async fn a_refund_refused_in_server_clock_mode_sends_nothing() {
     let connections = counter.connections();
     let before = counter.exchanges();
     let policy = Policy::gcra(5, Duration::from_secs(60)).unwrap();
-    let admitted = limiter_core::Decision::from_verdict(
-        limiter_core::algorithm::Verdict {
-            allowed: true,
-            remaining: 4,
-            reset_after_us: policy.window_micros(),
-            retry_after_us: 0,
-        },
-        &policy,
-        "postgres",
-    );
+    let admitted = first_admission(&policy, "postgres");
     let err = store
         .refund(b"k", &policy, 1, T0, &admitted)
         .await

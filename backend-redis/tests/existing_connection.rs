@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use limiter_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
 use limiter_redis::RedisStore;
-use limiter_test_support::WireCounter;
 use limiter_test_support::redis as fixture;
 use redis::aio::ConnectionManager;
 
@@ -13,11 +12,7 @@ const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 const GENEROUS: Duration = Duration::from_secs(10);
 
 async fn exists(url: &str, key: &[u8]) -> bool {
-    let mut conn = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = fixture::admin(url).await;
     let n: i64 = redis::cmd("EXISTS")
         .arg(key)
         .query_async(&mut conn)
@@ -52,10 +47,8 @@ async fn a_store_from_an_existing_client_decides_under_its_own_options() {
 async fn a_store_from_an_existing_manager_uses_that_connection_only() {
     // The application's manager reaches the server through a counting
     // proxy: the store's calls show there, and on no other connection.
-    let wire = WireCounter::start(fixture::tcp_addr(fixture::shared_url()))
-        .await
-        .unwrap();
-    let client = redis::Client::open(fixture::via(fixture::shared_url(), wire.addr())).unwrap();
+    let (wire, url) = fixture::shared_through_counter().await;
+    let client = redis::Client::open(url).unwrap();
     let manager = ConnectionManager::new(client).await.unwrap();
     let store = RedisStore::builder_with_connection_manager(manager.clone())
         .key_prefix(fixture::unique_prefix("with-manager"))
@@ -92,10 +85,8 @@ async fn a_store_from_an_existing_manager_uses_that_connection_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn url_only_options_are_refused_for_an_existing_manager() {
-    let wire = WireCounter::start(fixture::tcp_addr(fixture::shared_url()))
-        .await
-        .unwrap();
-    let client = redis::Client::open(fixture::via(fixture::shared_url(), wire.addr())).unwrap();
+    let (_wire, url) = fixture::shared_through_counter().await;
+    let client = redis::Client::open(url).unwrap();
     let manager = ConnectionManager::new(client).await.unwrap();
     let b = || RedisStore::builder_with_connection_manager(manager.clone());
     assert!(b().timeout(Duration::ZERO).build().is_err());

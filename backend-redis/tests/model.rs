@@ -6,11 +6,9 @@
 
 use std::time::Duration;
 
-use limiter_conformance::limiter_core::ManualClock;
-use limiter_conformance::model::replay;
 use limiter_redis::RedisStore;
 use limiter_test_support::redis as fixture;
-use limiter_test_support::strategy::{policies, steps};
+use limiter_test_support::strategy::{policies, replay_case, steps};
 use proptest::prelude::*;
 
 proptest! {
@@ -26,15 +24,6 @@ proptest! {
             .expiry_margin(Duration::from_secs(3600))
             .build()
             .expect("a valid Redis URL");
-        let result = rt.block_on(replay(
-            &store,
-            &policies,
-            &steps,
-            |k| format!("client:{k}").into_bytes(),
-            ManualClock::DEFAULT_START,
-        ));
-        if let Err(failure) = result {
-            return Err(TestCaseError::fail(failure.0));
-        }
+        replay_case(&rt, &store, &policies, &steps, |k| format!("client:{k}").into_bytes())?;
     }
 }

@@ -11,8 +11,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use limiter_conformance::model::{algorithm_differential, refund_differential};
 use limiter_core::{Algorithm, ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
-use limiter_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore};
+use limiter_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore, RedisStoreBuilder};
+use limiter_test_support::policy;
 use limiter_test_support::redis as fixture;
+use limiter_test_support::stores::{first_admission, refund_all_and_ghosts};
 use redis::aio::MultiplexedConnection;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -26,11 +28,23 @@ const HANG_GUARD: Duration = Duration::from_secs(20);
 /// loaded machine must not turn a slow answer into a failed test.
 const GENEROUS: Duration = Duration::from_secs(10);
 
+/// A store on `url` with a prefix of its own and the [`GENEROUS`] timeout.
+fn builder(url: &str, what: &str) -> RedisStoreBuilder {
+    RedisStore::builder(url)
+        .key_prefix(fixture::unique_prefix(what))
+        .timeout(GENEROUS)
+}
+
+/// A [`builder`] store on the shared server, and a connection for the
+/// test's own commands there.
+async fn on_shared_server(what: &str) -> (RedisStore, MultiplexedConnection) {
+    let url = fixture::shared_url();
+    let store = builder(url, what).build().unwrap();
+    (store, fixture::admin(url).await)
+}
+
 fn policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .map(|a| Policy::new(*a, 5, Duration::from_secs(60)).unwrap())
-        .collect()
+    policy::of_every_algorithm(5, Duration::from_secs(60))
 }
 
 async fn decide_guarded(
@@ -47,33 +61,30 @@ async fn decide_guarded(
     .expect("a decision hung instead of failing within its timeout")
 }
 
-/// `cmdstat_<name>` → calls, from `INFO commandstats`.
-async fn command_calls(conn: &mut MultiplexedConnection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix("cmdstat_")?;
-            let (name, stats) = rest.split_once(':')?;
-            let calls = stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_string(), calls))
-        })
-        .collect()
-}
-
 async fn reset_stats(conn: &mut MultiplexedConnection) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(conn)
         .await
         .unwrap();
+}
+
+async fn key_ttl(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+async fn key_exists(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// What `key` holds, serialized (`DUMP`), and its TTL in milliseconds.
+async fn key_state(conn: &mut MultiplexedConnection, key: &[u8]) -> (Vec<u8>, i64) {
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap();
+    (dump, key_ttl(conn, key).await)
 }
 
 /// What MONITOR saw between [`Monitor::start`] and [`Monitor::finish`]:
@@ -144,16 +155,30 @@ impl Monitor {
     }
 }
 
+/// Checks that since `monitor` started (and the statistics were reset) the
+/// store sent exactly `n` EVALSHA and nothing else, and that the server's
+/// count agrees: `n` script calls, none failed, no load. Returns how many
+/// commands the scripts ran inside the server.
+async fn assert_only_evalsha(monitor: Monitor, conn: &mut MultiplexedConnection, n: u64) -> u64 {
+    let calls = fixture::command_calls(conn).await;
+    let (from_clients, from_scripts) = monitor.finish(conn).await;
+    let expected = BTreeMap::from([("EVALSHA".to_string(), n)]);
+    assert_eq!(
+        from_clients, expected,
+        "the store sent exactly {n} EVALSHA and nothing else"
+    );
+    assert_eq!(calls.get("evalsha"), Some(&n), "{calls:?}");
+    assert_eq!(calls.get("script|load"), None, "{calls:?}");
+    assert_eq!(calls.get("eval"), None, "{calls:?}");
+    from_scripts
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_evalsha_per_decision_and_nothing_else() {
     // A server of its own: nothing else may run commands on it.
     let (_container, url) = fixture::start_redis().await;
     let mut conn = fixture::admin(&url).await;
-    let store = RedisStore::builder(&url)
-        .key_prefix(fixture::unique_prefix("round-trips"))
-        .timeout(GENEROUS)
-        .build()
-        .unwrap();
+    let store = builder(&url, "round-trips").build().unwrap();
     store.connect().await.unwrap();
 
     // First use of each script: EVALSHA answers NOSCRIPT, the store loads
@@ -162,7 +187,7 @@ async fn one_evalsha_per_decision_and_nothing_else() {
     for p in policies() {
         decide_guarded(&store, b"warm-up", &p, T0).await.unwrap();
     }
-    let first_use = command_calls(&mut conn).await;
+    let first_use = fixture::command_calls(&mut conn).await;
     let loads = first_use.get("script|load").copied().unwrap_or(0);
     assert_eq!(loads, 4, "one SCRIPT LOAD per algorithm: {first_use:?}");
     assert_eq!(first_use.get("evalsha"), Some(&8), "{first_use:?}");
@@ -182,23 +207,11 @@ async fn one_evalsha_per_decision_and_nothing_else() {
         }
     }
     assert!(refused > 0, "the run should include refusals");
-    let calls = command_calls(&mut conn).await;
-    let (from_clients, from_scripts) = monitor.finish(&mut conn).await;
-
-    let mut expected = BTreeMap::new();
-    expected.insert("EVALSHA".to_string(), n);
-    assert_eq!(
-        from_clients, expected,
-        "the store sent exactly {n} EVALSHA and nothing else"
-    );
+    let from_scripts = assert_only_evalsha(monitor, &mut conn, n).await;
     assert!(
         from_scripts > 0,
         "the scripts' own commands run inside the server"
     );
-    // The server's count agrees: n script calls, none failed, no load.
-    assert_eq!(calls.get("evalsha"), Some(&n), "{calls:?}");
-    assert_eq!(calls.get("script|load"), None, "{calls:?}");
-    assert_eq!(calls.get("eval"), None, "{calls:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,11 +219,7 @@ async fn one_evalsha_per_refund_and_nothing_else() {
     // A server of its own: nothing else may run commands on it.
     let (_container, url) = fixture::start_redis().await;
     let mut conn = fixture::admin(&url).await;
-    let store = RedisStore::builder(&url)
-        .key_prefix(fixture::unique_prefix("refund-round-trips"))
-        .timeout(GENEROUS)
-        .build()
-        .unwrap();
+    let store = builder(&url, "refund-round-trips").build().unwrap();
     // Loads the decision and refund scripts: a refund of another key's
     // admission finds nothing, but its script runs.
     reset_stats(&mut conn).await;
@@ -221,7 +230,7 @@ async fn one_evalsha_per_refund_and_nothing_else() {
             .await
             .unwrap();
     }
-    let first_use = command_calls(&mut conn).await;
+    let first_use = fixture::command_calls(&mut conn).await;
     assert_eq!(
         first_use.get("script|load"),
         Some(&8),
@@ -243,36 +252,10 @@ async fn one_evalsha_per_refund_and_nothing_else() {
     }
     let monitor = Monitor::start(&url, &mut conn).await;
     reset_stats(&mut conn).await;
-    let mut n = 0u64;
-    for (p, key, now, d) in &admitted {
-        store
-            .refund(key.as_bytes(), p, 1, Timestamp::from_micros(*now), d)
-            .await
-            .unwrap();
-        n += 1;
-    }
     // A refund on a key that holds nothing is a round trip too, and no more.
-    for p in policies() {
-        let (_, _, now, d) = &admitted[0];
-        store
-            .refund(b"never-seen", &p, 1, Timestamp::from_micros(*now), d)
-            .await
-            .unwrap();
-        n += 1;
-    }
-    let calls = command_calls(&mut conn).await;
-    let (from_clients, from_scripts) = monitor.finish(&mut conn).await;
-
-    let mut expected = BTreeMap::new();
-    expected.insert("EVALSHA".to_string(), n);
-    assert_eq!(
-        from_clients, expected,
-        "the store sent exactly {n} EVALSHA and nothing else"
-    );
+    let n = refund_all_and_ghosts(&store, &admitted, &policies()).await;
+    let from_scripts = assert_only_evalsha(monitor, &mut conn, n).await;
     assert!(from_scripts > 0, "the refunds ran their scripts");
-    assert_eq!(calls.get("evalsha"), Some(&n), "{calls:?}");
-    assert_eq!(calls.get("script|load"), None, "{calls:?}");
-    assert_eq!(calls.get("eval"), None, "{calls:?}");
     // Each refund gave its unit back: the keys are as they were.
     for (p, key, now, d) in &admitted {
         let again = decide_guarded(&store, key.as_bytes(), p, *now)
@@ -284,13 +267,7 @@ async fn one_evalsha_per_refund_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_write_nothing_and_ttls_are_bounded() {
-    let url = fixture::shared_url();
-    let mut conn = fixture::admin(url).await;
-    let store = RedisStore::builder(url)
-        .key_prefix(fixture::unique_prefix("writes"))
-        .timeout(GENEROUS)
-        .build()
-        .unwrap();
+    let (store, mut conn) = on_shared_server("writes").await;
     let margin_ms = DEFAULT_EXPIRY_MARGIN.as_millis() as i64;
     for p in policies() {
         let key = store.redis_key(b"k", p.algorithm());
@@ -303,16 +280,7 @@ async fn refusals_write_nothing_and_ttls_are_bounded() {
         while decide_guarded(&store, b"k", &p, t).await.unwrap().allowed {
             t += 1000;
         }
-        let dump: Vec<u8> = redis::cmd("DUMP")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let (dump, ttl) = key_state(&mut conn, &key).await;
         assert!(
             ttl > 0 && ttl <= bound,
             "{p}: PTTL {ttl} not in (0, {bound}]"
@@ -327,16 +295,7 @@ async fn refusals_write_nothing_and_ttls_are_bounded() {
                 "{p}: a refusal still answers its reset"
             );
         }
-        let after: Vec<u8> = redis::cmd("DUMP")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let ttl_after: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let (after, ttl_after) = key_state(&mut conn, &key).await;
         assert_eq!(dump, after, "{p}: a refusal changed the stored state");
         assert!(
             ttl_after <= ttl,
@@ -347,21 +306,11 @@ async fn refusals_write_nothing_and_ttls_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_window_expiry_is_set_when_the_window_opens() {
-    let url = fixture::shared_url();
-    let mut conn = fixture::admin(url).await;
-    let store = RedisStore::builder(url)
-        .key_prefix(fixture::unique_prefix("expiry"))
-        .timeout(GENEROUS)
-        .build()
-        .unwrap();
+    let (store, mut conn) = on_shared_server("expiry").await;
     let p = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
     let key = store.redis_key(b"k", Algorithm::FixedWindow);
     decide_guarded(&store, b"k", &p, T0).await.unwrap();
-    let mut last: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let mut last = key_ttl(&mut conn, &key).await;
     for i in 1..30u64 {
         // Hits later in the window (caller's time) must not move the expiry.
         assert!(
@@ -370,21 +319,13 @@ async fn fixed_window_expiry_is_set_when_the_window_opens() {
                 .unwrap()
                 .allowed
         );
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let ttl = key_ttl(&mut conn, &key).await;
         assert!(ttl <= last, "hit {i} renewed the expiry: {last} -> {ttl}");
         last = ttl;
     }
     // A new window (caller's time) sets a fresh expiry.
     decide_guarded(&store, b"k", &p, T0 + 61 * S).await.unwrap();
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl = key_ttl(&mut conn, &key).await;
     assert!(
         ttl > last,
         "a new window must set its own expiry: {last} -> {ttl}"
@@ -393,13 +334,7 @@ async fn fixed_window_expiry_is_set_when_the_window_opens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_another_type_is_an_error_not_a_panic() {
-    let url = fixture::shared_url();
-    let mut conn = fixture::admin(url).await;
-    let store = RedisStore::builder(url)
-        .key_prefix(fixture::unique_prefix("wrongtype"))
-        .timeout(GENEROUS)
-        .build()
-        .unwrap();
+    let (store, mut conn) = on_shared_server("wrongtype").await;
     for p in policies() {
         let key = store.redis_key(b"k", p.algorithm());
         let _: () = redis::cmd("DEL")
@@ -426,9 +361,7 @@ async fn a_key_of_another_type_is_an_error_not_a_panic() {
 async fn server_clock_mode_decides_with_real_time() {
     // The only test that lets real time pass: the server's clock cannot be
     // driven. It asserts behaviour only, with generous slack.
-    let store = RedisStore::builder(fixture::shared_url())
-        .key_prefix(fixture::unique_prefix("server-clock"))
-        .timeout(GENEROUS)
+    let store = builder(fixture::shared_url(), "server-clock")
         .server_clock(true)
         .build()
         .unwrap();
@@ -473,16 +406,7 @@ async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
         .build()
         .unwrap();
     for p in policies() {
-        let admitted = limiter_core::Decision::from_verdict(
-            limiter_core::algorithm::Verdict {
-                allowed: true,
-                remaining: 4,
-                reset_after_us: p.window_micros(),
-                retry_after_us: 0,
-            },
-            &p,
-            "redis",
-        );
+        let admitted = first_admission(&p, "redis");
         let err = tokio::time::timeout(
             HANG_GUARD,
             store.refund(b"k", &p, 1, Timestamp::from_micros(T0), &admitted),
@@ -496,9 +420,7 @@ async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
     }
 
     // The same against a live server, on a real admission.
-    let store = RedisStore::builder(fixture::shared_url())
-        .key_prefix(fixture::unique_prefix("server-clock-refund"))
-        .timeout(GENEROUS)
+    let store = builder(fixture::shared_url(), "server-clock-refund")
         .server_clock(true)
         .build()
         .unwrap();
@@ -512,27 +434,9 @@ async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
     assert_eq!(after.remaining, 1, "the admission was kept");
 }
 
-async fn key_ttl(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
-    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
-}
-
-async fn key_exists(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_create_nothing_and_never_extend_a_ttl() {
-    let url = fixture::shared_url();
-    let mut conn = fixture::admin(url).await;
-    let store = RedisStore::builder(url)
-        .key_prefix(fixture::unique_prefix("refund-ttl"))
-        .timeout(GENEROUS)
-        .build()
-        .unwrap();
+    let (store, mut conn) = on_shared_server("refund-ttl").await;
     for p in policies() {
         let now = Timestamp::from_micros(T0);
         let first = decide_guarded(&store, b"k", &p, T0).await.unwrap();
@@ -568,16 +472,23 @@ async fn refunds_create_nothing_and_never_extend_a_ttl() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paused_server_times_out_then_recovers() {
-    let (container, url) = fixture::start_redis().await;
-    let store = RedisStore::builder(&url)
-        .key_prefix(fixture::unique_prefix("pause"))
+/// A store on `url` with a 300 ms timeout, the failure tests' policy, and a
+/// first decision made while the server is up.
+async fn answering(url: &str, what: &str) -> (RedisStore, Policy) {
+    let store = RedisStore::builder(url)
+        .key_prefix(fixture::unique_prefix(what))
         .timeout(Duration::from_millis(300))
         .build()
         .unwrap();
     let p = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
     decide_guarded(&store, b"k", &p, T0).await.unwrap();
+    (store, p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_times_out_then_recovers() {
+    let (container, url) = fixture::start_redis().await;
+    let (store, p) = answering(&url, "pause").await;
 
     container.pause().await.expect("docker pause");
     let calls = (0..8).map(|i| {
@@ -591,22 +502,13 @@ async fn paused_server_times_out_then_recovers() {
     }
 
     container.unpause().await.expect("docker unpause");
-    assert!(
-        recovers(&store, &p).await,
-        "the store must answer again once the server is back"
-    );
+    assert_recovers(&store, &p).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_server_fails_then_recovers_after_restart() {
     let (container, url) = fixture::start_redis_on_fixed_port().await;
-    let store = RedisStore::builder(&url)
-        .key_prefix(fixture::unique_prefix("stop"))
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let p = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
-    decide_guarded(&store, b"k", &p, T0).await.unwrap();
+    let (store, p) = answering(&url, "stop").await;
 
     container.stop().await.expect("docker stop");
     for i in 0..3 {
@@ -621,21 +523,18 @@ async fn stopped_server_fails_then_recovers_after_restart() {
     }
 
     container.start().await.expect("docker start");
-    assert!(
-        recovers(&store, &p).await,
-        "the store must answer again once the server is back"
-    );
+    assert_recovers(&store, &p).await;
 }
 
 /// Polls until a decision succeeds; the server needs a moment to come back.
-async fn recovers(store: &RedisStore, p: &Policy) -> bool {
+async fn assert_recovers(store: &RedisStore, p: &Policy) {
     for i in 0..100 {
         if decide_guarded(store, b"k", p, T0 + S + i).await.is_ok() {
-            return true;
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    false
+    panic!("the store must answer again once the server is back");
 }
 
 async fn futures_join<F: std::future::Future + Send + 'static>(
@@ -706,15 +605,21 @@ fn resp_command_len(buf: &[u8]) -> Option<usize> {
     Some(at)
 }
 
+/// What a store with `timeout` answers, under each of [`policies`], from a
+/// [`fake_server`] answering `reply`: an error every time.
+async fn fake_server_errors(reply: Option<&'static [u8]>, timeout: Duration) -> Vec<StoreError> {
+    let url = fake_server(reply).await;
+    let store = RedisStore::builder(&url).timeout(timeout).build().unwrap();
+    let mut errors = Vec::new();
+    for p in policies() {
+        errors.push(decide_guarded(&store, b"k", &p, T0).await.unwrap_err());
+    }
+    errors
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_server_times_out() {
-    let url = fake_server(None).await;
-    let store = RedisStore::builder(&url)
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    for p in policies() {
-        let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+    for err in fake_server_errors(None, Duration::from_millis(200)).await {
         assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     }
 }
@@ -727,13 +632,7 @@ async fn replies_of_the_wrong_type_are_protocol_errors() {
         b"*2\r\n:1\r\n:0\r\n",
         b"$-1\r\n",
     ] {
-        let url = fake_server(Some(reply)).await;
-        let store = RedisStore::builder(&url)
-            .timeout(Duration::from_millis(500))
-            .build()
-            .unwrap();
-        for p in policies() {
-            let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+        for err in fake_server_errors(Some(reply), Duration::from_millis(500)).await {
             assert_eq!(
                 err.kind(),
                 ErrorKind::Protocol,
@@ -746,13 +645,8 @@ async fn replies_of_the_wrong_type_are_protocol_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_is_an_error_not_a_panic_or_a_hang() {
-    let url = fake_server(Some(b"this is not RESP\r\n")).await;
-    let store = RedisStore::builder(&url)
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
-    for p in policies() {
-        let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+    let garbage = Some(&b"this is not RESP\r\n"[..]);
+    for err in fake_server_errors(garbage, Duration::from_millis(500)).await {
         assert!(
             matches!(
                 err.kind(),
@@ -776,9 +670,7 @@ async fn nothing_listening_is_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_match_the_reference_algorithm_decision_for_decision() {
-    let store = RedisStore::builder(fixture::shared_url())
-        .key_prefix(fixture::unique_prefix("differential"))
-        .timeout(GENEROUS)
+    let store = builder(fixture::shared_url(), "differential")
         .build()
         .unwrap();
     let checked = algorithm_differential(&store, 300)
@@ -793,9 +685,7 @@ async fn scripts_match_the_reference_algorithm_decision_for_decision() {
 /// that follow show.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_match_the_reference_algorithm_decision_for_decision() {
-    let store = RedisStore::builder(fixture::shared_url())
-        .key_prefix(fixture::unique_prefix("refund-differential"))
-        .timeout(GENEROUS)
+    let store = builder(fixture::shared_url(), "refund-differential")
         // Keys expire in real time; the caller's time here runs faster, but
         // a loaded machine must not lose state the reference still holds.
         .expiry_margin(Duration::from_secs(3600))

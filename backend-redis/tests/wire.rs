@@ -6,22 +6,20 @@
 
 use std::time::Duration;
 
-use limiter_core::{Algorithm, Decision, ManualClock, Policy, Store, Timestamp};
+use limiter_core::{ManualClock, Policy, Store, Timestamp};
 use limiter_redis::RedisStore;
-use limiter_test_support::WireCounter;
+use limiter_test_support::policy;
 use limiter_test_support::redis as fixture;
+use limiter_test_support::stores::{Admission, refund_all_and_ghosts};
 
 const T0: u64 = ManualClock::DEFAULT_START.as_micros();
 
 fn policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .map(|a| Policy::new(*a, 5, Duration::from_secs(60)).unwrap())
-        .collect()
+    policy::of_every_algorithm(5, Duration::from_secs(60))
 }
 
-async fn store_via(wire: &WireCounter, what: &str) -> RedisStore {
-    RedisStore::builder(fixture::via(fixture::shared_url(), wire.addr()))
+async fn store_via(url: &str, what: &str) -> RedisStore {
+    RedisStore::builder(url)
         .key_prefix(fixture::unique_prefix(what))
         // Semantics, not latency: a loaded machine must not fail the test.
         .timeout(Duration::from_secs(10))
@@ -31,10 +29,8 @@ async fn store_via(wire: &WireCounter, what: &str) -> RedisStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
-    let wire = WireCounter::start(fixture::tcp_addr(fixture::shared_url()))
-        .await
-        .unwrap();
-    let store = store_via(&wire, "wire").await;
+    let (wire, url) = fixture::shared_through_counter().await;
+    let store = store_via(&url, "wire").await;
 
     // Warm-up, not counted: the connection's handshake, and each script's
     // first use (EVALSHA answered NOSCRIPT, SCRIPT LOAD, EVALSHA again).
@@ -45,7 +41,7 @@ async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
     }
 
     let before = wire.exchanges();
-    let mut admitted: Vec<(Policy, String, u64, Decision)> = Vec::new();
+    let mut admitted: Vec<Admission> = Vec::new();
     let (mut decisions, mut refused) = (0u64, 0u64);
     for p in policies() {
         for i in 0..12u64 {
@@ -71,23 +67,8 @@ async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
     );
 
     let before = wire.exchanges();
-    let mut refunds = 0u64;
-    for (p, key, now, d) in &admitted {
-        store
-            .refund(key.as_bytes(), p, 1, Timestamp::from_micros(*now), d)
-            .await
-            .unwrap();
-        refunds += 1;
-    }
     // A refund that finds nothing to give back is one exchange too.
-    for p in policies() {
-        let (_, _, now, d) = &admitted[0];
-        store
-            .refund(b"never-seen", &p, 1, Timestamp::from_micros(*now), d)
-            .await
-            .unwrap();
-        refunds += 1;
-    }
+    let refunds = refund_all_and_ghosts(&store, &admitted, &policies()).await;
     assert_eq!(wire.exchanges() - before, refunds, "{refunds} refunds");
     assert_eq!(wire.connections(), 1, "one multiplexed connection");
 }
@@ -97,10 +78,8 @@ async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
 /// from a client of the same connection) is counted as two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_counter_sees_a_second_round_trip() {
-    let wire = WireCounter::start(fixture::tcp_addr(fixture::shared_url()))
-        .await
-        .unwrap();
-    let client = redis::Client::open(fixture::via(fixture::shared_url(), wire.addr())).unwrap();
+    let (wire, url) = fixture::shared_through_counter().await;
+    let client = redis::Client::open(url).unwrap();
     let manager = redis::aio::ConnectionManager::new(client).await.unwrap();
     let store = RedisStore::builder_with_connection_manager(manager.clone())
         .key_prefix(fixture::unique_prefix("wire-teeth"))

@@ -27,6 +27,12 @@ fn config(args: &[&str]) -> Result<Config, String> {
     Config::from_matches(&matches).map_err(|e| e.to_string())
 }
 
+/// The error a `--config` file named `name` holding `text` is refused with.
+fn config_error(name: &str, text: &str) -> String {
+    let path = file(name, text);
+    config(&["--config", path.to_str().unwrap()]).unwrap_err()
+}
+
 fn policy(text: &str) -> Policy {
     text.parse().unwrap()
 }
@@ -114,58 +120,66 @@ fn a_flag_overrides_the_file_for_its_route_only() {
     assert_eq!(endpoints[0].policy, policy("fixed_window 3/h"));
 }
 
+/// Each `(name, text, parts)`: a file `name` holding `text` is refused
+/// with an error that says every one of `parts`.
+fn assert_refused(cases: &[(&str, &str, &[&str])]) {
+    for (name, text, parts) in cases {
+        let err = config_error(name, text);
+        for part in *parts {
+            assert!(err.contains(part), "{name}: no {part:?} in {err}");
+        }
+    }
+}
+
 #[test]
 fn a_bad_policy_is_refused_naming_the_file_and_line() {
-    let path = file(
-        "bad_policy.toml",
-        "[routes.feedback]\nlimit = \"5/hour\"\n\n[routes.search]\nlimit = \"60/fortnight\"\n",
-    );
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
-    assert!(err.contains("bad_policy.toml: line 5, column 9"), "{err}");
-    assert!(err.contains("unknown unit \"fortnight\""), "{err}");
-
-    // Well formed, but a policy the constructor refuses.
-    let path = file(
-        "zero.toml",
-        "[routes.contact]\nlimit = \"fixed_window 0/day\"\n",
-    );
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
-    assert!(err.contains("zero.toml: line 2"), "{err}");
-    assert!(err.contains("limit must be at least 1"), "{err}");
+    assert_refused(&[
+        (
+            "bad_policy.toml",
+            "[routes.feedback]\nlimit = \"5/hour\"\n\n[routes.search]\nlimit = \"60/fortnight\"\n",
+            &[
+                "bad_policy.toml: line 5, column 9",
+                "unknown unit \"fortnight\"",
+            ],
+        ),
+        // Well formed, but a policy the constructor refuses.
+        (
+            "zero.toml",
+            "[routes.contact]\nlimit = \"fixed_window 0/day\"\n",
+            &["zero.toml: line 2", "limit must be at least 1"],
+        ),
+    ]);
 }
 
 #[test]
 fn unknown_keys_and_routes_are_refused_naming_the_line() {
-    let path = file(
-        "unknown_key.toml",
-        "[routes.search]\nlimit = \"60/min\"\nburst = 5\n",
-    );
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
-    assert!(err.contains("unknown_key.toml: line 3"), "{err}");
-    assert!(err.contains("unknown field `burst`"), "{err}");
-
-    let path = file(
-        "unknown_route.toml",
-        "\n[routes.serach]\nlimit = \"60/min\"\n",
-    );
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
-    assert!(err.contains("unknown_route.toml: line 2"), "{err}");
-    assert!(err.contains("unknown field `serach`"), "{err}");
-    assert!(
-        err.contains("`search`"),
-        "the known routes are listed: {err}"
-    );
-
-    let path = file("top_level.toml", "listen = \"0.0.0.0:80\"\n");
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
-    assert!(
-        err.contains("line 1") && err.contains("unknown field `listen`"),
-        "{err}"
-    );
-
-    let path = file("not_toml.toml", "[routes.search\n");
-    let err = config(&["--config", path.to_str().unwrap()]).unwrap_err();
-    assert!(err.contains("not_toml.toml: line 1"), "{err}");
+    assert_refused(&[
+        (
+            "unknown_key.toml",
+            "[routes.search]\nlimit = \"60/min\"\nburst = 5\n",
+            &["unknown_key.toml: line 3", "unknown field `burst`"],
+        ),
+        (
+            "unknown_route.toml",
+            "\n[routes.serach]\nlimit = \"60/min\"\n",
+            // The known routes are listed.
+            &[
+                "unknown_route.toml: line 2",
+                "unknown field `serach`",
+                "`search`",
+            ],
+        ),
+        (
+            "top_level.toml",
+            "listen = \"0.0.0.0:80\"\n",
+            &["line 1", "unknown field `listen`"],
+        ),
+        (
+            "not_toml.toml",
+            "[routes.search\n",
+            &["not_toml.toml: line 1"],
+        ),
+    ]);
 
     let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-such-limits.toml");
     let err = config(&["--config", missing.to_str().unwrap()]).unwrap_err();

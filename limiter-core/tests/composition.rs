@@ -121,6 +121,15 @@ impl AbuseSink for Events {
     }
 }
 
+/// A limiter of the one `rule`, on `clock`.
+fn limiter_of(clock: &ManualClock, rule: Rule) -> Limiter {
+    Limiter::builder()
+        .clock(clock.clone())
+        .rule(rule)
+        .build()
+        .unwrap()
+}
+
 fn per_minute(limit: u32) -> Policy {
     Policy::sliding_log(limit, Duration::from_secs(60)).unwrap()
 }
@@ -164,20 +173,17 @@ async fn fallback_answers_while_authoritative_store_fails_and_never_both() {
     let shared = Switchable::new("shared");
     let local = Switchable::new("local");
     let clock = ManualClock::new();
-    let limiter = Limiter::builder()
-        .clock(clock.clone())
-        .rule(
-            Rule::new("search", shared.clone(), per_minute(10))
-                .unwrap()
-                .with_fallback(local.clone())
-                .unwrap()
-                // Four failures in a row must not open the breaker here, so
-                // that the shared store answers again as soon as it is up.
-                .with_breaker(BreakerConfig::new(10, Duration::from_secs(5)).unwrap())
-                .on_failure(FailurePolicy::Closed),
-        )
-        .build()
-        .unwrap();
+    let limiter = limiter_of(
+        &clock,
+        Rule::new("search", shared.clone(), per_minute(10))
+            .unwrap()
+            .with_fallback(local.clone())
+            .unwrap()
+            // Four failures in a row must not open the breaker here, so
+            // that the shared store answers again as soon as it is up.
+            .with_breaker(BreakerConfig::new(10, Duration::from_secs(5)).unwrap())
+            .on_failure(FailurePolicy::Closed),
+    );
     // An honest client at exactly its limit, with the shared store failing
     // for part of the window: never refused, each request counted once.
     for i in 0..10 {
@@ -206,38 +212,28 @@ async fn hanging_store_costs_one_timeout_then_breaker_answers_at_once() {
     let shared = Switchable::new("shared");
     shared.set(Health::Hanging);
     let clock = ManualClock::new();
-    let limiter = Limiter::builder()
-        .clock(clock.clone())
-        .rule(
-            Rule::new("search", shared.clone(), per_minute(10))
-                .unwrap()
-                .with_timeout(Duration::from_millis(100))
-                .unwrap()
-                .with_breaker(BreakerConfig::new(2, Duration::from_secs(5)).unwrap())
-                .on_failure(FailurePolicy::Open),
-        )
-        .build()
-        .unwrap();
-    for _ in 0..2 {
+    let limiter = limiter_of(
+        &clock,
+        Rule::new("search", shared.clone(), per_minute(10))
+            .unwrap()
+            .with_timeout(Duration::from_millis(100))
+            .unwrap()
+            .with_breaker(BreakerConfig::new(2, Duration::from_secs(5)).unwrap())
+            .on_failure(FailurePolicy::Open),
+    );
+    // Admitted, degraded, after `wait` of (virtual) time.
+    let degraded_after = async |wait: Duration, why: &str| {
         let started = tokio::time::Instant::now();
         let d = limiter.check(b"k").await;
         assert!(d.allowed && d.source.degraded);
-        assert_eq!(
-            started.elapsed(),
-            Duration::from_millis(100),
-            "virtual time"
-        );
+        assert_eq!(started.elapsed(), wait, "{why}");
+    };
+    for _ in 0..2 {
+        degraded_after(Duration::from_millis(100), "virtual time").await;
     }
     assert_eq!(limiter.stats()[0].breaker, BreakerState::Open);
     for _ in 0..100 {
-        let started = tokio::time::Instant::now();
-        let d = limiter.check(b"k").await;
-        assert!(d.allowed && d.source.degraded);
-        assert_eq!(
-            started.elapsed(),
-            Duration::ZERO,
-            "open breaker never waits"
-        );
+        degraded_after(Duration::ZERO, "open breaker never waits").await;
     }
     assert_eq!(shared.calls(), 2, "no calls while open");
     let stats = &limiter.stats()[0];
@@ -263,11 +259,7 @@ async fn failed_probe_reopens_for_another_cool_down() {
         .unwrap()
         .with_breaker(BreakerConfig::new(1, Duration::from_secs(5)).unwrap())
         .on_failure(FailurePolicy::Closed);
-    let limiter = Limiter::builder()
-        .clock(clock.clone())
-        .rule(rule)
-        .build()
-        .unwrap();
+    let limiter = limiter_of(&clock, rule);
     let d = limiter.check(b"k").await;
     assert!(!d.allowed && d.source.degraded);
     assert_eq!(d.retry_after, Duration::from_secs(1));
@@ -304,16 +296,13 @@ async fn escalation_samples_admitted_requests_and_records_refusals() {
     let local = Switchable::new("memory");
     let durable = Switchable::new("postgres");
     let events = Arc::new(Events::default());
-    let limiter = Limiter::builder()
-        .clock(ManualClock::new())
-        .rule(
-            Rule::new("feedback", local.clone(), per_minute(20))
-                .unwrap()
-                .with_escalation(durable.clone(), per_minute(2), 5, Some(events.clone()))
-                .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let limiter = limiter_of(
+        &ManualClock::new(),
+        Rule::new("feedback", local.clone(), per_minute(20))
+            .unwrap()
+            .with_escalation(durable.clone(), per_minute(2), 5, Some(events.clone()))
+            .unwrap(),
+    );
     let mut outcomes = Vec::new();
     for _ in 0..20 {
         let d = limiter.check(b"bot").await;
@@ -435,11 +424,10 @@ fn bad_compositions_are_refused_at_construction() {
 async fn a_shared_store_refusal_is_repeated_without_a_call_until_its_retry_time() {
     let shared = Switchable::new("shared");
     let clock = ManualClock::new();
-    let limiter = Limiter::builder()
-        .clock(clock.clone())
-        .rule(Rule::new("r", shared.clone(), per_minute(2)).unwrap())
-        .build()
-        .unwrap();
+    let limiter = limiter_of(
+        &clock,
+        Rule::new("r", shared.clone(), per_minute(2)).unwrap(),
+    );
     assert!(limiter.check(b"k").await.allowed);
     assert!(limiter.check(b"k").await.allowed);
     let first = limiter.check(b"k").await;

@@ -23,10 +23,13 @@ fn shared_store() -> Arc<Switch<dyn Store>> {
     Switch::<dyn Store>::new(Arc::new(ReferenceStore::new(100_000)))
 }
 
+/// One instance's store: batches of at most `max_units` from `shared`.
+fn leased_store(shared: &Arc<Switch<dyn Store>>, max_units: u32) -> LeasedStore {
+    LeasedStore::new(shared.clone(), LeaseConfig::new(max_units).unwrap())
+}
+
 fn fleet(shared: &Arc<Switch<dyn Store>>, n: usize, max_units: u32) -> Vec<LeasedStore> {
-    (0..n)
-        .map(|_| LeasedStore::new(shared.clone(), LeaseConfig::new(max_units).unwrap()))
-        .collect()
+    (0..n).map(|_| leased_store(shared, max_units)).collect()
 }
 
 /// A small deterministic generator: the same schedule on every run.
@@ -169,6 +172,16 @@ async fn steady_traffic_costs_one_round_trip_per_batch() {
     assert!(s.round_trips * 10 <= 1_000);
 }
 
+/// Decides `k` on `store` at `now` until it is refused: how many were
+/// admitted before.
+async fn admitted_until_refused(store: &LeasedStore, policy: &Policy, now: Timestamp) -> u32 {
+    let mut admitted = 0;
+    while store.decide(b"k", policy, 1, now).await.unwrap().allowed {
+        admitted += 1;
+    }
+    admitted
+}
+
 #[tokio::test]
 async fn unspent_units_are_bounded_and_released() {
     let shared = shared_store();
@@ -182,38 +195,19 @@ async fn unspent_units_are_bounded_and_released() {
     assert!(held <= 7, "{held}");
     assert!(held > 0, "the schedule should leave units in hand");
     // The other instance gets what is not leased, and no more.
-    let mut other = 0;
-    while fleet[1]
-        .decide(b"k", &policy, 1, now)
-        .await
-        .unwrap()
-        .allowed
-    {
-        other += 1;
-    }
+    let other = admitted_until_refused(&fleet[1], &policy, now).await;
     assert_eq!(20 + held + other, 40);
     // Released units are admitted again.
     assert_eq!(fleet[0].release(now).await, u64::from(held));
     assert_eq!(fleet[0].units_in_hand(b"k", &policy, now), 0);
-    let mut again = 0;
-    while fleet[1]
-        .decide(b"k", &policy, 1, now)
-        .await
-        .unwrap()
-        .allowed
-    {
-        again += 1;
-    }
+    let again = admitted_until_refused(&fleet[1], &policy, now).await;
     assert_eq!(again, held);
 }
 
 #[tokio::test]
 async fn a_unit_spent_then_refused_by_a_later_rule_returns_to_the_lease() {
     let shared = shared_store();
-    let leased = Arc::new(LeasedStore::new(
-        shared.clone(),
-        LeaseConfig::new(8).unwrap(),
-    ));
+    let leased = Arc::new(leased_store(&shared, 8));
     let leased_units = |l: &LeasedStore, p: &Policy, now| l.units_in_hand(b"fleet:k", p, now);
     let clock = ManualClock::new();
     let fleet_policy = Policy::fixed_window(1_000, Duration::from_secs(60)).unwrap();
@@ -252,10 +246,7 @@ async fn a_unit_spent_then_refused_by_a_later_rule_returns_to_the_lease() {
 #[tokio::test]
 async fn a_dead_shared_store_follows_the_failure_policy_once_the_batch_is_spent() {
     let shared = shared_store();
-    let leased = Arc::new(LeasedStore::new(
-        shared.clone(),
-        LeaseConfig::new(4).unwrap(),
-    ));
+    let leased = Arc::new(leased_store(&shared, 4));
     let clock = ManualClock::new();
     let policy = Policy::fixed_window(1_000, Duration::from_secs(60)).unwrap();
     let limiter = Limiter::builder()
@@ -286,7 +277,7 @@ async fn a_dead_shared_store_follows_the_failure_policy_once_the_batch_is_spent(
 #[test]
 fn algorithms_that_count_each_instant_are_refused() {
     let shared = shared_store();
-    let leased: Arc<dyn Store> = Arc::new(LeasedStore::new(shared, LeaseConfig::new(8).unwrap()));
+    let leased: Arc<dyn Store> = Arc::new(leased_store(&shared, 8));
     for policy in [
         Policy::sliding_log(10, Duration::from_secs(1)).unwrap(),
         Policy::gcra(10, Duration::from_secs(1)).unwrap(),

@@ -39,6 +39,7 @@ use limiter::{
     Capabilities, Clock, Decision, ErrorKind, Limiter, ManualClock, Policy, Rule, Store,
     StoreError, Timestamp,
 };
+use limiter_test_support::Rng;
 
 const LIMIT: u32 = 100;
 const WINDOW: Duration = Duration::from_secs(10);
@@ -196,21 +197,6 @@ impl Shape {
             Shape::DistributedAttacker => "distributed attacker",
             Shape::BusyKey => "busy key at 80 %",
         }
-    }
-}
-
-/// A small deterministic generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

@@ -13,8 +13,6 @@
 //! they run against.
 #![cfg(all(feature = "memory", any(feature = "redis", feature = "postgres")))]
 
-#[cfg(feature = "redis")]
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -605,19 +603,7 @@ impl Server for Redis {
 
     /// `cmdstat_evalsha` calls.
     async fn commands((_, conn): &mut Self::Counter) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(conn)
-            .await
-            .unwrap();
-        let stats: BTreeMap<&str, u64> = info
-            .lines()
-            .filter_map(|line| {
-                let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-                Some((name, calls.parse().ok()?))
-            })
-            .collect();
+        let stats = limiter_test_support::redis::command_calls(conn).await;
         stats.get("evalsha").copied().unwrap_or(0)
     }
 }

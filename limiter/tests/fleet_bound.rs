@@ -21,6 +21,7 @@ use limiter::{
 };
 use limiter_test_support::postgres as pg_fixture;
 use limiter_test_support::redis as redis_fixture;
+use rstest::rstest;
 
 /// Instances in the fleet.
 const N: u32 = 4;
@@ -79,23 +80,33 @@ fn total(fleet: &[Limiter], f: impl Fn(&limiter::RuleStats) -> u64) -> u64 {
     fleet.iter().map(|l| f(&l.stats()[0])).sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_store_only_admits_the_limit_across_the_fleet() {
-    let clock = ManualClock::new();
-    let shared = redis_store(redis_fixture::shared_url());
-    let fleet = fleet(&clock, || {
-        Rule::new("search", shared.clone(), policy())
-            .unwrap()
-            .on_failure(FailurePolicy::Closed)
-    });
-    assert_eq!(drive(&fleet, PER_INSTANCE).await, L);
-    assert_eq!(total(&fleet, |s| s.degraded), 0);
+/// The server a fleet shares.
+#[derive(Debug, Clone, Copy)]
+enum Server {
+    /// The shared Redis server, a key prefix of the test's own.
+    Redis,
+    /// The shared PostgreSQL server, a schema of the test's own.
+    Postgres,
 }
 
+impl Server {
+    async fn store(self) -> Arc<dyn Store> {
+        match self {
+            Server::Redis => redis_store(redis_fixture::shared_url()),
+            Server::Postgres => Arc::new(pg_fixture::fresh_store("fleet").await),
+        }
+    }
+}
+
+/// A fleet whose one rule decides on the shared store alone, failing
+/// closed, admits exactly the limit, and never degrades.
+#[rstest]
+#[case::redis(Server::Redis)]
+#[case::postgres(Server::Postgres)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_postgres_only_admits_the_limit_across_the_fleet() {
+async fn shared_store_only_admits_the_limit_across_the_fleet(#[case] server: Server) {
+    let shared = server.store().await;
     let clock = ManualClock::new();
-    let shared: Arc<dyn Store> = Arc::new(pg_fixture::fresh_store("fleet").await);
     let fleet = fleet(&clock, || {
         Rule::new("search", shared.clone(), policy())
             .unwrap()
@@ -198,10 +209,10 @@ async fn escalation(durable: Arc<dyn Store>, sink: Arc<dyn AbuseSink>) -> Vec<Li
 
 /// Every refusal is counted by the sink, in one event per instance per
 /// window plus the counts a flush writes: never one write per refusal.
-async fn check_abuse_writes(fleet: &[Limiter], written: impl Fn() -> u64) -> u64 {
+async fn check_abuse_writes(fleet: &[Limiter], written: impl AsyncFn() -> u64) -> u64 {
     let refused = total(fleet, |s| s.refused);
     assert_eq!(
-        written(),
+        written().await,
         u64::from(N),
         "one write per instance for one key"
     );
@@ -233,7 +244,7 @@ impl AbuseSink for CountingSink {
 async fn escalation_to_redis_admits_the_documented_bound() {
     let sink = Arc::new(CountingSink::default());
     let fleet = escalation(redis_store(redis_fixture::shared_url()), sink.clone()).await;
-    let refused = check_abuse_writes(&fleet, || sink.writes.load(Ordering::SeqCst)).await;
+    let refused = check_abuse_writes(&fleet, async || sink.writes.load(Ordering::SeqCst)).await;
     assert_eq!(
         sink.refusals.load(Ordering::SeqCst),
         refused,
@@ -245,18 +256,8 @@ async fn escalation_to_redis_admits_the_documented_bound() {
 async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() {
     let durable = Arc::new(pg_fixture::fresh_store("fleet_escalation").await);
     let fleet = escalation(durable.clone(), durable.clone()).await;
-    let rows = || async { durable.abuse_events(b"attacker").await.unwrap() };
-    let count = || async { rows().await.len() as u64 };
-    assert_eq!(
-        count().await,
-        u64::from(N),
-        "one row per instance for one key"
-    );
-    let mut flushed = 0;
-    for limiter in &fleet {
-        flushed += limiter.flush_abuse_events().await;
-    }
-    assert_eq!(flushed, u64::from(N), "each instance held back the rest");
+    let rows = async || durable.abuse_events(b"attacker").await.unwrap();
+    check_abuse_writes(&fleet, async || rows().await.len() as u64).await;
     let events = rows().await;
     assert_eq!(events.len() as u64, 2 * u64::from(N), "one row per write");
     assert!(events.iter().all(|e| e.rule.as_deref() == Some("search")));
@@ -272,8 +273,13 @@ async fn escalation_to_postgres_admits_the_documented_bound_and_records_abuse() 
 /// unit is counted by the server, and every instance keeps asking until it
 /// has spent what it holds); under the limit, it admits every request at
 /// about one server call per ten.
-async fn leased_fleet(shared: Arc<dyn Store>) {
+#[rstest]
+#[case::redis(Server::Redis)]
+#[case::postgres(Server::Postgres)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_fleet_admits_the_limit_with_a_call_per_batch(#[case] server: Server) {
     use limiter::lease::{LeaseConfig, LeasedStore};
+    let shared = server.store().await;
     let clock = ManualClock::new();
     let fleet_of = |limit: u32| -> (Vec<Limiter>, Vec<Arc<LeasedStore>>) {
         let stores: Vec<Arc<LeasedStore>> = (0..N)
@@ -321,14 +327,4 @@ async fn leased_fleet(shared: Arc<dyn Store>) {
         u64::from(N) * 11,
         "server calls for {admitted} admissions"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leased_fleet_on_redis_admits_the_limit_with_a_call_per_batch() {
-    leased_fleet(redis_store(redis_fixture::shared_url())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leased_fleet_on_postgres_admits_the_limit_with_a_call_per_batch() {
-    leased_fleet(Arc::new(pg_fixture::fresh_store("fleet").await)).await;
 }

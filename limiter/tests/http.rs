@@ -42,6 +42,26 @@ fn limiter(
         .unwrap()
 }
 
+/// A limiter whose one rule, `name`, decides on an exact store of its own
+/// and fails open.
+fn exact(name: &str, policy: Policy, clock: &ManualClock) -> Limiter {
+    limiter(
+        name,
+        Arc::new(MapStore::default()),
+        policy,
+        clock,
+        FailurePolicy::Open,
+    )
+}
+
+/// Serves [`app`] with `search` behind `identity` on a fresh port: the
+/// server's address, and the count of requests that reached the handler.
+async fn serve_search(search: Limiter, identity: ClientIdentity) -> (SocketAddr, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let server = serve(app(RateLimitLayer::new(search, identity), hits.clone())).await;
+    (server, hits)
+}
+
 /// A router whose `/api/search` is limited by `layer` and counts the
 /// requests that reach the handler.
 fn app(layer: RateLimitLayer, hits: Arc<AtomicUsize>) -> Router {
@@ -64,15 +84,8 @@ fn app(layer: RateLimitLayer, hits: Arc<AtomicUsize>) -> Router {
 async fn the_61st_search_in_a_minute_is_refused_with_headers_and_json() {
     let clock = ManualClock::new();
     let policy = Policy::sliding_log(60, Duration::from_secs(60)).unwrap();
-    let search = limiter(
-        "search",
-        Arc::new(MapStore::default()),
-        policy,
-        &clock,
-        FailurePolicy::Open,
-    );
-    let hits = Arc::new(AtomicUsize::new(0));
-    let server = serve(app(RateLimitLayer::new(search, identity()), hits.clone())).await;
+    let search = exact("search", policy, &clock);
+    let (server, hits) = serve_search(search, identity()).await;
     let client = TestClient::new(server, None);
 
     for i in 1..=60u64 {
@@ -113,14 +126,8 @@ async fn the_61st_search_in_a_minute_is_refused_with_headers_and_json() {
 async fn retry_after_is_exactly_long_enough() {
     let clock = ManualClock::new();
     let policy = Policy::sliding_log(3, Duration::from_secs(10)).unwrap();
-    let search = limiter(
-        "search",
-        Arc::new(MapStore::default()),
-        policy,
-        &clock,
-        FailurePolicy::Open,
-    );
-    let server = serve(app(RateLimitLayer::new(search, identity()), Arc::default())).await;
+    let search = exact("search", policy, &clock);
+    let (server, _) = serve_search(search, identity()).await;
     let client = TestClient::new(server, None);
 
     // Admitted at +0.3 s, +2 s, +4 s; the oldest leaves the window at
@@ -155,14 +162,8 @@ async fn retry_after_is_exactly_long_enough() {
 async fn clients_at_different_peer_addresses_are_independent() {
     let clock = ManualClock::new();
     let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
-    let search = limiter(
-        "search",
-        Arc::new(MapStore::default()),
-        policy,
-        &clock,
-        FailurePolicy::Open,
-    );
-    let server = serve(app(RateLimitLayer::new(search, identity()), Arc::default())).await;
+    let search = exact("search", policy, &clock);
+    let (server, _) = serve_search(search, identity()).await;
     let a = TestClient::new(server, Some(IpAddr::from([127, 0, 0, 1])));
     let b = TestClient::new(server, Some(IpAddr::from([127, 0, 0, 2])));
 
@@ -190,15 +191,9 @@ async fn clients_at_different_peer_addresses_are_independent() {
 async fn clients_behind_one_trusted_proxy_are_told_apart_by_x_forwarded_for() {
     let clock = ManualClock::new();
     let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
-    let search = limiter(
-        "search",
-        Arc::new(MapStore::default()),
-        policy,
-        &clock,
-        FailurePolicy::Open,
-    );
+    let search = exact("search", policy, &clock);
     let identity = identity().with_source(AddressSource::x_forwarded_for(1).unwrap());
-    let server = serve(app(RateLimitLayer::new(search, identity), Arc::default())).await;
+    let (server, _) = serve_search(search, identity).await;
     // The test client plays the proxy: it appends the client's address.
     let proxy = TestClient::new(server, None);
     let as_client = |xff: &'static str| {
@@ -240,8 +235,7 @@ async fn a_failing_store_fails_open_or_closed_and_never_500() {
         let clock = ManualClock::new();
         let policy = Policy::sliding_log(60, Duration::from_secs(60)).unwrap();
         let search = limiter("search", Arc::new(Failing), policy, &clock, on_failure);
-        let hits = Arc::new(AtomicUsize::new(0));
-        let server = serve(app(RateLimitLayer::new(search, identity()), hits.clone())).await;
+        let (server, hits) = serve_search(search, identity()).await;
         let client = TestClient::new(server, None);
         for _ in 0..3 {
             let reply = client.get("/api/search").await;
@@ -441,16 +435,7 @@ async fn a_plain_tower_service_reads_a_socket_addr_extension() {
 
     let clock = ManualClock::new();
     let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
-    let layer = RateLimitLayer::new(
-        limiter(
-            "api",
-            Arc::new(MapStore::default()),
-            policy,
-            &clock,
-            FailurePolicy::Open,
-        ),
-        identity(),
-    );
+    let layer = RateLimitLayer::new(exact("api", policy, &clock), identity());
     let mut service = layer.layer(tower::service_fn(|_req: http::Request<String>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
             bytes::Bytes::from_static(b"ok"),
@@ -492,8 +477,7 @@ async fn a_durable_refusal_describes_the_durable_policy() {
         )
         .build()
         .unwrap();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let server = serve(app(RateLimitLayer::new(search, identity()), hits.clone())).await;
+    let (server, hits) = serve_search(search, identity()).await;
     let client = TestClient::new(server, None);
     let first = client.get("/api/search").await;
     assert_eq!(first.status, StatusCode::OK);

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use limiter::key::{ExtensionKey, GlobalKey, HeaderKey, LimitKey};
-use limiter::layer::{HeaderMode, MissingKey, RateLimitHeaders};
+use limiter::layer::{HeaderMode, MissingKey, RateLimitHeaders, RateLimitLayerBuilder};
 use limiter::{ClientIdentity, Limiter, ManualClock, Policy, RateLimitLayer, Rule, Store};
+use limiter_test_support::http::Reply;
 use limiter_test_support::stores::{MapStore, Recording};
 use tower::{Layer, Service};
 
@@ -22,6 +23,11 @@ const SECRET: &[u8; 32] = b"test secret, thirty-two bytes!!!";
 
 fn identity() -> ClientIdentity {
     ClientIdentity::new(SECRET).unwrap()
+}
+
+/// A rule on an exact store of its own.
+fn exact_rule(name: &str, policy: Policy) -> Rule {
+    Rule::new(name, Arc::new(MapStore::default()), policy).unwrap()
 }
 
 fn one_rule(name: &str, store: Arc<dyn Store>, limit: u32) -> Limiter {
@@ -39,22 +45,24 @@ fn one_rule(name: &str, store: Arc<dyn Store>, limit: u32) -> Limiter {
         .unwrap()
 }
 
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
+/// A layer builder for [`one_rule`] named "api" on an exact store of its
+/// own.
+fn api_on_map(limit: u32, identity: ClientIdentity) -> RateLimitLayerBuilder {
+    RateLimitLayer::builder(
+        one_rule("api", Arc::new(MapStore::default()), limit),
+        identity,
+    )
 }
 
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
+/// What these tests read from a [`Reply`] beside its headers.
+trait ReplyExt {
+    fn remaining(&self) -> u64;
+    fn rate_limit_headers(&self) -> Vec<&str>;
+}
 
+impl ReplyExt for Reply {
     fn remaining(&self) -> u64 {
-        self.header("x-ratelimit-remaining")
-            .unwrap()
-            .parse()
-            .unwrap()
+        self.header_u64("x-ratelimit-remaining")
     }
 
     fn rate_limit_headers(&self) -> Vec<&str> {
@@ -101,15 +109,7 @@ where
             .insert(format!("{peer}:4000").parse::<SocketAddr>().unwrap());
         prepare(&mut request);
         poll_fn(|cx| self.service.poll_ready(cx)).await.unwrap();
-        let response = self.service.call(request).await.unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        Reply {
-            status,
-            headers,
-            body: String::from_utf8(body.to_vec()).unwrap(),
-        }
+        Reply::read(self.service.call(request).await.unwrap()).await
     }
 }
 
@@ -161,13 +161,10 @@ async fn each_api_key_has_its_own_quota_and_none_is_stored_raw() {
 #[tokio::test]
 async fn a_request_without_a_key_falls_back_to_its_address_by_default() {
     let id = identity();
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 2),
-        id.clone(),
-    )
-    .key(HeaderKey::new(&id, "x-api-key").unwrap())
-    .build()
-    .unwrap();
+    let layer = api_on_map(2, id.clone())
+        .key(HeaderKey::new(&id, "x-api-key").unwrap())
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     assert_eq!(h.send("192.0.2.1", &[]).await.remaining(), 1);
     assert_eq!(
@@ -199,7 +196,7 @@ async fn a_request_without_a_key_can_be_rejected_before_the_limiter() {
         let reply = h.send("192.0.2.1", &[]).await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
         assert_eq!(reply.rate_limit_headers(), Vec::<&str>::new());
-        assert_eq!(reply.header("content-type"), Some("application/json"));
+        assert_eq!(reply.header("content-type"), "application/json");
         let json: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
         assert_eq!(json["error"], "missing_key");
     }
@@ -227,14 +224,11 @@ impl LimitKey for UserId {
 #[tokio::test]
 async fn a_user_id_from_an_auth_layer_is_the_key() {
     let id = identity();
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 1),
-        id.clone(),
-    )
-    .key(ExtensionKey::<UserId>::new(&id, "user"))
-    .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
-    .build()
-    .unwrap();
+    let layer = api_on_map(1, id.clone())
+        .key(ExtensionKey::<UserId>::new(&id, "user"))
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     // What an authentication layer in front would do.
     let as_user = |n| {
@@ -282,13 +276,10 @@ async fn a_global_key_limits_everyone_together() {
 
 #[tokio::test]
 async fn skipped_requests_are_not_charged_and_carry_no_headers() {
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 1),
-        identity(),
-    )
-    .skip(|r| r.headers.get("x-internal").is_some_and(|v| v == "probe"))
-    .build()
-    .unwrap();
+    let layer = api_on_map(1, identity())
+        .skip(|r| r.headers.get("x-internal").is_some_and(|v| v == "probe"))
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     for _ in 0..5 {
         let skipped = h.send("192.0.2.1", &[("x-internal", "probe")]).await;
@@ -315,13 +306,7 @@ fn batch_cost(r: &http::request::Parts) -> u32 {
 
 #[tokio::test]
 async fn a_request_costs_what_the_cost_closure_says() {
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 10),
-        identity(),
-    )
-    .cost(batch_cost)
-    .build()
-    .unwrap();
+    let layer = api_on_map(10, identity()).cost(batch_cost).build().unwrap();
     let mut h = harness(layer);
     assert_eq!(
         h.send("192.0.2.1", &[("x-batch", "3")]).await.remaining(),
@@ -368,14 +353,7 @@ async fn a_weighted_refusal_refunds_its_whole_weight() {
     let limiter = Limiter::builder()
         .clock(clock.clone())
         .rule(burst.clone())
-        .rule(
-            Rule::new(
-                "slow",
-                Arc::new(MapStore::default()),
-                Policy::fixed_window(4, window).unwrap(),
-            )
-            .unwrap(),
-        )
+        .rule(exact_rule("slow", Policy::fixed_window(4, window).unwrap()))
         .build()
         .unwrap();
     let layer = RateLimitLayer::builder(limiter, id.clone())
@@ -384,9 +362,9 @@ async fn a_weighted_refusal_refunds_its_whole_weight() {
         .unwrap();
     let mut h = harness(layer);
     let first = h.send("192.0.2.1", &[("x-batch", "3")]).await;
-    assert_eq!(first.header("ratelimit"), Some("\"slow\";r=1;t=60"));
+    assert_eq!(first.header("ratelimit"), "\"slow\";r=1;t=60");
     let refused = h.send("192.0.2.1", &[("x-batch", "3")]).await;
-    assert_eq!(refused.header("ratelimit"), Some("\"slow\";r=1;t=60"));
+    assert_eq!(refused.header("ratelimit"), "\"slow\";r=1;t=60");
     // "burst" holds the first request's 3 units only: one more leaves 6.
     let key = id.key_for_addr("192.0.2.1".parse().unwrap());
     let d = burst.check(key.as_bytes(), &clock).await;
@@ -395,30 +373,27 @@ async fn a_weighted_refusal_refunds_its_whole_weight() {
 
 #[tokio::test]
 async fn a_custom_refusal_still_carries_the_headers() {
-    let layer = RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), 1),
-        identity(),
-    )
-    .refusal(|d| {
-        Response::builder()
-            .status(StatusCode::SERVICE_UNAVAILABLE)
-            .header("content-type", "text/plain")
-            .body(Full::new(Bytes::from(format!(
-                "busy, back in {} s",
-                d.retry_after_secs()
-            ))))
-            .unwrap()
-    })
-    .build()
-    .unwrap();
+    let layer = api_on_map(1, identity())
+        .refusal(|d| {
+            Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .header("content-type", "text/plain")
+                .body(Full::new(Bytes::from(format!(
+                    "busy, back in {} s",
+                    d.retry_after_secs()
+                ))))
+                .unwrap()
+        })
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     let admitted = h.send("192.0.2.1", &[]).await;
     let refused = h.send("192.0.2.1", &[]).await;
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(refused.body, "busy, back in 60 s");
-    assert_eq!(refused.header("content-type"), Some("text/plain"));
-    assert_eq!(refused.header("retry-after"), Some("60"));
-    assert_eq!(refused.header("ratelimit"), Some("\"api\";r=0;t=60"));
+    assert_eq!(refused.header("content-type"), "text/plain");
+    assert_eq!(refused.header("retry-after"), "60");
+    assert_eq!(refused.header("ratelimit"), "\"api\";r=0;t=60");
     let mut with_retry = admitted.rate_limit_headers();
     with_retry.push("retry-after");
     with_retry.sort_unstable();
@@ -440,13 +415,7 @@ async fn header_modes_choose_the_headers() {
         (HeaderMode::XRateLimit, legacy.to_vec()),
         (HeaderMode::None, vec![]),
     ] {
-        let layer = RateLimitLayer::builder(
-            one_rule("api", Arc::new(MapStore::default()), 1),
-            identity(),
-        )
-        .headers(mode)
-        .build()
-        .unwrap();
+        let layer = api_on_map(1, identity()).headers(mode).build().unwrap();
         let mut h = harness(layer);
         let admitted = h.send("192.0.2.1", &[]).await;
         assert_eq!(admitted.rate_limit_headers(), expected, "{mode:?}");
@@ -463,31 +432,23 @@ async fn header_modes_choose_the_headers() {
 async fn the_policy_header_lists_every_rule_and_ratelimit_the_tightest() {
     let limiter = Limiter::builder()
         .clock(ManualClock::new())
-        .rule(
-            Rule::new(
-                "burst",
-                Arc::new(MapStore::default()),
-                Policy::sliding_log(12, Duration::from_secs(300)).unwrap(),
-            )
-            .unwrap(),
-        )
-        .rule(
-            Rule::new(
-                "hourly",
-                Arc::new(MapStore::default()),
-                Policy::sliding_log(3, Duration::from_millis(3_599_500)).unwrap(),
-            )
-            .unwrap(),
-        )
+        .rule(exact_rule(
+            "burst",
+            Policy::sliding_log(12, Duration::from_secs(300)).unwrap(),
+        ))
+        .rule(exact_rule(
+            "hourly",
+            Policy::sliding_log(3, Duration::from_millis(3_599_500)).unwrap(),
+        ))
         .build()
         .unwrap();
     let mut h = harness(RateLimitLayer::new(limiter, identity()));
     let reply = h.send("192.0.2.1", &[]).await;
     assert_eq!(
         reply.header("ratelimit-policy"),
-        Some("\"burst\";q=12;w=300, \"hourly\";q=3;w=3600")
+        "\"burst\";q=12;w=300, \"hourly\";q=3;w=3600"
     );
-    assert_eq!(reply.header("ratelimit"), Some("\"hourly\";r=2;t=3600"));
+    assert_eq!(reply.header("ratelimit"), "\"hourly\";r=2;t=3600");
 }
 
 /// A hand-written middleware using [`RateLimitHeaders`] answers exactly as

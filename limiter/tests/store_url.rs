@@ -55,18 +55,25 @@ async fn memory_urls_name_the_missing_feature() {
     );
 }
 
+/// `{scheme}://{rest}` is refused naming the feature of the limiter crate
+/// it needs, and without the password (`pw`) that `rest` carries.
+#[cfg(any(not(feature = "redis"), not(feature = "postgres")))]
+async fn assert_needs_feature(scheme: &str, rest: &str, feature: &str) {
+    let e = err(&format!("{scheme}://{rest}")).await;
+    assert!(
+        e.contains(&format!(
+            "{scheme}:// needs the `{feature}` feature of the limiter crate"
+        )),
+        "{e}"
+    );
+    assert!(!e.contains(":pw@"), "{e}");
+}
+
 #[cfg(not(feature = "redis"))]
 #[tokio::test]
 async fn redis_urls_name_the_missing_feature() {
     for scheme in ["redis", "rediss", "redis+cluster"] {
-        let e = err(&format!("{scheme}://:pw@127.0.0.1:6379")).await;
-        assert!(
-            e.contains(&format!(
-                "{scheme}:// needs the `redis` feature of the limiter crate"
-            )),
-            "{e}"
-        );
-        assert!(!e.contains(":pw@"), "{e}");
+        assert_needs_feature(scheme, ":pw@127.0.0.1:6379", "redis").await;
     }
 }
 
@@ -88,13 +95,6 @@ async fn redis_urls_open_a_redis_store_without_connecting() {
 #[tokio::test]
 async fn postgres_urls_name_the_missing_feature() {
     for scheme in ["postgres", "postgresql"] {
-        let e = err(&format!("{scheme}://app:pw@db/limits")).await;
-        assert!(
-            e.contains(&format!(
-                "{scheme}:// needs the `postgres` feature of the limiter crate"
-            )),
-            "{e}"
-        );
-        assert!(!e.contains(":pw@"), "{e}");
+        assert_needs_feature(scheme, "app:pw@db/limits", "postgres").await;
     }
 }

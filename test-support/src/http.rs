@@ -3,8 +3,9 @@
 use std::net::{IpAddr, SocketAddr};
 
 use axum::Router;
+use axum::body::HttpBody;
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, StatusCode};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -38,6 +39,22 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// Reads `response` whole.
+    pub async fn read<B>(response: Response<B>) -> Reply
+    where
+        B: HttpBody<Data = Bytes>,
+        B::Error: std::fmt::Debug,
+    {
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Reply {
+            status,
+            headers,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+        }
+    }
+
     /// The header `name`; panics if it is missing or not visible ASCII.
     pub fn header(&self, name: &str) -> &str {
         self.headers
@@ -122,14 +139,7 @@ impl TestClient {
             .request(request.body(Full::new(Bytes::new())).unwrap())
             .await
             .unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        Reply {
-            status,
-            headers,
-            body: String::from_utf8(body.to_vec()).unwrap(),
-        }
+        Reply::read(response).await
     }
 
     /// `GET path`.

@@ -6,6 +6,8 @@
 //! * [`WireCounter`]: round trips on the wire (always);
 //! * [`stores`]: an exact reference store and a wrapper that records the
 //!   calls reaching a store (always);
+//! * [`Rng`]: a deterministic generator for schedules and keys (always);
+//! * [`policy`]: one policy of each algorithm (always);
 //! * `http`: a server on a free port and an HTTP client that reads whole
 //!   replies and checks the rate-limit headers;
 //! * `redis`, `postgres`: servers in containers, shared by address only,
@@ -13,12 +15,14 @@
 //! * `tls`: a certificate authority of the test's own;
 //! * `model`: proptest strategies for the model tests.
 
+mod rng;
 mod wire;
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub mod containers;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -29,4 +33,5 @@ pub mod strategy;
 #[cfg(feature = "tls")]
 pub mod tls;
 
+pub use rng::Rng;
 pub use wire::WireCounter;

@@ -4,6 +4,7 @@
 //! instead; `LIMITER_REDIS_IMAGE` (`name:tag`) replaces the locally built
 //! `limiter-test-redis:7` (for example with the official `redis:7`).
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +14,7 @@ use testcontainers::core::{ExecCommand, IntoContainerPort, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
+use crate::WireCounter;
 pub use crate::containers::{free_port, reap_on_exit, start_shared};
 use crate::containers::{image_from_env, labelled};
 
@@ -105,6 +107,40 @@ pub async fn admin(url: &str) -> ::redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// `cmdstat_<name>` → calls, from the server's `INFO commandstats`.
+pub async fn command_calls(
+    conn: &mut ::redis::aio::MultiplexedConnection,
+) -> BTreeMap<String, u64> {
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// A [`WireCounter`] in front of the shared server, and the shared
+/// server's URL with its address replaced by the counter's: a client of
+/// that URL is counted on the wire.
+pub async fn shared_through_counter() -> (WireCounter, String) {
+    let wire = WireCounter::start(tcp_addr(shared_url()))
+        .await
+        .unwrap_or_else(|e| panic!("cannot start the counting proxy: {e}"));
+    let url = via(shared_url(), wire.addr());
+    (wire, url)
 }
 
 /// Polls until the server answers PING again after a start.

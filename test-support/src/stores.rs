@@ -113,3 +113,51 @@ impl<S: Store> Store for Recording<S> {
         self.inner.refund(key, policy, cost, now, admitted).await
     }
 }
+
+/// An admission of one unit on a fresh key under `policy`, as `store`
+/// would answer it, without asking any store: for a refund that must be
+/// refused before anything is sent.
+pub fn first_admission(policy: &Policy, store: &'static str) -> Decision {
+    Decision::from_verdict(
+        algorithm::Verdict {
+            allowed: true,
+            remaining: policy.limit() - 1,
+            reset_after_us: policy.window_micros(),
+            retry_after_us: 0,
+        },
+        policy,
+        store,
+    )
+}
+
+/// An admission a test made so as to refund it: the policy, the key, the
+/// time (µs) and the decision.
+pub type Admission = (Policy, String, u64, Decision);
+
+/// Refunds each of `admitted` once, then, under each of `policies`, the
+/// first admission's decision on a key that holds nothing: a refund that
+/// finds nothing to give back is a call to the store too. Returns how many
+/// refunds were made.
+pub async fn refund_all_and_ghosts(
+    store: &dyn Store,
+    admitted: &[Admission],
+    policies: &[Policy],
+) -> u64 {
+    let mut refunds = 0;
+    for (p, key, now, d) in admitted {
+        store
+            .refund(key.as_bytes(), p, 1, Timestamp::from_micros(*now), d)
+            .await
+            .unwrap();
+        refunds += 1;
+    }
+    let (_, _, now, d) = &admitted[0];
+    for p in policies {
+        store
+            .refund(b"never-seen", p, 1, Timestamp::from_micros(*now), d)
+            .await
+            .unwrap();
+        refunds += 1;
+    }
+    refunds
+}

@@ -1,10 +1,12 @@
 //! Random scripts for the model tests: small policies of every algorithm
-//! and clock moves that go forwards, jump and go back.
+//! and clock moves that go forwards, jump and go back; and their replay as
+//! a proptest case.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use limiter_conformance::limiter_core::{Algorithm, Policy};
-use limiter_conformance::model::Step;
+use limiter_conformance::limiter_core::{Algorithm, ManualClock, Policy, Store};
+use limiter_conformance::model::{Step, replay, replay_tiers};
 use proptest::prelude::*;
 
 /// A policy of `algorithm` with a small limit and a window of 1–20 ms,
@@ -50,4 +52,41 @@ pub fn steps(keys: u8, len: usize) -> impl Strategy<Value = Vec<Step>> {
         }),
         1..len,
     )
+}
+
+/// Replays `steps` on `store` and on the model, from the model's start, as
+/// one proptest case: a disagreement fails the case with the model's
+/// account of it.
+pub fn replay_case(
+    rt: &tokio::runtime::Runtime,
+    store: &dyn Store,
+    policies: &[Policy],
+    steps: &[Step],
+    key: impl Fn(u8) -> Vec<u8>,
+) -> Result<(), TestCaseError> {
+    rt.block_on(replay(
+        store,
+        policies,
+        steps,
+        key,
+        ManualClock::DEFAULT_START,
+    ))
+    .map(drop)
+    .map_err(|failure| TestCaseError::fail(failure.0))
+}
+
+/// Replays `steps` through a `Limiter` of `tiers`, one on each of `stores`,
+/// and through the composition model, as one proptest case.
+pub fn replay_tiers_case(
+    stores: &[Arc<dyn Store>],
+    tiers: &[(Policy, u32)],
+    steps: &[(u8, u64)],
+) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(replay_tiers(stores, tiers, steps))
+        .map(drop)
+        .map_err(|failure| TestCaseError::fail(failure.0))
 }
