@@ -355,10 +355,7 @@ impl Store for PostgresStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(NAME, e))?;
-        limiter_core::check_key(NAME, key, limiter_core::DEFAULT_MAX_KEY_LEN)?;
+        limiter_core::check_request(NAME, policy, cost, key, limiter_core::DEFAULT_MAX_KEY_LEN)?;
         let shared = &self.inner.shared;
         let now = if shared.server_clock {
             None
