@@ -500,22 +500,9 @@ impl Reopening {
     }
 
     fn skipped(&self) -> Decision {
-        let allowed = self.on_failure == FailurePolicy::Open;
-        let mut source = Source::store(self.store);
-        source.degraded = true;
-        source.rule = Some(self.name);
-        Decision {
-            allowed,
-            limit: self.policy.limit(),
-            remaining: 0,
-            reset_after: Duration::ZERO,
-            retry_after: if allowed {
-                Duration::ZERO
-            } else {
-                Duration::from_secs(1)
-            },
-            source,
-        }
+        let mut d = Decision::degraded(self.on_failure, &self.policy, self.store);
+        d.source.rule = Some(self.name);
+        d
     }
 }
 
