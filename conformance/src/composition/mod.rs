@@ -41,6 +41,30 @@ use limiter_core::{
 
 use crate::{ScenarioResult, StoreFactory};
 
+/// The [`Store`] methods of a wrapper that says what the store it wraps,
+/// `self.$inner`, says: its name, capabilities and policy check. A wrapper
+/// stands for its store in a composition and differs only in what it
+/// decides. `max_key_len` stays at the trait's default: the wrapped store
+/// enforces its own bound when it decides.
+macro_rules! forward_identity {
+    ($inner:tt) => {
+        fn name(&self) -> &'static str {
+            self.$inner.name()
+        }
+
+        fn capabilities(&self) -> limiter_core::Capabilities {
+            self.$inner.capabilities()
+        }
+
+        fn check_policy(
+            &self,
+            policy: &limiter_core::Policy,
+        ) -> Result<(), limiter_core::ConfigError> {
+            self.$inner.check_policy(policy)
+        }
+    };
+}
+
 pub mod broken;
 mod scenarios;
 mod support;
