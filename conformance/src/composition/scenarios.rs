@@ -104,6 +104,23 @@ fn show(d: &Decision) -> String {
     )
 }
 
+/// Fails unless `n` requests for `key` through `c` are all admitted;
+/// `request(i)` names the `i`th (from 1) in the failure.
+async fn admit_each(
+    c: &dyn Composition,
+    key: &[u8],
+    n: u32,
+    request: impl Fn(u32) -> String,
+) -> Result<(), Failure> {
+    for i in 1..=n {
+        let d = c.check(key).await;
+        if !d.allowed {
+            return fail(format!("{} must be admitted; got {}", request(i), show(&d)));
+        }
+    }
+    Ok(())
+}
+
 fn breaker(failures: u32, cool_down_s: u64) -> Result<BreakerConfig, Failure> {
     BreakerConfig::new(failures, Duration::from_secs(cool_down_s))
         .map_err(|e| Failure(format!("scenario bug: {e}")))
@@ -187,15 +204,7 @@ pub(super) async fn shared_retry_after_honoured(s: &Setup<'_>) -> ScenarioResult
     let a = s.compose(tiers(&store)?)?;
     let b = s.compose(tiers(&store)?)?;
     s.at(0);
-    for i in 1..=5 {
-        let d = a.check(b"client").await;
-        if !d.allowed {
-            return fail(format!(
-                "request {i} at t0 on A: must be admitted; got {}",
-                show(&d)
-            ));
-        }
-    }
+    admit_each(&*a, b"client", 5, |i| format!("request {i} at t0 on A:")).await?;
     s.at(S);
     for i in 1..=20 {
         let d = a.check(b"client").await;
@@ -707,15 +716,10 @@ pub(super) async fn leased_units_returned(s: &Setup<'_>) -> ScenarioResult {
     let p = fixed(10, 10)?;
     let fleet = s.fleet(2, &store, p, 4, FailurePolicy::Closed)?;
     s.at(0);
-    for i in 1..=4 {
-        let d = fleet[0].check(b"tenant").await;
-        if !d.allowed {
-            return fail(format!(
-                "A's request {i} of 4 must be admitted; got {}",
-                show(&d)
-            ));
-        }
-    }
+    admit_each(&*fleet[0], b"tenant", 4, |i| {
+        format!("A's request {i} of 4")
+    })
+    .await?;
     s.at(S);
     let released = fleet[0].release_leases().await;
     if released == 0 {
@@ -754,15 +758,7 @@ pub(super) async fn leased_dead_store_follows_failure_policy(s: &Setup<'_>) -> S
     let p = fixed(1_000, 60)?;
     let fleet = s.fleet(1, &shared_store, p, 4, FailurePolicy::Closed)?;
     s.at(0);
-    for i in 1..=4 {
-        let d = fleet[0].check(b"tenant").await;
-        if !d.allowed {
-            return fail(format!(
-                "request {i} of 4 must be admitted; got {}",
-                show(&d)
-            ));
-        }
-    }
+    admit_each(&*fleet[0], b"tenant", 4, |i| format!("request {i} of 4")).await?;
     store.set(Health::Failing);
     s.at(S);
     let mut from_hand = 0;
