@@ -66,6 +66,18 @@ impl<'a> Setup<'a> {
         self.clock.set(Timestamp::from_micros(T0 + offset_us));
     }
 
+    /// An escalation that is there to report refusals to `sink`: it samples
+    /// one admitted request in 10,000 into a shared tier of 10,000 per hour,
+    /// which never refuses here.
+    async fn reporting_to(&self, sink: Arc<dyn AbuseSink>) -> Result<EscalationSpec, Failure> {
+        Ok(EscalationSpec {
+            store: self.shared().await?,
+            policy: log(10_000, 3_600)?,
+            every: 10_000,
+            sink: Some(sink),
+        })
+    }
+
     /// `n` instances, each a composition of one tier leasing from `store`
     /// in batches of at most `units`.
     fn fleet(
@@ -373,12 +385,7 @@ pub(super) async fn abuse_writes_bounded(s: &Setup<'_>) -> ScenarioResult {
     // writes what the last window held (20 more): 5,700 refusals in 80 writes.
     let sink = Switch::<dyn AbuseSink>::new(Arc::new(Events::default()));
     let mut tier = TierSpec::new("form", local(), log(5, 60)?);
-    tier.escalation = Some(EscalationSpec {
-        store: s.shared().await?,
-        policy: log(10_000, 3_600)?,
-        every: 10_000,
-        sink: Some(sink.clone()),
-    });
+    tier.escalation = Some(s.reporting_to(sink.clone()).await?);
     let c = s.compose(vec![tier])?;
     for window in 0..3u64 {
         s.at(window * 60 * S);
@@ -465,12 +472,7 @@ pub(super) async fn dead_store_costs_one_timeout(s: &Setup<'_>) -> ScenarioResul
     let mut tier = TierSpec::new("form", local(), log(1, 60)?);
     tier.timeout = DEAD;
     tier.breaker = breaker(1, 30)?;
-    tier.escalation = Some(EscalationSpec {
-        store: s.shared().await?,
-        policy: log(10_000, 3_600)?,
-        every: 10_000,
-        sink: Some(sink.clone()),
-    });
+    tier.escalation = Some(s.reporting_to(sink.clone()).await?);
     let c = s.compose(vec![tier])?;
     for k in 0..50 {
         let key = format!("bot-{k}");
