@@ -362,10 +362,7 @@ impl Store for PostgresStore {
         } else {
             Some(to_i64(now)?)
         };
-        let index = Algorithm::ALL
-            .iter()
-            .position(|a| *a == policy.algorithm())
-            .unwrap_or(0);
+        let index = algorithm_index(policy.algorithm());
         let retention = shared.record_refusals.then_some(shared.abuse_retention_us);
         // Policy validation keeps limit, window and their products below
         // 2^53, so they fit a bigint.
@@ -419,10 +416,7 @@ impl Store for PostgresStore {
         let Some(anchor) = now.checked_add(reset_after).filter(|a| *a < 1 << 62) else {
             return Ok(());
         };
-        let index = Algorithm::ALL
-            .iter()
-            .position(|a| *a == policy.algorithm())
-            .unwrap_or(0);
+        let index = algorithm_index(policy.algorithm());
         let query = sqlx::query_scalar::<_, bool>(&shared.refund_sql[index])
             .bind(key)
             .bind(i64::from(policy.limit()))
@@ -457,6 +451,15 @@ impl AbuseSink for PostgresStore {
         lease.finish(what, answer)?;
         Ok(())
     }
+}
+
+/// Where `algorithm`'s statements stand in the per-algorithm arrays, which
+/// follow [`Algorithm::ALL`].
+fn algorithm_index(algorithm: Algorithm) -> usize {
+    Algorithm::ALL
+        .iter()
+        .position(|a| *a == algorithm)
+        .unwrap_or(0)
 }
 
 /// A schema name as a quoted identifier; names are validated to plain
