@@ -355,20 +355,14 @@ impl Store for PostgresStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(NAME, e))?;
-        limiter_core::check_key(NAME, key, limiter_core::DEFAULT_MAX_KEY_LEN)?;
+        limiter_core::check_request(NAME, policy, cost, key, limiter_core::DEFAULT_MAX_KEY_LEN)?;
         let shared = &self.inner.shared;
         let now = if shared.server_clock {
             None
         } else {
             Some(to_i64(now)?)
         };
-        let index = Algorithm::ALL
-            .iter()
-            .position(|a| *a == policy.algorithm())
-            .unwrap_or(0);
+        let index = algorithm_index(policy.algorithm());
         let retention = shared.record_refusals.then_some(shared.abuse_retention_us);
         // Policy validation keeps limit, window and their products below
         // 2^53, so they fit a bigint.
@@ -422,10 +416,7 @@ impl Store for PostgresStore {
         let Some(anchor) = now.checked_add(reset_after).filter(|a| *a < 1 << 62) else {
             return Ok(());
         };
-        let index = Algorithm::ALL
-            .iter()
-            .position(|a| *a == policy.algorithm())
-            .unwrap_or(0);
+        let index = algorithm_index(policy.algorithm());
         let query = sqlx::query_scalar::<_, bool>(&shared.refund_sql[index])
             .bind(key)
             .bind(i64::from(policy.limit()))
@@ -460,6 +451,15 @@ impl AbuseSink for PostgresStore {
         lease.finish(what, answer)?;
         Ok(())
     }
+}
+
+/// Where `algorithm`'s statements stand in the per-algorithm arrays, which
+/// follow [`Algorithm::ALL`].
+fn algorithm_index(algorithm: Algorithm) -> usize {
+    Algorithm::ALL
+        .iter()
+        .position(|a| *a == algorithm)
+        .unwrap_or(0)
 }
 
 /// A schema name as a quoted identifier; names are validated to plain

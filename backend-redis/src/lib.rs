@@ -406,10 +406,7 @@ impl Store for RedisStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(NAME, e))?;
-        limiter_core::check_key(NAME, key, self.inner.max_key_len)?;
+        limiter_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
         let redis_key = self.redis_key(key, policy.algorithm());
         let value = self.bounded(self.run(redis_key, policy, cost, now)).await?;
         Ok(Decision::from_verdict(verdict(value)?, policy, NAME))

@@ -13,9 +13,23 @@ use redis::{Script, Value};
 
 use crate::error::protocol;
 
-macro_rules! script {
-    ($file:literal) => {
-        concat!(include_str!("scripts/header.lua"), include_str!($file))
+/// The source of `$algorithm`'s script of one kind, as the store sends it:
+/// the kind's header `scripts/{kind}header.lua` (argument parsing, the
+/// clock), then the algorithm's body `scripts/{kind}{algorithm}.lua`.
+macro_rules! source {
+    ($algorithm:expr, $kind:literal) => {
+        match $algorithm {
+            Algorithm::SlidingLog => source!(@ $kind, "sliding_log"),
+            Algorithm::FixedWindow => source!(@ $kind, "fixed_window"),
+            Algorithm::SlidingWindow => source!(@ $kind, "sliding_window"),
+            Algorithm::Gcra => source!(@ $kind, "gcra"),
+        }
+    };
+    (@ $kind:literal, $body:literal) => {
+        concat!(
+            include_str!(concat!("scripts/", $kind, "header.lua")),
+            include_str!(concat!("scripts/", $kind, $body, ".lua")),
+        )
     };
 }
 
@@ -23,33 +37,14 @@ macro_rules! script {
 /// it. Exposed so that a benchmark can run the very same script with
 /// `redis-benchmark`, and so that operators can audit it.
 pub fn script_source(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingLog => script!("scripts/sliding_log.lua"),
-        Algorithm::FixedWindow => script!("scripts/fixed_window.lua"),
-        Algorithm::SlidingWindow => script!("scripts/sliding_window.lua"),
-        Algorithm::Gcra => script!("scripts/gcra.lua"),
-    }
-}
-
-macro_rules! refund_script {
-    ($file:literal) => {
-        concat!(
-            include_str!("scripts/refund_header.lua"),
-            include_str!($file)
-        )
-    };
+    source!(algorithm, "")
 }
 
 /// The Lua source of the script that refunds an admission under
 /// `algorithm` (see [`Store::refund`](limiter_core::Store::refund)), as the
 /// store sends it; exposed for audit like [`script_source`].
 pub fn refund_script_source(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingLog => refund_script!("scripts/refund_sliding_log.lua"),
-        Algorithm::FixedWindow => refund_script!("scripts/refund_fixed_window.lua"),
-        Algorithm::SlidingWindow => refund_script!("scripts/refund_sliding_window.lua"),
-        Algorithm::Gcra => refund_script!("scripts/refund_gcra.lua"),
-    }
+    source!(algorithm, "refund_")
 }
 
 // Hashed once per process rather than per call: `Script::new` computes the

@@ -322,24 +322,14 @@ pub mod __private {
     pub use tokio;
 
     use crate::composition::{COMPOSITION_SCENARIOS, LimiterComposer};
-    use crate::{SCENARIOS, StoreFactory};
+    use crate::{SCENARIOS, ScenarioResult, StoreFactory};
 
-    /// Runs one scenario as a test: what
-    /// `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` builds,
-    /// without the caller depending on tokio.
+    /// Runs one scenario as a test.
     pub fn run_test<F: StoreFactory>(name: &str, factory: F) {
         let Some(scenario) = SCENARIOS.iter().find(|s| s.name == name) else {
             panic!("limiter-conformance has no scenario named {name:?}");
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("cannot build a tokio runtime for {name}: {e}"));
-        match runtime.block_on(scenario.run(&factory)) {
-            Ok(evidence) => println!("{name}: pass: {evidence}"),
-            Err(failure) => panic!("{name} failed: {failure}"),
-        }
+        run_as_test(name, scenario.run(&factory));
     }
 
     /// Runs one composition scenario as a test, with a real `Limiter`.
@@ -347,12 +337,19 @@ pub mod __private {
         let Some(scenario) = COMPOSITION_SCENARIOS.iter().find(|s| s.name == name) else {
             panic!("limiter-conformance has no composition scenario named {name:?}");
         };
+        run_as_test(name, scenario.run(&factory, &LimiterComposer));
+    }
+
+    /// What `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]`
+    /// builds, without the caller depending on tokio: `run` on a fresh
+    /// runtime, panicking with the failure or printing the evidence.
+    fn run_as_test(name: &str, run: impl Future<Output = ScenarioResult>) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap_or_else(|e| panic!("cannot build a tokio runtime for {name}: {e}"));
-        match runtime.block_on(scenario.run(&factory, &LimiterComposer)) {
+        match runtime.block_on(run) {
             Ok(evidence) => println!("{name}: pass: {evidence}"),
             Err(failure) => panic!("{name} failed: {failure}"),
         }

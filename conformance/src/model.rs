@@ -609,6 +609,20 @@ async fn decide_as_core(
     Ok(got)
 }
 
+/// A policy of every algorithm in every one of `shapes`, each with a key of
+/// its own, `{algorithm}-{shape}`.
+fn keyed_policies(shapes: &[(u32, Duration)]) -> Result<Vec<(Policy, String)>, crate::Failure> {
+    let mut policies = Vec::new();
+    for algorithm in Algorithm::ALL {
+        for (i, &(limit, window)) in shapes.iter().enumerate() {
+            let p = Policy::new(algorithm, limit, window)
+                .map_err(|e| crate::Failure(format!("{algorithm} shape {i}: {e}")))?;
+            policies.push((p, format!("{algorithm}-{i}")));
+        }
+    }
+    Ok(policies)
+}
+
 /// A small deterministic generator, so that a failing script reproduces.
 struct Lcg(u64);
 
@@ -652,20 +666,15 @@ pub async fn algorithm_differential(
     let t0 = ManualClock::DEFAULT_START.as_micros();
     let mut rng = Lcg(42);
     let mut checked = 0;
-    for algorithm in Algorithm::ALL {
-        for (i, &(limit, window)) in shapes.iter().enumerate() {
-            let p = Policy::new(algorithm, limit, window)
-                .map_err(|e| crate::Failure(format!("{algorithm} shape {i}: {e}")))?;
-            let key = format!("{algorithm}-{i}");
-            let mut state = None;
-            let w = p.window_micros();
-            let mut now = t0 + rng.next(w);
-            for step in 0..steps_per_key {
-                now = rng.step(now, w);
-                let cost = 1 + rng.next(u64::from(limit).min(4)) as u32;
-                decide_as_core(store, &key, &p, &mut state, cost, now, step).await?;
-                checked += 1;
-            }
+    for (p, key) in keyed_policies(shapes)? {
+        let mut state = None;
+        let w = p.window_micros();
+        let mut now = t0 + rng.next(w);
+        for step in 0..steps_per_key {
+            now = rng.step(now, w);
+            let cost = 1 + rng.next(u64::from(p.limit()).min(4)) as u32;
+            decide_as_core(store, &key, &p, &mut state, cost, now, step).await?;
+            checked += 1;
         }
     }
     Ok(checked)
@@ -698,38 +707,31 @@ pub async fn refund_differential(
         decisions: 0,
         refunds: 0,
     };
-    for algorithm in Algorithm::ALL {
-        for (i, &(limit, window)) in shapes.iter().enumerate() {
-            let p = Policy::new(algorithm, limit, window)
-                .map_err(|e| crate::Failure(format!("{algorithm} shape {i}: {e}")))?;
-            let key = format!("{algorithm}-{i}");
-            let mut state = None;
-            let mut admitted: Vec<(u64, u32, Decision)> = Vec::new();
-            let w = p.window_micros();
-            let mut now = t0 + rng.next(w);
-            for step in 0..steps_per_key {
-                if !admitted.is_empty() && rng.next(3) == 0 {
-                    let pick = rng.next(admitted.len() as u64) as usize;
-                    let (at, cost, d) = admitted.swap_remove(pick);
-                    let reset_after = d.reset_after.as_micros() as u64;
-                    refund(&mut state, &p, cost, at, reset_after);
-                    store
-                        .refund(key.as_bytes(), &p, cost, Timestamp::from_micros(at), &d)
-                        .await
-                        .map_err(|e| {
-                            crate::Failure(format!("{p}, step {step}: refund failed: {e}"))
-                        })?;
-                    counts.refunds += 1;
-                    continue;
-                }
-                now = rng.step(now, w);
-                let cost = 1 + rng.next(u64::from(limit).min(4)) as u32;
-                let got = decide_as_core(store, &key, &p, &mut state, cost, now, step).await?;
-                if got.allowed {
-                    admitted.push((now, cost, got));
-                }
-                counts.decisions += 1;
+    for (p, key) in keyed_policies(shapes)? {
+        let mut state = None;
+        let mut admitted: Vec<(u64, u32, Decision)> = Vec::new();
+        let w = p.window_micros();
+        let mut now = t0 + rng.next(w);
+        for step in 0..steps_per_key {
+            if !admitted.is_empty() && rng.next(3) == 0 {
+                let pick = rng.next(admitted.len() as u64) as usize;
+                let (at, cost, d) = admitted.swap_remove(pick);
+                let reset_after = d.reset_after.as_micros() as u64;
+                refund(&mut state, &p, cost, at, reset_after);
+                store
+                    .refund(key.as_bytes(), &p, cost, Timestamp::from_micros(at), &d)
+                    .await
+                    .map_err(|e| crate::Failure(format!("{p}, step {step}: refund failed: {e}")))?;
+                counts.refunds += 1;
+                continue;
             }
+            now = rng.step(now, w);
+            let cost = 1 + rng.next(u64::from(p.limit()).min(4)) as u32;
+            let got = decide_as_core(store, &key, &p, &mut state, cost, now, step).await?;
+            if got.allowed {
+                admitted.push((now, cost, got));
+            }
+            counts.decisions += 1;
         }
     }
     Ok(counts)

@@ -2,6 +2,8 @@
 //! deliberately broken composition, for the right reason, and every broken
 //! composition is caught by some scenario.
 
+mod common;
+
 use std::sync::Arc;
 
 use limiter_conformance::broken::ReferenceStore;
@@ -32,19 +34,8 @@ async fn run(scenario: &str, composer: &dyn Composer) -> ScenarioResult {
 /// Fails unless `scenario` fails against `defect`, with a message
 /// containing every one of `because`.
 async fn catches(scenario: &str, defect: CompositionDefect, because: &[&str]) {
-    match run(scenario, &BrokenComposer(defect)).await {
-        Ok(evidence) => panic!("{scenario} passed a composition with {defect:?}: {evidence}"),
-        Err(failure) => {
-            println!("{scenario} vs {defect:?}: {failure}");
-            for part in because {
-                assert!(
-                    failure.0.contains(part),
-                    "{scenario} failed {defect:?} for another reason than expected \
-                     (missing {part:?}): {failure}"
-                );
-            }
-        }
-    }
+    let result = run(scenario, &BrokenComposer(defect)).await;
+    common::assert_caught(scenario, "a composition", &defect, result, because);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,6 +2,8 @@
 //! broken store, for the right reason, and the honest reference store
 //! passes every scenario.
 
+mod common;
+
 use std::sync::Arc;
 
 use limiter_conformance::broken::{BrokenStore, Defect, ReferenceStore};
@@ -25,19 +27,8 @@ async fn run(scenario: &str, factory: &dyn StoreFactory) -> ScenarioResult {
 /// Fails unless `scenario` fails against a store with `defect`, with a
 /// message containing every one of `because`.
 async fn catches(scenario: &str, defect: Defect, because: &[&str]) {
-    match run(scenario, &broken(defect)).await {
-        Ok(evidence) => panic!("{scenario} passed a store with {defect:?}: {evidence}"),
-        Err(failure) => {
-            println!("{scenario} vs {defect:?}: {failure}");
-            for part in because {
-                assert!(
-                    failure.0.contains(part),
-                    "{scenario} failed {defect:?} for another reason than expected \
-                     (missing {part:?}): {failure}"
-                );
-            }
-        }
-    }
+    let result = run(scenario, &broken(defect)).await;
+    common::assert_caught(scenario, "a store", &defect, result, because);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::algorithm::Verdict;
+use crate::limiter::FailurePolicy;
 use crate::policy::Policy;
 
 /// Who answered a [`Decision`], and whether it was the store the rule names.
@@ -77,6 +78,30 @@ impl Decision {
             reset_after: Duration::from_micros(verdict.reset_after_us),
             retry_after: Duration::from_micros(verdict.retry_after_us),
             source: Source::store(store),
+        }
+    }
+
+    /// What `on_failure` answers for a request under `policy` when no store
+    /// answered: admitted ([`Open`](FailurePolicy::Open)) or refused
+    /// ([`Closed`](FailurePolicy::Closed)), nothing remaining, marked
+    /// [`degraded`](Source::degraded); `store` is the store that failed.
+    pub fn degraded(on_failure: FailurePolicy, policy: &Policy, store: &'static str) -> Self {
+        let allowed = on_failure == FailurePolicy::Open;
+        let mut source = Source::store(store);
+        source.degraded = true;
+        Decision {
+            allowed,
+            limit: policy.limit(),
+            remaining: 0,
+            reset_after: Duration::ZERO,
+            // A failed store says nothing about when it will be back; one
+            // second keeps well-behaved clients from retrying in a tight loop.
+            retry_after: if allowed {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(1)
+            },
+            source,
         }
     }
 

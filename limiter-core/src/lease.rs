@@ -332,7 +332,8 @@ impl LeasedStore {
         size.max(cost)
     }
 
-    /// Records a grant of `size` units of which `cost` are spent now.
+    /// Records a grant of `size` units of which `cost` are spent now, in
+    /// the store's counters and in the key's lease.
     fn granted(
         &self,
         key: &[u8],
@@ -342,6 +343,9 @@ impl LeasedStore {
         now: u64,
         grant: &Decision,
     ) {
+        bump(&self.batches);
+        self.leased.fetch_add(u64::from(size), Ordering::Relaxed);
+        self.spent.fetch_add(u64::from(cost), Ordering::Relaxed);
         let reset_after = u64::try_from(grant.reset_after.as_micros()).unwrap_or(u64::MAX);
         let w = policy.window_micros();
         let until = match policy.algorithm() {
@@ -457,9 +461,6 @@ impl Store for LeasedStore {
         bump(&self.round_trips);
         let grant = self.shared.decide(key, policy, size, now).await?;
         if grant.allowed {
-            bump(&self.batches);
-            self.leased.fetch_add(u64::from(size), Ordering::Relaxed);
-            self.spent.fetch_add(u64::from(cost), Ordering::Relaxed);
             self.granted(key, policy, size, cost, t, &grant);
             let mut d = grant;
             d.remaining = d.remaining.saturating_add(size - cost);
@@ -472,9 +473,6 @@ impl Store for LeasedStore {
         bump(&self.round_trips);
         let single = self.shared.decide(key, policy, cost, now).await?;
         if single.allowed {
-            bump(&self.batches);
-            self.leased.fetch_add(u64::from(cost), Ordering::Relaxed);
-            self.spent.fetch_add(u64::from(cost), Ordering::Relaxed);
             self.granted(key, policy, cost, cost, t, &single);
         }
         Ok(single)

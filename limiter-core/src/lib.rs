@@ -50,5 +50,5 @@ pub use limiter::{
 pub use policy::parse::ParsePolicyError;
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use refusal_cache::REFUSAL_CACHE_KEYS;
-pub use store::{Capabilities, DEFAULT_MAX_KEY_LEN, Store, check_key, check_refund};
+pub use store::{Capabilities, DEFAULT_MAX_KEY_LEN, Store, check_key, check_refund, check_request};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

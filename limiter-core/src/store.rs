@@ -54,7 +54,7 @@ pub struct Capabilities {
 /// use limiter_core::algorithm::{self, KeyState};
 /// use limiter_core::{
 ///     Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp,
-///     DEFAULT_MAX_KEY_LEN, check_key, check_refund,
+///     DEFAULT_MAX_KEY_LEN, check_key, check_refund, check_request,
 /// };
 ///
 /// #[derive(Debug, Default)]
@@ -73,8 +73,7 @@ pub struct Capabilities {
 ///     async fn decide(&self, key: &[u8], policy: &Policy, cost: u32, now: Timestamp)
 ///         -> Result<Decision, StoreError>
 ///     {
-///         policy.check_cost(cost).map_err(|e| StoreError::invalid_request("map", e))?;
-///         check_key("map", key, DEFAULT_MAX_KEY_LEN)?;
+///         check_request("map", policy, cost, key, DEFAULT_MAX_KEY_LEN)?;
 ///         // The whole algorithm under the lock: never read, then write.
 ///         let mut map = self.0.lock().unwrap();
 ///         let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
@@ -283,6 +282,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
             "this store does not implement refund",
         ))
     }
+}
+
+/// Checks the arguments every [`Store::decide`] shares: a valid cost, then a
+/// key of at most `max_key_len` bytes (as [`check_key`]). Stores call it
+/// first, so that every backend refuses the same mistakes with the same
+/// error, in the same order.
+pub fn check_request(
+    store: &'static str,
+    policy: &Policy,
+    cost: u32,
+    key: &[u8],
+    max_key_len: usize,
+) -> Result<(), StoreError> {
+    policy
+        .check_cost(cost)
+        .map_err(|e| StoreError::invalid_request(store, e))?;
+    check_key(store, key, max_key_len)
 }
 
 /// Checks the arguments every [`Store::refund`] shares: a valid cost and an

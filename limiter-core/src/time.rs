@@ -154,23 +154,22 @@ impl ManualClock {
     /// Moves the clock forward by `d`.
     pub fn advance(&self, d: Duration) {
         let d = duration_to_micros(d);
-        // fetch_update never fails with a closure that always returns Some.
-        let _ = self
-            .micros
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
-                Some(t.saturating_add(d))
-            });
+        self.shift(|t| t.saturating_add(d));
         self.monotonic.fetch_add(d, Ordering::SeqCst);
     }
 
     /// Moves the clock backward by `d`, as a host with a skewed clock would.
     pub fn rewind(&self, d: Duration) {
         let d = duration_to_micros(d);
+        self.shift(|t| t.saturating_sub(d));
+    }
+
+    /// Moves the wall-clock time by `f`, in one atomic step.
+    fn shift(&self, f: impl Fn(u64) -> u64) {
+        // fetch_update never fails with a closure that always returns Some.
         let _ = self
             .micros
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
-                Some(t.saturating_sub(d))
-            });
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| Some(f(t)));
     }
 
     /// Sets the clock to `t`, forward or backward.

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use limiter_core::{
-    AbuseEvent, AbuseSink, BreakerConfig, Capabilities, Clock, ConfigError, Decision,
-    FailurePolicy, Limiter, ManualClock, Policy, Source, Store, StoreError, Timestamp,
+    AbuseEvent, AbuseSink, BreakerConfig, Clock, ConfigError, Decision, FailurePolicy, Limiter,
+    ManualClock, Policy, Source, Store, StoreError, Timestamp,
 };
 
 use super::{Composer, Composition, EscalationSpec, LimiterComposer, TierSpec};
@@ -222,17 +222,7 @@ impl BrokenLease {
 
 #[async_trait]
 impl Store for BrokenLease {
-    fn name(&self) -> &'static str {
-        self.shared.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.shared.capabilities()
-    }
-
-    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
-        self.shared.check_policy(policy)
-    }
+    forward_identity!(shared);
 
     async fn decide(
         &self,
@@ -338,17 +328,7 @@ impl NoRefund {
 
 #[async_trait]
 impl Store for NoRefund {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
-        self.0.check_policy(policy)
-    }
+    forward_identity!(0);
 
     async fn decide(
         &self,
@@ -500,22 +480,9 @@ impl Reopening {
     }
 
     fn skipped(&self) -> Decision {
-        let allowed = self.on_failure == FailurePolicy::Open;
-        let mut source = Source::store(self.store);
-        source.degraded = true;
-        source.rule = Some(self.name);
-        Decision {
-            allowed,
-            limit: self.policy.limit(),
-            remaining: 0,
-            reset_after: Duration::ZERO,
-            retry_after: if allowed {
-                Duration::ZERO
-            } else {
-                Duration::from_secs(1)
-            },
-            source,
-        }
+        let mut d = Decision::degraded(self.on_failure, &self.policy, self.store);
+        d.source.rule = Some(self.name);
+        d
     }
 }
 

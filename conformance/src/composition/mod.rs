@@ -41,17 +41,34 @@ use limiter_core::{
 
 use crate::{ScenarioResult, StoreFactory};
 
+/// The [`Store`] methods of a wrapper that says what the store it wraps,
+/// `self.$inner`, says: its name, capabilities and policy check. A wrapper
+/// stands for its store in a composition and differs only in what it
+/// decides. `max_key_len` stays at the trait's default: the wrapped store
+/// enforces its own bound when it decides.
+macro_rules! forward_identity {
+    ($inner:tt) => {
+        fn name(&self) -> &'static str {
+            self.$inner.name()
+        }
+
+        fn capabilities(&self) -> limiter_core::Capabilities {
+            self.$inner.capabilities()
+        }
+
+        fn check_policy(
+            &self,
+            policy: &limiter_core::Policy,
+        ) -> Result<(), limiter_core::ConfigError> {
+            self.$inner.check_policy(policy)
+        }
+    };
+}
+
 pub mod broken;
 mod scenarios;
 mod support;
 
-pub use scenarios::{
-    abuse_writes_bounded, breaker_recovery, dead_store_costs_one_timeout,
-    escalation_rate_independent_of_pace, fallback_never_double_counts,
-    later_tier_refusal_not_charged, leased_dead_store_follows_failure_policy,
-    leased_fleet_never_over_admits, leased_units_returned, refused_offender_costs_no_round_trip,
-    shared_retry_after_honoured,
-};
 pub use support::{Health, Switch};
 
 /// One tier of a composition under test: what a [`Rule`] is built from.
@@ -271,10 +288,21 @@ impl fmt::Debug for CompositionScenario {
     }
 }
 
-// The list is written once; `$d` carries a `$` into the exported macro
-// this one defines, since macro_rules cannot write one directly.
+// The one declaration of the composition scenarios: their names, order,
+// docs and what each attacks. It generates the public functions,
+// `COMPOSITION_SCENARIOS` and `composition_tests!`, so a scenario is added
+// in one place; `$d` carries a `$` into the exported macro it defines,
+// which macro_rules cannot write directly.
 macro_rules! composition_list {
-    (($d:tt) $($name:ident => $attacks:literal,)*) => {
+    (($d:tt) $($(#[$doc:meta])* $name:ident => $attacks:literal,)*) => {
+        $(
+            $(#[$doc])*
+            pub async fn $name(shared: &dyn StoreFactory, composer: &dyn Composer) -> ScenarioResult {
+                let setup = scenarios::Setup::new(shared, composer);
+                crate::support::guarded(scenarios::$name(&setup)).await
+            }
+        )*
+
         /// Every composition scenario, in a stable order.
         pub static COMPOSITION_SCENARIOS: &[CompositionScenario] = &[
             $(CompositionScenario {
@@ -299,16 +327,62 @@ macro_rules! composition_list {
 
 composition_list! {
     ($)
+    /// Tiers "day" (12 per day, local) then "minute" (10 per minute,
+    /// shared): 110 requests at t0 admit 10, every refusal from "minute"
+    /// with retry 60 s; at t0+61 s exactly 2 more are admitted before "day"
+    /// refuses with retry 86,339 s. Catches refusals by a later tier left
+    /// counted in an earlier one.
     later_tier_refusal_not_charged => "a request refused by a later tier still counted by an earlier one",
+    /// Two instances, each a local tier (10/min) in front of one shared tier
+    /// (5/min): 5 served on A at t0, 20 refused at t0+1 s with retry 59 s;
+    /// at t0+60 s both A and B serve the client. Catches local tiers that
+    /// keep the shared tier's refusals and refuse a client that obeyed
+    /// `Retry-After`.
     shared_retry_after_honoured => "a shared tier's Retry-After refused again by a local tier that counted the refusals",
+    /// One rule (5/min) on the shared store with a local fallback: 5 served
+    /// by the shared store; once it fails, the fallback serves 5 and refuses
+    /// the 6th. Catches a fallback consulted beside its store.
     fallback_never_double_counts => "a fallback consulted beside the store it stands in for, counting an honest client twice",
+    /// A local tier (60/min) escalating one in 10 admitted requests: a client
+    /// at 1/s and one bursting 60 a minute are each sampled exactly 60 times
+    /// in 600 admitted requests, one in every run of 10, and a second
+    /// composition samples other positions. Catches sampling by a key's
+    /// count, which a client's pace switches off or on.
     escalation_rate_independent_of_pace => "escalation sampling that a client's pace turns off, or on for every request",
+    /// 20 keys × 3 windows × 95 refusals: 60 sink writes, then 20 at the
+    /// flush, standing for all 5,700 refusals. Catches one write per
+    /// refusal.
     abuse_writes_bounded => "one abuse write per refusal: a flood of refusals as a flood of writes",
+    /// A hanging store (20 ms timeout, breaker 1 failure / 30 s, fail open)
+    /// is called once for 100 requests and once more after the cool-down; a
+    /// hanging abuse sink is called once for 50 refusals, all written when it
+    /// is back. Catches a breaker that never opens.
     dead_store_costs_one_timeout => "a dead store or abuse sink costing a timeout per request instead of per cool-down",
+    /// After a cool-down, a probe cancelled by its caller lets the next
+    /// request probe at once; a probe answered `InvalidRequest` leaves the
+    /// breaker able to probe again. Catches a breaker that re-opens for a
+    /// full cool-down on a cancelled probe.
     breaker_recovery => "a breaker kept open by a cancelled probe, or half-open for ever by an invalid one",
+    /// A local tier (100/min) in front of a shared tier (5/min) with a
+    /// refusal cache: 100 requests refused at t0+1 s cost one shared-store
+    /// call and one local refund; at t0+30 s the refusal still stands
+    /// (retry 30 s) without a call; at t0+60 s the store is asked and admits.
+    /// Catches a composition that asks the store on every refused request.
     refused_offender_costs_no_round_trip => "a refused client hammering costing a shared-store round trip per request",
+    /// Four instances leasing from one fixed window of 20 per 10 s in
+    /// batches of at most 4: 12 requests in the first window leave units in
+    /// hand; of 60 in the second, at most 20 and at least 8 (20 less what
+    /// four instances can strand) are admitted. Catches leased units the
+    /// shared store never counted, and units spent after their window.
     leased_fleet_never_over_admits => "leased units not counted by the shared store, or spent after the window that counted them",
+    /// Two instances on one fixed window of 10: A serves 4 and releases its
+    /// leases; B is then admitted exactly the 6 units A did not spend.
+    /// Catches units an instance that stops leaves stranded.
     leased_units_returned => "units leased by an instance that stops left stranded instead of handed back",
+    /// One instance, fail closed: after the shared store fails, at most the
+    /// 3 units in hand are spent, then every request is refused by the
+    /// failure policy. Catches a lease that admits on its own when the
+    /// shared store is dead.
     leased_dead_store_follows_failure_policy => "a lease that admits on its own once the shared store is dead and its batch is spent",
 }
 

@@ -2,7 +2,7 @@
 //! [`Composer`] it is given, with local tiers on the reference store and
 //! shared tiers from the factory, and checks hand-derived numbers.
 //!
-//! One scenario after another, about 900 lines: each is self-contained, with
+//! One scenario after another, about 800 lines: each is self-contained, with
 //! its hand-derived numbers in its own comments.
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use limiter_core::{
 use super::support::{Events, Health, Switch};
 use super::{Composer, Composition, EscalationSpec, TierSpec};
 use crate::broken::ReferenceStore;
-use crate::support::{S, T0, dur, evidence, fail, guarded, num, policy};
+use crate::support::{S, T0, dur, evidence, fail, num, policy};
 use crate::{Failure, ScenarioResult, StoreFactory};
 
 /// A short timeout for tiers whose store is made to hang: what a dead
@@ -27,30 +27,76 @@ fn local() -> Arc<dyn Store> {
     Arc::new(ReferenceStore::new(10_000))
 }
 
-async fn shared(factory: &dyn StoreFactory) -> Result<Arc<dyn Store>, Failure> {
-    let store = factory.fresh().await;
-    if store.capabilities().server_clock {
-        return fail(format!(
-            "the {} store decides with its server's clock, so the suite cannot drive time; \
-             the factory must return a store in client-clock mode",
-            store.name()
-        ));
+/// What a scenario is given: the factory of its shared tiers, the composer
+/// under test, and the manual clock every composition it builds runs on.
+pub(super) struct Setup<'a> {
+    factory: &'a dyn StoreFactory,
+    composer: &'a dyn Composer,
+    clock: ManualClock,
+}
+
+impl<'a> Setup<'a> {
+    pub(super) fn new(factory: &'a dyn StoreFactory, composer: &'a dyn Composer) -> Self {
+        Setup {
+            factory,
+            composer,
+            clock: ManualClock::new(),
+        }
     }
-    Ok(store)
-}
 
-fn compose(
-    composer: &dyn Composer,
-    tiers: Vec<TierSpec>,
-    clock: &ManualClock,
-) -> Result<Box<dyn Composition>, Failure> {
-    composer
-        .compose(tiers, clock.clone())
-        .map_err(|e| Failure(format!("scenario bug: the composition was refused: {e}")))
-}
+    async fn shared(&self) -> Result<Arc<dyn Store>, Failure> {
+        let store = self.factory.fresh().await;
+        if store.capabilities().server_clock {
+            return fail(format!(
+                "the {} store decides with its server's clock, so the suite cannot drive time; \
+                 the factory must return a store in client-clock mode",
+                store.name()
+            ));
+        }
+        Ok(store)
+    }
 
-fn at(clock: &ManualClock, offset_us: u64) {
-    clock.set(Timestamp::from_micros(T0 + offset_us));
+    fn compose(&self, tiers: Vec<TierSpec>) -> Result<Box<dyn Composition>, Failure> {
+        self.composer
+            .compose(tiers, self.clock.clone())
+            .map_err(|e| Failure(format!("scenario bug: the composition was refused: {e}")))
+    }
+
+    fn at(&self, offset_us: u64) {
+        self.clock.set(Timestamp::from_micros(T0 + offset_us));
+    }
+
+    /// An escalation that is there to report refusals to `sink`: it samples
+    /// one admitted request in 10,000 into a shared tier of 10,000 per hour,
+    /// which never refuses here.
+    async fn reporting_to(&self, sink: Arc<dyn AbuseSink>) -> Result<EscalationSpec, Failure> {
+        Ok(EscalationSpec {
+            store: self.shared().await?,
+            policy: log(10_000, 3_600)?,
+            every: 10_000,
+            sink: Some(sink),
+        })
+    }
+
+    /// `n` instances, each a composition of one tier leasing from `store`
+    /// in batches of at most `units`.
+    fn fleet(
+        &self,
+        n: usize,
+        store: &Arc<dyn Store>,
+        p: Policy,
+        units: u32,
+        on_failure: FailurePolicy,
+    ) -> Result<Vec<Box<dyn Composition>>, Failure> {
+        (0..n)
+            .map(|_| {
+                let mut tier = TierSpec::new("quota", store.clone(), p);
+                tier.lease = Some(units);
+                tier.on_failure = on_failure;
+                self.compose(vec![tier])
+            })
+            .collect()
+    }
 }
 
 fn log(limit: u32, window_s: u64) -> Result<Policy, Failure> {
@@ -70,30 +116,39 @@ fn show(d: &Decision) -> String {
     )
 }
 
+/// Fails unless `n` requests for `key` through `c` are all admitted;
+/// `request(i)` names the `i`th (from 1) in the failure.
+async fn admit_each(
+    c: &dyn Composition,
+    key: &[u8],
+    n: u32,
+    request: impl Fn(u32) -> String,
+) -> Result<(), Failure> {
+    for i in 1..=n {
+        let d = c.check(key).await;
+        if !d.allowed {
+            return fail(format!("{} must be admitted; got {}", request(i), show(&d)));
+        }
+    }
+    Ok(())
+}
+
 fn breaker(failures: u32, cool_down_s: u64) -> Result<BreakerConfig, Failure> {
     BreakerConfig::new(failures, Duration::from_secs(cool_down_s))
         .map_err(|e| Failure(format!("scenario bug: {e}")))
 }
 
-pub(super) async fn later_tier_refusal_not_charged_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn later_tier_refusal_not_charged(s: &Setup<'_>) -> ScenarioResult {
     // Tiers: "day" 12 per day in a local store, then "minute" 10 per minute
     // in the shared store. 110 requests at t0: the minute tier admits 10 and
     // refuses 100; if those refusals stayed counted in "day" (10 + 2 before
     // "day" itself refused), the client would be locked out for a day.
-    let clock = ManualClock::new();
     let day = policy(Algorithm::FixedWindow, 12, 86_400 * S)?;
-    let c = compose(
-        composer,
-        vec![
-            TierSpec::new("day", local(), day),
-            TierSpec::new("minute", shared(factory).await?, log(10, 60)?),
-        ],
-        &clock,
-    )?;
-    at(&clock, 0);
+    let c = s.compose(vec![
+        TierSpec::new("day", local(), day),
+        TierSpec::new("minute", s.shared().await?, log(10, 60)?),
+    ])?;
+    s.at(0);
     let mut admitted = 0;
     for i in 1..=110 {
         let d = c.check(b"client").await;
@@ -115,7 +170,7 @@ pub(super) async fn later_tier_refusal_not_charged_impl(
         ));
     }
     // At t0+61 s the minute window has passed; "day" has counted 10.
-    at(&clock, 61 * S);
+    s.at(61 * S);
     for (i, left) in [(1, 1), (2, 0)] {
         let d = c.check(b"client").await;
         if !d.allowed || d.source.rule != Some("day") || d.remaining != left {
@@ -145,36 +200,24 @@ pub(super) async fn later_tier_refusal_not_charged_impl(
     ])
 }
 
-pub(super) async fn shared_retry_after_honoured_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn shared_retry_after_honoured(s: &Setup<'_>) -> ScenarioResult {
     // Two instances, each a local tier of 10 per minute in front of one
     // shared tier of 5 per minute. Instance A serves 5 at t0, then refuses 20
     // at t0+1 s with retry_after 59 s. A client that waits exactly that long
     // must be served by A and by B: A's local tier must not hold the 20
     // refused requests.
-    let clock = ManualClock::new();
-    let store = shared(factory).await?;
+    let store = s.shared().await?;
     let tiers = |store: &Arc<dyn Store>| -> Result<Vec<TierSpec>, Failure> {
         Ok(vec![
             TierSpec::new("local", local(), log(10, 60)?),
             TierSpec::new("shared", store.clone(), log(5, 60)?),
         ])
     };
-    let a = compose(composer, tiers(&store)?, &clock)?;
-    let b = compose(composer, tiers(&store)?, &clock)?;
-    at(&clock, 0);
-    for i in 1..=5 {
-        let d = a.check(b"client").await;
-        if !d.allowed {
-            return fail(format!(
-                "request {i} at t0 on A: must be admitted; got {}",
-                show(&d)
-            ));
-        }
-    }
-    at(&clock, S);
+    let a = s.compose(tiers(&store)?)?;
+    let b = s.compose(tiers(&store)?)?;
+    s.at(0);
+    admit_each(&*a, b"client", 5, |i| format!("request {i} at t0 on A:")).await?;
+    s.at(S);
     for i in 1..=20 {
         let d = a.check(b"client").await;
         if d.allowed || d.source.rule != Some("shared") || d.retry_after != Duration::from_secs(59)
@@ -186,7 +229,7 @@ pub(super) async fn shared_retry_after_honoured_impl(
             ));
         }
     }
-    at(&clock, 60 * S);
+    s.at(60 * S);
     for (name, c, left) in [("A", &a, 4), ("B", &b, 3)] {
         let d = c.check(b"client").await;
         if !d.allowed || d.remaining != left {
@@ -203,23 +246,19 @@ pub(super) async fn shared_retry_after_honoured_impl(
     ])
 }
 
-pub(super) async fn fallback_never_double_counts_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn fallback_never_double_counts(s: &Setup<'_>) -> ScenarioResult {
     // One rule, 5 per minute, on the shared store with a local fallback.
     // While the shared store answers, the fallback counts nothing; when it
     // fails, the fallback serves a full quota of its own. (No request is
     // refused while the store is up: a refusal would stand, through the
     // rule's refusal cache, until its retry time, outage or not.)
-    let clock = ManualClock::new();
-    let store = Switch::<dyn Store>::new(shared(factory).await?);
+    let store = Switch::<dyn Store>::new(s.shared().await?);
     let shared_name = store.name();
     let mut tier = TierSpec::new("search", store.clone(), log(5, 60)?);
     tier.fallback = Some(local());
     tier.on_failure = FailurePolicy::Closed;
-    let c = compose(composer, vec![tier], &clock)?;
-    at(&clock, 0);
+    let c = s.compose(vec![tier])?;
+    s.at(0);
     for i in 1..=5 {
         let d = c.check(b"client").await;
         if !d.allowed || d.source.fallback || d.source.store != shared_name {
@@ -231,7 +270,7 @@ pub(super) async fn fallback_never_double_counts_impl(
         }
     }
     store.set(Health::Failing);
-    at(&clock, S);
+    s.at(S);
     for i in 1..=6 {
         let d = c.check(b"client").await;
         let ok = d.allowed == (i <= 5) && d.source.fallback && !d.source.degraded;
@@ -250,17 +289,13 @@ pub(super) async fn fallback_never_double_counts_impl(
     ])
 }
 
-pub(super) async fn escalation_rate_independent_of_pace_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn escalation_rate_independent_of_pace(s: &Setup<'_>) -> ScenarioResult {
     // A local tier of 60 per minute escalates one admitted request in 10 to
     // the shared store (10,000 per hour: it never refuses here). A client
     // pacing itself at 1/s and one bursting 60 at the top of each minute are
     // each admitted 600 times and must each be sampled exactly 60 times, one
     // in every run of 10 admitted requests.
-    let clock = ManualClock::new();
-    let durable = Switch::<dyn Store>::new(shared(factory).await?);
+    let durable = Switch::<dyn Store>::new(s.shared().await?);
     let tier = |durable: Arc<dyn Store>| -> Result<TierSpec, Failure> {
         let mut t = TierSpec::new("search", local(), log(60, 60)?);
         t.escalation = Some(EscalationSpec {
@@ -271,7 +306,7 @@ pub(super) async fn escalation_rate_independent_of_pace_impl(
         });
         Ok(t)
     };
-    let c = compose(composer, vec![tier(durable.clone())?], &clock)?;
+    let c = s.compose(vec![tier(durable.clone())?])?;
     let mut parts = Vec::new();
     let mut sampled_positions = Vec::new();
     for (client, offsets) in [
@@ -284,7 +319,7 @@ pub(super) async fn escalation_rate_independent_of_pace_impl(
         let before = durable.calls();
         let mut sampled = Vec::new();
         for (i, &offset) in offsets.iter().enumerate() {
-            at(&clock, offset);
+            s.at(offset);
             let d = c.check(client.as_bytes()).await;
             if !d.allowed {
                 return fail(format!(
@@ -324,11 +359,11 @@ pub(super) async fn escalation_rate_independent_of_pace_impl(
     }
     // The same traffic through a second composition samples other positions:
     // a client cannot learn which of its requests will be checked.
-    let durable2 = Switch::<dyn Store>::new(shared(factory).await?);
-    let c2 = compose(composer, vec![tier(durable2)?], &clock)?;
+    let durable2 = Switch::<dyn Store>::new(s.shared().await?);
+    let c2 = s.compose(vec![tier(durable2)?])?;
     let mut again = Vec::new();
     for i in 0..600 {
-        at(&clock, 7_200 * S + i * S);
+        s.at(7_200 * S + i * S);
         if c2.check(b"paced-again").await.source.escalated {
             again.push((i % 10) as usize);
         }
@@ -343,26 +378,17 @@ pub(super) async fn escalation_rate_independent_of_pace_impl(
     evidence(parts)
 }
 
-pub(super) async fn abuse_writes_bounded_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn abuse_writes_bounded(s: &Setup<'_>) -> ScenarioResult {
     // 20 keys, each 100 requests in each of 3 windows against 5 per minute:
     // 5,700 refusals. The sink gets one write per key per window (60), each
     // carrying the refusals held back since the key's last one, and a flush
     // writes what the last window held (20 more): 5,700 refusals in 80 writes.
-    let clock = ManualClock::new();
     let sink = Switch::<dyn AbuseSink>::new(Arc::new(Events::default()));
     let mut tier = TierSpec::new("form", local(), log(5, 60)?);
-    tier.escalation = Some(EscalationSpec {
-        store: shared(factory).await?,
-        policy: log(10_000, 3_600)?,
-        every: 10_000,
-        sink: Some(sink.clone()),
-    });
-    let c = compose(composer, vec![tier], &clock)?;
+    tier.escalation = Some(s.reporting_to(sink.clone()).await?);
+    let c = s.compose(vec![tier])?;
     for window in 0..3u64 {
-        at(&clock, window * 60 * S);
+        s.at(window * 60 * S);
         for k in 0..20 {
             let key = format!("bot-{k}");
             let admitted = {
@@ -403,18 +429,14 @@ pub(super) async fn abuse_writes_bounded_impl(
     ])
 }
 
-pub(super) async fn dead_store_costs_one_timeout_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
-    let clock = ManualClock::new();
-    let store = Switch::<dyn Store>::new(shared(factory).await?);
+pub(super) async fn dead_store_costs_one_timeout(s: &Setup<'_>) -> ScenarioResult {
+    let store = Switch::<dyn Store>::new(s.shared().await?);
     store.set(Health::Hanging);
     let mut tier = TierSpec::new("search", store.clone(), log(10, 60)?);
     tier.timeout = DEAD;
     tier.breaker = breaker(1, 30)?;
-    let c = compose(composer, vec![tier], &clock)?;
-    at(&clock, 0);
+    let c = s.compose(vec![tier])?;
+    s.at(0);
     for round in 0..2u64 {
         for i in 1..=100 {
             let d = c.check(b"client").await;
@@ -440,7 +462,7 @@ pub(super) async fn dead_store_costs_one_timeout_impl(
                 store.calls()
             ));
         }
-        clock.advance(Duration::from_secs(30));
+        s.clock.advance(Duration::from_secs(30));
     }
 
     // A dead abuse sink: 50 keys refused once each cost one sink call, and
@@ -450,13 +472,8 @@ pub(super) async fn dead_store_costs_one_timeout_impl(
     let mut tier = TierSpec::new("form", local(), log(1, 60)?);
     tier.timeout = DEAD;
     tier.breaker = breaker(1, 30)?;
-    tier.escalation = Some(EscalationSpec {
-        store: shared(factory).await?,
-        policy: log(10_000, 3_600)?,
-        every: 10_000,
-        sink: Some(sink.clone()),
-    });
-    let c = compose(composer, vec![tier], &clock)?;
+    tier.escalation = Some(s.reporting_to(sink.clone()).await?);
+    let c = s.compose(vec![tier])?;
     for k in 0..50 {
         let key = format!("bot-{k}");
         let first = c.check(key.as_bytes()).await;
@@ -477,7 +494,7 @@ pub(super) async fn dead_store_costs_one_timeout_impl(
         ));
     }
     sink.set(Health::Up);
-    clock.advance(Duration::from_secs(30));
+    s.clock.advance(Duration::from_secs(30));
     let flushed = c.flush_abuse_events().await;
     if flushed != 50 || sink.refusals() != 50 {
         return fail(format!(
@@ -496,12 +513,8 @@ pub(super) async fn dead_store_costs_one_timeout_impl(
     ])
 }
 
-pub(super) async fn breaker_recovery_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
-    let clock = ManualClock::new();
-    let store = Switch::<dyn Store>::new(shared(factory).await?);
+pub(super) async fn breaker_recovery(s: &Setup<'_>) -> ScenarioResult {
+    let store = Switch::<dyn Store>::new(s.shared().await?);
     // A timeout no probe below reaches: the breaker is opened by a failing
     // store, and the probe is cancelled by dropping it, not by a timer, so
     // nothing here depends on how fast the machine is.
@@ -511,13 +524,13 @@ pub(super) async fn breaker_recovery_impl(
         t.breaker = breaker(1, 10)?;
         Ok(t)
     };
-    at(&clock, 0);
+    s.at(0);
 
     // A probe whose caller goes away.
-    let c = compose(composer, vec![tier("cancelled")?], &clock)?;
+    let c = s.compose(vec![tier("cancelled")?])?;
     store.set(Health::Failing);
     c.check(b"client").await;
-    clock.advance(Duration::from_secs(10));
+    s.clock.advance(Duration::from_secs(10));
     store.set(Health::Hanging);
     let calls = store.calls();
     {
@@ -552,10 +565,10 @@ pub(super) async fn breaker_recovery_impl(
     }
 
     // A probe answered with InvalidRequest.
-    let c = compose(composer, vec![tier("invalid")?], &clock)?;
+    let c = s.compose(vec![tier("invalid")?])?;
     store.set(Health::Failing);
     c.check(b"client").await;
-    clock.advance(Duration::from_secs(10));
+    s.clock.advance(Duration::from_secs(10));
     store.set(Health::Invalid);
     c.check(b"client").await;
     store.set(Health::Up);
@@ -574,34 +587,26 @@ pub(super) async fn breaker_recovery_impl(
     ])
 }
 
-pub(super) async fn refused_offender_costs_no_round_trip_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn refused_offender_costs_no_round_trip(s: &Setup<'_>) -> ScenarioResult {
     // A local tier (100/min) in front of a shared tier (5/min) with a
     // refusal cache. After 5 served at t0, 100 requests at t0+1 s are
     // refused with retry 59 s: the shared store is asked once, and the local
     // tier admits-and-refunds once, not 100 times.
-    let clock = ManualClock::new();
-    let store = Switch::<dyn Store>::new(shared(factory).await?);
+    let store = Switch::<dyn Store>::new(s.shared().await?);
     let local = Switch::<dyn Store>::new(local());
     let mut shared_tier = TierSpec::new("shared", store.clone(), log(5, 60)?);
     shared_tier.refusal_cache = Some(1_000);
-    let c = compose(
-        composer,
-        vec![
-            TierSpec::new("local", local.clone(), log(100, 60)?),
-            shared_tier,
-        ],
-        &clock,
-    )?;
-    at(&clock, 0);
+    let c = s.compose(vec![
+        TierSpec::new("local", local.clone(), log(100, 60)?),
+        shared_tier,
+    ])?;
+    s.at(0);
     for i in 1..=5 {
         if !c.check(b"offender").await.allowed {
             return fail(format!("request {i} at t0 must be admitted"));
         }
     }
-    at(&clock, S);
+    s.at(S);
     let before = store.calls();
     for i in 1..=100 {
         let d = c.check(b"offender").await;
@@ -620,7 +625,7 @@ pub(super) async fn refused_offender_costs_no_round_trip_impl(
             local.refunds()
         ));
     }
-    at(&clock, 30 * S);
+    s.at(30 * S);
     let d = c.check(b"offender").await;
     if d.allowed || d.retry_after != Duration::from_secs(30) || store.calls() - before != 1 {
         return fail(format!(
@@ -629,7 +634,7 @@ pub(super) async fn refused_offender_costs_no_round_trip_impl(
             store.calls() - before
         ));
     }
-    at(&clock, 60 * S);
+    s.at(60 * S);
     let d = c.check(b"offender").await;
     if !d.allowed || store.calls() - before != 2 {
         return fail(format!(
@@ -647,31 +652,7 @@ fn fixed(limit: u32, window_s: u64) -> Result<Policy, Failure> {
     policy(Algorithm::FixedWindow, limit, window_s * S)
 }
 
-/// `n` instances, each a composition of one tier leasing from `store` in
-/// batches of at most `units`.
-fn fleet(
-    composer: &dyn Composer,
-    n: usize,
-    store: &Arc<dyn Store>,
-    p: Policy,
-    units: u32,
-    on_failure: FailurePolicy,
-    clock: &ManualClock,
-) -> Result<Vec<Box<dyn Composition>>, Failure> {
-    (0..n)
-        .map(|_| {
-            let mut tier = TierSpec::new("quota", store.clone(), p);
-            tier.lease = Some(units);
-            tier.on_failure = on_failure;
-            compose(composer, vec![tier], clock)
-        })
-        .collect()
-}
-
-pub(super) async fn leased_fleet_never_over_admits_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn leased_fleet_never_over_admits(s: &Setup<'_>) -> ScenarioResult {
     // Four instances lease from one shared fixed window of 20 per 10 s, in
     // batches of at most 4. Window 1 (opened at t0 by its first request):
     // 12 requests, 3 per instance, leave units in hand at its end. Window 2
@@ -679,15 +660,14 @@ pub(super) async fn leased_fleet_never_over_admits_impl(
     // counts every leased unit, and a lease ends with the window that
     // counted it, so each window admits at most 20; an instance strands at
     // most 3 units, so window 2 admits at least 20 − 4 × 3 = 8.
-    let clock = ManualClock::new();
-    let store = shared(factory).await?;
+    let store = s.shared().await?;
     let p = fixed(20, 10)?;
-    let fleet = fleet(composer, 4, &store, p, 4, FailurePolicy::Closed, &clock)?;
+    let fleet = s.fleet(4, &store, p, 4, FailurePolicy::Closed)?;
     let mut admitted = [0u32; 2];
     for (window, requests) in [(0u64, 12u64), (1, 60)] {
         for r in 0..requests {
             // Every 100 ms from the window's start: all inside it.
-            at(&clock, window * 10 * S + r * 100_000);
+            s.at(window * 10 * S + r * 100_000);
             let d = fleet[(r % 4) as usize].check(b"tenant").await;
             if d.source.degraded {
                 return fail(format!(
@@ -729,29 +709,20 @@ pub(super) async fn leased_fleet_never_over_admits_impl(
     ])
 }
 
-pub(super) async fn leased_units_returned_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn leased_units_returned(s: &Setup<'_>) -> ScenarioResult {
     // A shared fixed window of 10 per 10 s; two instances leasing in
     // batches of at most 4. A serves 4 requests and then stops, holding
     // units it leased; released, they go back to the shared store, and B,
     // asking until refused, is admitted every unit A did not spend: 6.
-    let clock = ManualClock::new();
-    let store = shared(factory).await?;
+    let store = s.shared().await?;
     let p = fixed(10, 10)?;
-    let fleet = fleet(composer, 2, &store, p, 4, FailurePolicy::Closed, &clock)?;
-    at(&clock, 0);
-    for i in 1..=4 {
-        let d = fleet[0].check(b"tenant").await;
-        if !d.allowed {
-            return fail(format!(
-                "A's request {i} of 4 must be admitted; got {}",
-                show(&d)
-            ));
-        }
-    }
-    at(&clock, S);
+    let fleet = s.fleet(2, &store, p, 4, FailurePolicy::Closed)?;
+    s.at(0);
+    admit_each(&*fleet[0], b"tenant", 4, |i| {
+        format!("A's request {i} of 4")
+    })
+    .await?;
+    s.at(S);
     let released = fleet[0].release_leases().await;
     if released == 0 {
         return fail(
@@ -778,40 +749,20 @@ pub(super) async fn leased_units_returned_impl(
     ])
 }
 
-pub(super) async fn leased_dead_store_follows_failure_policy_impl(
-    factory: &dyn StoreFactory,
-    composer: &dyn Composer,
-) -> ScenarioResult {
+pub(super) async fn leased_dead_store_follows_failure_policy(s: &Setup<'_>) -> ScenarioResult {
     // One instance, fail closed, leasing in batches of at most 4 from a
     // shared fixed window of 1,000 per minute. After 4 requests it holds
     // units; then the shared store fails. The units in hand were counted
     // before the outage and may be spent (at most 3); after them every
     // request is refused by the failure policy.
-    let clock = ManualClock::new();
-    let store = Switch::<dyn Store>::new(shared(factory).await?);
+    let store = Switch::<dyn Store>::new(s.shared().await?);
     let shared_store: Arc<dyn Store> = store.clone();
     let p = fixed(1_000, 60)?;
-    let fleet = fleet(
-        composer,
-        1,
-        &shared_store,
-        p,
-        4,
-        FailurePolicy::Closed,
-        &clock,
-    )?;
-    at(&clock, 0);
-    for i in 1..=4 {
-        let d = fleet[0].check(b"tenant").await;
-        if !d.allowed {
-            return fail(format!(
-                "request {i} of 4 must be admitted; got {}",
-                show(&d)
-            ));
-        }
-    }
+    let fleet = s.fleet(1, &shared_store, p, 4, FailurePolicy::Closed)?;
+    s.at(0);
+    admit_each(&*fleet[0], b"tenant", 4, |i| format!("request {i} of 4")).await?;
     store.set(Health::Failing);
-    at(&clock, S);
+    s.at(S);
     let mut from_hand = 0;
     for i in 1..=10 {
         let d = fleet[0].check(b"tenant").await;
@@ -831,75 +782,4 @@ pub(super) async fn leased_dead_store_follows_failure_policy_impl(
         format!("{from_hand} requests paid from units leased before the outage"),
         "every later request refused by the failure policy, degraded".into(),
     ])
-}
-
-macro_rules! public {
-    ($($(#[$doc:meta])* $name:ident => $imp:ident,)*) => {
-        $(
-            $(#[$doc])*
-            pub async fn $name(shared: &dyn StoreFactory, composer: &dyn Composer) -> ScenarioResult {
-                guarded($imp(shared, composer)).await
-            }
-        )*
-    };
-}
-
-public! {
-    /// Tiers "day" (12 per day, local) then "minute" (10 per minute,
-    /// shared): 110 requests at t0 admit 10, every refusal from "minute"
-    /// with retry 60 s; at t0+61 s exactly 2 more are admitted before "day"
-    /// refuses with retry 86,339 s. Catches refusals by a later tier left
-    /// counted in an earlier one.
-    later_tier_refusal_not_charged => later_tier_refusal_not_charged_impl,
-    /// Two instances, each a local tier (10/min) in front of one shared tier
-    /// (5/min): 5 served on A at t0, 20 refused at t0+1 s with retry 59 s;
-    /// at t0+60 s both A and B serve the client. Catches local tiers that
-    /// keep the shared tier's refusals and refuse a client that obeyed
-    /// `Retry-After`.
-    shared_retry_after_honoured => shared_retry_after_honoured_impl,
-    /// One rule (5/min) on the shared store with a local fallback: 5 served
-    /// by the shared store; once it fails, the fallback serves 5 and refuses
-    /// the 6th. Catches a fallback consulted beside its store.
-    fallback_never_double_counts => fallback_never_double_counts_impl,
-    /// A local tier (60/min) escalating one in 10 admitted requests: a client
-    /// at 1/s and one bursting 60 a minute are each sampled exactly 60 times
-    /// in 600 admitted requests, one in every run of 10, and a second
-    /// composition samples other positions. Catches sampling by a key's
-    /// count, which a client's pace switches off or on.
-    escalation_rate_independent_of_pace => escalation_rate_independent_of_pace_impl,
-    /// 20 keys × 3 windows × 95 refusals: 60 sink writes, then 20 at the
-    /// flush, standing for all 5,700 refusals. Catches one write per
-    /// refusal.
-    abuse_writes_bounded => abuse_writes_bounded_impl,
-    /// A hanging store (20 ms timeout, breaker 1 failure / 30 s, fail open)
-    /// is called once for 100 requests and once more after the cool-down; a
-    /// hanging abuse sink is called once for 50 refusals, all written when it
-    /// is back. Catches a breaker that never opens.
-    dead_store_costs_one_timeout => dead_store_costs_one_timeout_impl,
-    /// After a cool-down, a probe cancelled by its caller lets the next
-    /// request probe at once; a probe answered `InvalidRequest` leaves the
-    /// breaker able to probe again. Catches a breaker that re-opens for a
-    /// full cool-down on a cancelled probe.
-    breaker_recovery => breaker_recovery_impl,
-    /// A local tier (100/min) in front of a shared tier (5/min) with a
-    /// refusal cache: 100 requests refused at t0+1 s cost one shared-store
-    /// call and one local refund; at t0+30 s the refusal still stands
-    /// (retry 30 s) without a call; at t0+60 s the store is asked and admits.
-    /// Catches a composition that asks the store on every refused request.
-    refused_offender_costs_no_round_trip => refused_offender_costs_no_round_trip_impl,
-    /// Four instances leasing from one fixed window of 20 per 10 s in
-    /// batches of at most 4: 12 requests in the first window leave units in
-    /// hand; of 60 in the second, at most 20 and at least 8 (20 less what
-    /// four instances can strand) are admitted. Catches leased units the
-    /// shared store never counted, and units spent after their window.
-    leased_fleet_never_over_admits => leased_fleet_never_over_admits_impl,
-    /// Two instances on one fixed window of 10: A serves 4 and releases its
-    /// leases; B is then admitted exactly the 6 units A did not spend.
-    /// Catches units an instance that stops leaves stranded.
-    leased_units_returned => leased_units_returned_impl,
-    /// One instance, fail closed: after the shared store fails, at most the
-    /// 3 units in hand are spent, then every request is refused by the
-    /// failure policy. Catches a lease that admits on its own when the
-    /// shared store is dead.
-    leased_dead_store_follows_failure_policy => leased_dead_store_follows_failure_policy_impl,
 }

@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use limiter_core::{
-    AbuseEvent, AbuseSink, Capabilities, ConfigError, Decision, ErrorKind, Policy, Store,
-    StoreError, Timestamp,
+    AbuseEvent, AbuseSink, Decision, ErrorKind, Policy, Store, StoreError, Timestamp,
 };
 
 /// How a [`Switch`] answers.
@@ -101,17 +100,7 @@ impl<T: ?Sized> Switch<T> {
 
 #[async_trait]
 impl Store for Switch<dyn Store> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
-        self.inner.check_policy(policy)
-    }
+    forward_identity!(inner);
 
     async fn decide(
         &self,

@@ -29,31 +29,13 @@ targets:
   broken:DEFECT               a deliberately broken test store, to see the suite catch it;
                               DEFECT is one of:";
 
-/// The broken stores, by the name given on the command line.
-const DEFECTS: &[(&str, Defect)] = &[
-    ("insertion-order-eviction", Defect::InsertionOrderEviction),
-    ("eviction-skips-refusals", Defect::EvictionSkipsRefusals),
-    ("refusals-recorded", Defect::RefusalsRecorded),
-    (
-        "expiry-renewed-on-every-hit",
-        Defect::ExpiryRenewedOnEveryHit,
-    ),
-    ("non-atomic", Defect::NonAtomic),
-    ("truncated-keys", Defect::TruncatedKeys),
-    ("lossy-utf8-keys", Defect::LossyUtf8Keys),
-    ("reset-on-clock-regression", Defect::ResetOnClockRegression),
-    ("panic-on-clock-regression", Defect::PanicOnClockRegression),
-    ("off-by-one", Defect::OffByOne),
-    (
-        "accepts-unsupported-algorithms",
-        Defect::AcceptsUnsupportedAlgorithms,
-    ),
-    ("shared-buckets", Defect::SharedBuckets),
-    ("refund-ignored", Defect::RefundIgnored),
-    ("refund-blind", Defect::RefundBlind),
-    ("unbounded-keys", Defect::UnboundedKeys),
-    ("inline-records-refusals", Defect::InlineRecordsRefusals),
-];
+/// A broken store's name on the command line: its store name without the
+/// `broken-` every one of them starts with, so that a new defect is named
+/// here as soon as it exists.
+fn defect_name(defect: Defect) -> &'static str {
+    let name = defect.store_name();
+    name.strip_prefix("broken-").unwrap_or(name)
+}
 
 /// The key capacity of the bounded stores the scorecard builds: small enough
 /// that the flood scenario (three times the capacity) runs in a moment.
@@ -61,15 +43,15 @@ const CAPACITY: usize = 1_000;
 
 fn usage() -> ExitCode {
     eprintln!("{USAGE}");
-    for (name, _) in DEFECTS {
-        eprintln!("                                {name}");
+    for defect in Defect::ALL {
+        eprintln!("                                {}", defect_name(defect));
     }
     ExitCode::from(2)
 }
 
 async fn factory(target: &str) -> Result<Arc<dyn StoreFactory>, String> {
     if let Some(defect) = target.strip_prefix("broken:") {
-        let Some(&(_, defect)) = DEFECTS.iter().find(|(name, _)| *name == defect) else {
+        let Some(defect) = Defect::ALL.into_iter().find(|d| defect_name(*d) == defect) else {
             return Err(format!("unknown defect {defect:?}"));
         };
         return Ok(Arc::new(move || async move {
