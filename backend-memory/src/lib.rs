@@ -366,10 +366,7 @@ impl MemoryStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(NAME, e))?;
-        limiter_core::check_key(NAME, key, self.max_key_len)?;
+        limiter_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
         let tag = algorithm_tag(policy.algorithm());
         let hash = self.hash(tag, key);
         let verdict = {

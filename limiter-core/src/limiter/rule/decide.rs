@@ -17,7 +17,6 @@ use crate::time::{Clock, Timestamp};
 
 use super::super::stats::bump;
 use super::{Applied, Called, Charge, Holder, ProbeGuard, Rule, StorageKey, micros};
-use crate::limiter::FailurePolicy;
 
 impl Rule {
     fn holder(&self, holder: Holder) -> Option<(&dyn Store, &Policy)> {
@@ -168,23 +167,7 @@ impl Rule {
             on_failure = ?self.on_failure,
             "no store answered; failure policy decides"
         );
-        let allowed = self.on_failure == FailurePolicy::Open;
-        let mut source = Source::store(store);
-        source.degraded = true;
-        Decision {
-            allowed,
-            limit: self.policy.limit(),
-            remaining: 0,
-            reset_after: Duration::ZERO,
-            // A failed store says nothing about when it will be back; one
-            // second keeps well-behaved clients from retrying in a tight loop.
-            retry_after: if allowed {
-                Duration::ZERO
-            } else {
-                Duration::from_secs(1)
-            },
-            source,
-        }
+        Decision::degraded(self.on_failure, &self.policy, store)
     }
 
     /// The authoritative store, else the fallback, else the failure policy;
