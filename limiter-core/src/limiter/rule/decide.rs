@@ -203,7 +203,8 @@ impl Rule {
             return (self.degraded(self.store.name()), None);
         };
         // The fallback has no breaker of its own: it is asked only when the
-        // authoritative store has failed, and a local store cannot hang.
+        // authoritative store has failed, inline if it can answer so, else
+        // under the rule's timeout.
         let answer = match fallback.decide_inline(key, &self.policy, cost, now) {
             Some(answer) => answer,
             None => {
