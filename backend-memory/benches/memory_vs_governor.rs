@@ -73,6 +73,10 @@ struct MemorySync {
 }
 
 impl Contender for MemorySync {
+    // Never inlined, in every contender alike: each pays the same call,
+    // and a profiler can count one contender's decisions alone
+    // (`valgrind --toggle-collect='*MemorySync as*decide'`).
+    #[inline(never)]
     fn decide(&self, key: &Key) -> bool {
         self.store
             .decide_sync(key, &self.policy, 1, NOW)
@@ -92,6 +96,7 @@ struct MemoryDyn {
 }
 
 impl Contender for MemoryDyn {
+    #[inline(never)]
     fn decide(&self, key: &Key) -> bool {
         // Through `&dyn Store`: calling on the `Arc<dyn Store>` itself
         // would go through the blanket `Arc` impl, one more call deep.
@@ -126,6 +131,7 @@ type Governor = RateLimiter<
 struct GovernorKeyed(Governor);
 
 impl Contender for GovernorKeyed {
+    #[inline(never)]
     fn decide(&self, key: &Key) -> bool {
         self.0.check_key(key).is_ok()
     }
@@ -338,6 +344,14 @@ fn rss_child(which: &str) {
     }
 }
 
+/// The contenders, in the order they run.
+const NAMES: [&str; 4] = [
+    "memory, GCRA",
+    "memory, GCRA, via `&dyn Store` (inline)",
+    "memory, sliding log",
+    "governor keyed",
+];
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--rss-child") {
@@ -347,12 +361,31 @@ fn main() {
 
     // Optional filters, e.g. `-- hot` or `-- flood`: workloads whose label
     // contains one of them (and no memory table unless "memory" is given).
+    let valued = ["--only", "--threads", "--runs"];
     let filters: Vec<&str> = args[1..]
         .iter()
-        .map(String::as_str)
-        .filter(|a| !a.starts_with("--"))
+        .enumerate()
+        .filter(|&(i, a)| !a.starts_with("--") && !valued.contains(&args[i].as_str()))
+        .map(|(_, a)| a.as_str())
         .collect();
     let wanted = |label: &str| filters.is_empty() || filters.iter().any(|f| label.contains(f));
+    // For profiling one contender (e.g. under cachegrind, with
+    // `--toggle-collect` on `run`): `--only NAME` (a substring of the
+    // store column), `--threads N`, `--runs N`.
+    let option = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    let only = option("--only");
+    let thread_counts: Vec<usize> = match option("--threads").and_then(|t| t.parse().ok()) {
+        Some(t) => vec![t],
+        None => vec![1, 2],
+    };
+    let runs = option("--runs")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(RUNS);
     let flood_keys: Vec<Key> = (0..FLOOD_KEYS as u64).map(key).collect();
     let rr_keys = &flood_keys[..ROUND_ROBIN_KEYS];
     println!(
@@ -374,28 +407,36 @@ fn main() {
         } else {
             rr_keys
         };
-        for threads in [1, 2] {
+        for &threads in &thread_counts {
             // Contenders take turns within each round, so a burst of load
             // from elsewhere hits them alike; the best of the rounds is kept.
             let mut best: [Option<Sample>; 4] = [None; 4];
-            for _ in 0..RUNS {
+            let take = |i: usize| only.is_none_or(|o| NAMES[i].contains(o));
+            for _ in 0..runs {
                 let samples = [
-                    measure(|| memory(gcra(), FLOOD_CAPACITY), workload, threads, keys),
-                    measure(
-                        || memory_dyn(gcra(), FLOOD_CAPACITY),
-                        workload,
-                        threads,
-                        keys,
-                    ),
-                    measure(
-                        || memory(sliding_log(), FLOOD_CAPACITY),
-                        workload,
-                        threads,
-                        keys,
-                    ),
-                    measure(governor, workload, threads, keys),
+                    take(0).then(|| {
+                        measure(|| memory(gcra(), FLOOD_CAPACITY), workload, threads, keys)
+                    }),
+                    take(1).then(|| {
+                        measure(
+                            || memory_dyn(gcra(), FLOOD_CAPACITY),
+                            workload,
+                            threads,
+                            keys,
+                        )
+                    }),
+                    take(2).then(|| {
+                        measure(
+                            || memory(sliding_log(), FLOOD_CAPACITY),
+                            workload,
+                            threads,
+                            keys,
+                        )
+                    }),
+                    take(3).then(|| measure(governor, workload, threads, keys)),
                 ];
                 for (slot, sample) in best.iter_mut().zip(samples) {
+                    let Some(sample) = sample else { continue };
                     *slot = Some(match *slot {
                         Some(b) if b.cpu_ns <= sample.cpu_ns => Sample {
                             wall_ns: b.wall_ns.min(sample.wall_ns),
@@ -409,13 +450,7 @@ fn main() {
                     });
                 }
             }
-            let names = [
-                "memory, GCRA",
-                "memory, GCRA, via `&dyn Store` (inline)",
-                "memory, sliding log",
-                "governor keyed",
-            ];
-            for (name, sample) in names.into_iter().zip(best) {
+            for (name, sample) in NAMES.into_iter().zip(best) {
                 let Some(s) = sample else { continue };
                 println!(
                     "| {} | {threads} | {name} | {:.1} | {:.1} | {} | {} |",

@@ -31,16 +31,19 @@
 //! # Bounds
 //!
 //! The store holds at most [`capacity`](MemoryStore::capacity) keys, ever.
-//! The keys are spread over `N` shards, each a mutex around its own recency
-//! list;
-//! shard `i` holds at most `cᵢ` keys, where every `cᵢ` is `⌊capacity / N⌋` or
-//! `⌈capacity / N⌉` and the `cᵢ` sum to `capacity` exactly. When a key that
-//! is not held arrives at a full shard, the key at the front of that shard's
-//! list (the least recently moved; see below) is evicted, in O(1). Nothing on the request path ever scans the keys.
+//! The keys are spread over `N` shards, each a mutex around its own table
+//! and recency order; shard `i` holds at most `cᵢ` keys, where every `cᵢ`
+//! is `⌊capacity / N⌋` or `⌈capacity / N⌉` and the `cᵢ` sum to `capacity`
+//! exactly. When a key that is not held arrives at a full shard, the key
+//! at the front of that shard's order (the least recently moved; see below)
+//! is evicted, in amortised O(1). No decision scans the keys, but for the
+//! table's own upkeep: now and then, after thousands of evictions, a full
+//! shard's table is rebuilt at its size, as a growing hash table rehashes.
 //!
-//! Memory is bounded by the key count: about 150 bytes per key for keys of
-//! up to 53 bytes, which are stored inside the LRU node (100,000 GCRA keys
-//! took 15 MiB in the benchmark); a longer key adds its own length; a
+//! Memory is bounded by the key count: about 165 bytes per key for keys of
+//! up to 53 bytes, which are stored in the table's own bucket with their
+//! state (100,000 GCRA keys took 16.4 MiB over the process's start in the
+//! benchmark); a longer key adds its own length; a
 //! sliding-log key adds 8 bytes per admitted unit in its window (at most
 //! the policy's limit, itself at most
 //! [`MAX_LOG_LIMIT`](limiter_core::MAX_LOG_LIMIT)).
@@ -95,23 +98,26 @@
 //! # fn main() {}
 //! ```
 //!
-//! About 740 lines before its tests: the store, its shards and its stored
-//! keys, whose bounds and eviction guarantee are stated once, above.
+//! The store is in `lib.rs`, whose bounds and eviction guarantee are
+//! stated once, above; its shards and stored keys in `shard.rs`.
+
+mod shard;
 
 use std::fmt;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ahash::RandomState;
 use async_trait::async_trait;
-use hashlink::LinkedHashMap;
-use hashlink::linked_hash_map::RawEntryMut;
-use limiter_core::algorithm::{self, KeyState, Verdict};
+use limiter_core::algorithm;
 use limiter_core::{
     Algorithm, Capabilities, ConfigError, Decision, Policy, Store, StoreError, Timestamp,
 };
+use shard::Shard;
+#[cfg(test)]
+use shard::{INLINE_KEY, StoredKey};
 
 /// The name this store reports in decisions and errors.
 pub const NAME: &str = "memory";
@@ -127,10 +133,6 @@ pub const MAX_SHARDS: usize = 1 << 16;
 /// keys per shard: many tiny shards would make the per-shard LRU guarantee
 /// (see the crate docs) much weaker than a global one for little gain.
 const MIN_DEFAULT_SHARD_KEYS: usize = 64;
-
-/// Up to this many keys per shard are allocated up front, so a flood does not
-/// pay for table growth; bigger shards grow on demand.
-const MAX_PREALLOCATED_KEYS: usize = 1 << 20;
 
 /// A bounded, sharded, in-process [`Store`] implementing every algorithm.
 ///
@@ -187,7 +189,7 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The number of shards, each with its own lock and recency list. The
+    /// The number of shards, each with its own lock, table and recency order. The
     /// default is the smallest power of two at least twice the available
     /// parallelism and at least 16, halved while a shard would hold fewer
     /// than 64 keys.
@@ -327,7 +329,7 @@ impl MemoryStore {
     /// The number of keys held now. Locks each shard in turn, so it is meant
     /// for monitoring and tests, not the request path.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// Whether the store holds no key.
@@ -397,13 +399,8 @@ impl MemoryStore {
         let mut shard = lock(&self.shards[self.shard_index(hash)]);
         // A key evicted since holds nothing to refund; a refund never
         // inserts, so it can neither evict nor be used to flood the map.
-        if let RawEntryMut::Occupied(mut entry) = shard
-            .map
-            .raw_entry_mut()
-            .from_hash(hash, |k| k.is(hash, tag, key))
-        {
-            let slot = entry.get_mut();
-            algorithm::refund(&mut slot.state, policy, cost, now.as_micros(), reset_after);
+        if let Some(state) = shard.state_mut(hash, tag, key) {
+            algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
         }
         Ok(())
     }
@@ -511,8 +508,8 @@ impl Store for MemoryStore {
 
 /// A shard's lock, recovering from poison. A panic while the lock is held
 /// can only come from inside `algorithm::apply` on one key's state; the
-/// LRU structure itself is only changed by hashlink calls that do not panic
-/// (allocation failure aborts), so the map is still consistent and every
+/// shard's table and move queue are only changed by hashbrown and
+/// `VecDeque` calls that do not panic (allocation failure aborts), so the map is still consistent and every
 /// other key must keep being limited.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
@@ -526,213 +523,6 @@ const fn algorithm_tag(algorithm: Algorithm) -> u8 {
         Algorithm::FixedWindow => 1,
         Algorithm::SlidingWindow => 2,
         Algorithm::Gcra => 3,
-    }
-}
-
-/// One shard: a recency list of at most `capacity` keys, evicting from its
-/// front.
-///
-/// The LRU is a `hashlink::LinkedHashMap`: a hash map whose entries are
-/// threaded on a doubly linked list, so "move to most recent" and "evict
-/// least recent" are O(1). hashlink over `lru` because its raw-entry API
-/// looks up, touches and inserts by a precomputed hash with a custom match
-/// (our key is a tag plus borrowed bytes, which no `Borrow` impl can express
-/// without allocating on every lookup), it reuses freed nodes (a flood
-/// churns entries without churning the allocator for them), and it is the
-/// maintained successor of `linked-hash-map`, used by rusqlite among others.
-///
-/// A touched key moves to the back of the list only if it has not moved
-/// within the shard's last `reorder_after` moves (an eighth of its capacity,
-/// at least 1): a hit on a recently moved key then writes its own node only,
-/// instead of unlinking it and relinking it at the back, which wrote two
-/// neighbours' nodes and the list head, each a cache miss (and, on the list
-/// head, a line every thread's hits shared). The price is a slightly weaker
-/// guarantee than an exact LRU, stated in the crate docs and checked
-/// against an executable model of this rule in `tests/model.rs`.
-struct Shard {
-    map: LinkedHashMap<StoredKey, Slot, BuildHasherDefault<StoredHash>>,
-    capacity: usize,
-    /// Moves to the back (insertions included) so far; a slot's `moved` is
-    /// this count when it last moved. The list is in `moved` order.
-    moves: u64,
-    reorder_after: u64,
-}
-
-/// A key's state, and when it last moved to the back of its shard's list.
-struct Slot {
-    state: Option<KeyState>,
-    moved: u64,
-}
-
-/// A shard of capacity `c` moves a touched key only if it has not moved in
-/// its last `max(1, c / REORDER_FRACTION)` moves.
-const REORDER_FRACTION: usize = 8;
-
-/// How many moves a key of a shard of `capacity` keys may go without moving
-/// again when touched.
-fn reorder_after(capacity: usize) -> u64 {
-    (capacity / REORDER_FRACTION).max(1) as u64
-}
-
-impl Shard {
-    fn new(capacity: usize) -> Self {
-        let mut map = LinkedHashMap::with_hasher(BuildHasherDefault::default());
-        // Best effort: if this much cannot be reserved now, the table grows
-        // on demand like any map.
-        let _ = map.try_reserve(capacity.min(MAX_PREALLOCATED_KEYS));
-        Shard {
-            map,
-            capacity,
-            moves: 0,
-            reorder_after: reorder_after(capacity),
-        }
-    }
-
-    /// Applies the policy to the key, touching it; returns the verdict and
-    /// whether another key was evicted to make room.
-    fn decide(
-        &mut self,
-        hash: u64,
-        tag: u8,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: u64,
-    ) -> (Verdict, bool) {
-        let held = match self
-            .map
-            .raw_entry_mut()
-            .from_hash(hash, |k| k.is(hash, tag, key))
-        {
-            RawEntryMut::Occupied(mut entry) => {
-                // Touched whatever the outcome: a refused request keeps its
-                // key as recent as an admitted one, so an offender that keeps
-                // hammering cannot be flooded out of the store.
-                // An expired state (`KeyState::expires_at`) is not dropped
-                // first: `apply` already treats it as empty at `now`, so that
-                // would only cost a free and an allocation. Keys leave by
-                // eviction alone; nothing sweeps them.
-                if self.moves - entry.get().moved >= self.reorder_after {
-                    self.moves += 1;
-                    entry.get_mut().moved = self.moves;
-                    entry.to_back();
-                }
-                Some(algorithm::apply(
-                    &mut entry.get_mut().state,
-                    policy,
-                    cost,
-                    now,
-                ))
-            }
-            RawEntryMut::Vacant(_) => None,
-        };
-        if let Some(verdict) = held {
-            return (verdict, false);
-        }
-        let mut state = None;
-        let verdict = algorithm::apply(&mut state, policy, cost, now);
-        if state.is_none() {
-            // Nothing to remember (a refusal on an empty state records
-            // nothing), so nothing is inserted and nothing evicted.
-            return (verdict, false);
-        }
-        let evicted = self.map.len() >= self.capacity && self.map.pop_front().is_some();
-        self.moves += 1;
-        let slot = Slot {
-            state,
-            moved: self.moves,
-        };
-        self.map.insert(StoredKey::new(hash, tag, key), slot);
-        (verdict, evicted)
-    }
-}
-
-/// Stored keys of up to this many bytes (the tag included) live inside the
-/// LRU node itself: one allocation per key instead of two, and one cache
-/// miss less per decision. 54 keeps `StoredKey` at 64 bytes and covers a
-/// rule name, a separator and a 32-hex-digit client key.
-const INLINE_KEY: usize = 54;
-
-/// A stored key: the algorithm tag followed by the caller's bytes, with the
-/// store's keyed hash of them computed once, on the way in.
-struct StoredKey {
-    hash: u64,
-    bytes: KeyBytes,
-}
-
-enum KeyBytes {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Heap(Box<[u8]>),
-}
-
-impl StoredKey {
-    fn new(hash: u64, tag: u8, key: &[u8]) -> Self {
-        let len = key.len() + 1;
-        let mut inline = [0u8; INLINE_KEY];
-        let bytes = match (u8::try_from(len), inline.get_mut(1..len)) {
-            (Ok(len), Some(rest)) => {
-                rest.copy_from_slice(key);
-                inline[0] = tag;
-                KeyBytes::Inline { len, bytes: inline }
-            }
-            _ => {
-                let mut bytes = Vec::with_capacity(len);
-                bytes.push(tag);
-                bytes.extend_from_slice(key);
-                KeyBytes::Heap(bytes.into_boxed_slice())
-            }
-        };
-        StoredKey { hash, bytes }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match &self.bytes {
-            KeyBytes::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
-            KeyBytes::Heap(bytes) => bytes,
-        }
-    }
-
-    fn is(&self, hash: u64, tag: u8, key: &[u8]) -> bool {
-        self.hash == hash && self.as_bytes().split_first() == Some((&tag, key))
-    }
-}
-
-impl PartialEq for StoredKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Eq for StoredKey {}
-
-impl Hash for StoredKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
-/// The shard maps' hasher: it passes through the keyed hash stored in each
-/// [`StoredKey`], so the key bytes are hashed once per decision and never
-/// again when a table grows or the LRU key is popped. The keyed hash already
-/// is the DoS-resistant part; this adds nothing an attacker could aim at.
-#[derive(Default)]
-struct StoredHash(u64);
-
-impl Hasher for StoredHash {
-    fn write(&mut self, bytes: &[u8]) {
-        // Unused: StoredKey writes one u64. Kept a proper (if weak) hash so
-        // that any other use would still spread keys.
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
@@ -884,30 +674,23 @@ mod tests {
     }
 
     #[test]
-    fn stored_hash_passes_the_keyed_hash_through() {
+    fn stored_keys_match_their_tag_and_bytes_only() {
         let store = MemoryStore::new(10);
         let key = StoredKey::new(store.hash(3, b"abc"), 3, b"abc");
-        let mut h = StoredHash::default();
-        key.hash(&mut h);
-        assert_eq!(h.finish(), store.hash(3, b"abc"));
         assert!(key.is(store.hash(3, b"abc"), 3, b"abc"));
         assert!(!key.is(store.hash(2, b"abc"), 2, b"abc"));
         // Inline and heap keys alike; a long key is still the same key.
         let long = vec![b'x'; 10_000];
         let long_key = StoredKey::new(store.hash(0, &long), 0, &long);
-        assert!(matches!(long_key.bytes, KeyBytes::Heap(_)));
+        assert!(!long_key.is_inline());
         assert!(long_key.is(store.hash(0, &long), 0, &long));
         assert!(!long_key.is(store.hash(0, &long), 0, &long[1..]));
         let edge = [b'y'; INLINE_KEY - 1];
         let edge_key = StoredKey::new(store.hash(1, &edge), 1, &edge);
-        assert!(matches!(edge_key.bytes, KeyBytes::Inline { .. }));
+        assert!(edge_key.is_inline());
         assert!(edge_key.is(store.hash(1, &edge), 1, &edge));
-        assert_eq!(edge_key.as_bytes().len(), INLINE_KEY);
-        assert!(matches!(
-            StoredKey::new(0, 1, &[b'y'; INLINE_KEY]).bytes,
-            KeyBytes::Heap(_)
-        ));
-        assert_eq!(std::mem::size_of::<StoredKey>(), 64);
+        assert_eq!(edge_key.len(), INLINE_KEY);
+        assert!(!StoredKey::new(0, 1, &[b'y'; INLINE_KEY]).is_inline());
         // A second store draws other keys, so its hashes differ.
         let other = MemoryStore::new(10);
         assert_ne!(store.hash(3, b"abc"), other.hash(3, b"abc"));

@@ -1,0 +1,427 @@
+//! One shard of the store: a table of at most `capacity` keys, each with its
+//! state stored inline, and the order in which they last moved, evicting the
+//! least recently moved.
+//!
+//! The recency rule is the one the crate docs state: a touched key moves to
+//! the back only if it has not moved within the shard's last `θ` moves (an
+//! eighth of its capacity, at least 1); a new key at a full shard evicts the
+//! key that moved least recently. `tests/model.rs` checks every decision
+//! and eviction against an executable model of that rule.
+//!
+//! Why not a linked hash map (this store used `hashlink`'s): its table holds
+//! a pointer to a heap node holding the key and its state, so a hit cost the
+//! table's line, then the node's, and a move wrote the two neighbours' nodes
+//! and the list head as well. Here the key and its state sit in the table's
+//! own bucket, and a move appends a 16-byte record to a queue instead of
+//! relinking anything: a hit that does not move writes nothing but its own
+//! bucket. `BENCHMARKS.md` has the two side by side.
+//!
+//! The queue is lazy: a key's earlier records are left behind when it moves
+//! (a record is live only while its key's `moved` still equals its stamp),
+//! skipped when they reach the front, and dropped by an incremental
+//! compaction of a few records per move, so the queue stays within about
+//! twice the capacity. No decision scans the shard, with one exception
+//! paid as any hash table pays its growth: a full shard's table is rebuilt
+//! at its own size, O(c), when removals' tombstones have used up its room
+//! (see [`Shard::purge_tombstones`]), after thousands of evictions.
+
+use std::collections::VecDeque;
+use std::mem;
+
+use hashbrown::HashTable;
+use limiter_core::Policy;
+use limiter_core::algorithm::{self, KeyState, Verdict};
+
+/// A shard of capacity `c` moves a touched key only if it has not moved in
+/// its last `max(1, c / REORDER_FRACTION)` moves.
+const REORDER_FRACTION: usize = 8;
+
+/// How many moves a key of a shard of `capacity` keys may go without moving
+/// again when touched.
+fn reorder_after(capacity: usize) -> u64 {
+    (capacity / REORDER_FRACTION).max(1) as u64
+}
+
+/// Records the compaction checks for every record it appends: above 1 it
+/// outruns the appends, so a pass ends before the queue doubles again.
+const COMPACT_STEP: usize = 4;
+
+pub(crate) struct Shard {
+    table: HashTable<Entry>,
+    order: Order,
+    capacity: usize,
+    /// Moves to the back (insertions included) so far; an entry's `moved` is
+    /// this count when it last moved, and the stamp of its live record.
+    moves: u64,
+    reorder_after: u64,
+    /// The queue length at which a compaction pass starts.
+    compact_at: usize,
+}
+
+/// A key, its state, and when it last moved: 104 bytes in the table's own
+/// bucket. Not padded to a 128-byte aligned pair of cache lines: that was
+/// tried, and it kept warm keys no faster while a flood of new keys took
+/// twice as long and the table half as much memory again.
+struct Entry {
+    key: StoredKey,
+    state: Option<KeyState>,
+    moved: u64,
+}
+
+/// One move: the stamp it gave its key and the key's hash, by which the
+/// entry is found again.
+#[derive(Clone, Copy)]
+struct Record {
+    stamp: u64,
+    hash: u64,
+}
+
+/// The moves in stamp order, oldest first: `kept`, then `old`, then `new`.
+/// Outside a compaction pass only `new` holds records; a pass takes them
+/// all into `old` and moves the live ones to `kept`, a few per move, while
+/// later moves go to `new`.
+#[derive(Default)]
+struct Order {
+    kept: VecDeque<Record>,
+    old: VecDeque<Record>,
+    new: VecDeque<Record>,
+}
+
+impl Order {
+    fn pop_oldest(&mut self) -> Option<Record> {
+        self.kept
+            .pop_front()
+            .or_else(|| self.old.pop_front())
+            .or_else(|| self.new.pop_front())
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.kept.len() + self.old.len() + self.new.len()
+    }
+}
+
+fn is_live(table: &HashTable<Entry>, record: Record) -> bool {
+    table
+        .find(record.hash, |e| e.moved == record.stamp)
+        .is_some()
+}
+
+fn entry_hash(entry: &Entry) -> u64 {
+    entry.key.hash
+}
+
+impl Shard {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Shard {
+            table: HashTable::new(),
+            order: Order::default(),
+            capacity,
+            moves: 0,
+            reorder_after: reorder_after(capacity),
+            compact_at: capacity.saturating_mul(2).saturating_add(2),
+        }
+    }
+
+    /// The number of keys held.
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Applies the policy to the key, touching it; returns the verdict and
+    /// whether another key was evicted to make room.
+    // Inlined into its one caller, as the linked map's lookup was: called,
+    // it returned the verdict through one more copy, a stall on a hot key.
+    #[inline]
+    pub(crate) fn decide(
+        &mut self,
+        hash: u64,
+        tag: u8,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: u64,
+    ) -> (Verdict, bool) {
+        if let Some(entry) = self.table.find_mut(hash, |e| e.key.is(hash, tag, key)) {
+            // Touched whatever the outcome: a refused request keeps its key
+            // as recent as an admitted one, so an offender that keeps
+            // hammering cannot be flooded out of the store.
+            // An expired state (`KeyState::expires_at`) is not dropped
+            // first: `apply` already treats it as empty at `now`. Keys leave
+            // by eviction alone; nothing sweeps them.
+            let moved = self.moves - entry.moved >= self.reorder_after;
+            if moved {
+                self.moves += 1;
+                entry.moved = self.moves;
+            }
+            // Returned from here, not carried out of a closure with `moved`:
+            // moving the verdict through a tuple copied it twice with wide
+            // loads of narrow stores just made, a store-forwarding stall
+            // that cost a hot key a third of its time.
+            let verdict = algorithm::apply(&mut entry.state, policy, cost, now);
+            if moved {
+                self.record(hash);
+            }
+            return (verdict, false);
+        }
+        let mut state = None;
+        let verdict = algorithm::apply(&mut state, policy, cost, now);
+        if state.is_none() {
+            // Nothing to remember (a refusal on an empty state records
+            // nothing), so nothing is inserted and nothing evicted.
+            return (verdict, false);
+        }
+        let evicted = self.table.len() >= self.capacity && self.evict();
+        if self.table.len() == self.table.capacity() && self.table.len() + 1 >= self.capacity {
+            self.purge_tombstones();
+        }
+        self.moves += 1;
+        let entry = Entry {
+            key: StoredKey::new(hash, tag, key),
+            state,
+            moved: self.moves,
+        };
+        self.table.insert_unique(hash, entry, entry_hash);
+        self.record(hash);
+        (verdict, evicted)
+    }
+
+    /// The state of a held key, for a refund, which neither touches nor
+    /// inserts (so it can neither evict nor be used to flood the shard).
+    pub(crate) fn state_mut(
+        &mut self,
+        hash: u64,
+        tag: u8,
+        key: &[u8],
+    ) -> Option<&mut Option<KeyState>> {
+        self.table
+            .find_mut(hash, |e| e.key.is(hash, tag, key))
+            .map(|e| &mut e.state)
+    }
+
+    /// Rebuilds the table at the size it has. A full shard's table can run
+    /// out of room with fewer keys than slots: hashbrown leaves a tombstone
+    /// where a removed key's probe window was full, and only an insertion
+    /// into an empty slot uses room up. Left to itself, the table would
+    /// then double (hashbrown rehashes in place only below half its
+    /// capacity), for keys the cap says never come; rebuilt, it stays at
+    /// the size the cap needs. O(c) for a shard of capacity `c`, after
+    /// thousands of evictions (each leaves a tombstone only when its
+    /// window was full), as a growing table's rehash is.
+    #[cold]
+    fn purge_tombstones(&mut self) {
+        let old = mem::replace(&mut self.table, HashTable::with_capacity(self.capacity));
+        for entry in old {
+            self.table.insert_unique(entry.key.hash, entry, entry_hash);
+        }
+    }
+
+    /// Removes the key that moved least recently; `false` if there is none.
+    fn evict(&mut self) -> bool {
+        while let Some(record) = self.order.pop_oldest() {
+            // Stamps are unique within a shard, so the stamp alone tells the
+            // key's live record from the ones it left behind.
+            if let Ok(entry) = self
+                .table
+                .find_entry(record.hash, |e| e.moved == record.stamp)
+            {
+                entry.remove();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Appends the move just made (stamp `self.moves`) and does a step of
+    /// compaction: amortised O(1), and never more than `COMPACT_STEP`
+    /// lookups in one call.
+    fn record(&mut self, hash: u64) {
+        let Order { kept, old, new } = &mut self.order;
+        new.push_back(Record {
+            stamp: self.moves,
+            hash,
+        });
+        if old.is_empty() {
+            if kept.len() + new.len() <= self.compact_at {
+                return;
+            }
+            mem::swap(old, new);
+        }
+        for _ in 0..COMPACT_STEP {
+            match old.pop_front() {
+                Some(record) if is_live(&self.table, record) => kept.push_back(record),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        if old.is_empty() {
+            kept.append(new);
+            mem::swap(kept, new);
+            // The pass leaves two spent buffers behind; each would otherwise
+            // keep the queue's whole size for the life of the shard.
+            old.shrink_to_fit();
+            kept.shrink_to_fit();
+        }
+    }
+
+    /// Records in the queue, live and stale: for the bound checks in tests.
+    #[cfg(test)]
+    pub(crate) fn records(&self) -> usize {
+        self.order.len()
+    }
+}
+
+/// Stored keys of up to this many bytes (the tag included) live inside the
+/// entry itself: no allocation per key, and no cache miss more per decision.
+/// 54 keeps `StoredKey` at 64 bytes and covers a rule name, a separator and
+/// a 32-hex-digit client key.
+pub(crate) const INLINE_KEY: usize = 54;
+
+/// A stored key: the algorithm tag followed by the caller's bytes, with the
+/// store's keyed hash of them computed once, on the way in.
+pub(crate) struct StoredKey {
+    hash: u64,
+    bytes: KeyBytes,
+}
+
+enum KeyBytes {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl StoredKey {
+    pub(crate) fn new(hash: u64, tag: u8, key: &[u8]) -> Self {
+        let len = key.len() + 1;
+        let mut inline = [0u8; INLINE_KEY];
+        let bytes = match (u8::try_from(len), inline.get_mut(1..len)) {
+            (Ok(len), Some(rest)) => {
+                rest.copy_from_slice(key);
+                inline[0] = tag;
+                KeyBytes::Inline { len, bytes: inline }
+            }
+            _ => {
+                let mut bytes = Vec::with_capacity(len);
+                bytes.push(tag);
+                bytes.extend_from_slice(key);
+                KeyBytes::Heap(bytes.into_boxed_slice())
+            }
+        };
+        StoredKey { hash, bytes }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match &self.bytes {
+            KeyBytes::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
+            KeyBytes::Heap(bytes) => bytes,
+        }
+    }
+
+    pub(crate) fn is(&self, hash: u64, tag: u8, key: &[u8]) -> bool {
+        self.hash == hash && self.as_bytes().split_first() == Some((&tag, key))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_inline(&self) -> bool {
+        matches!(self.bytes, KeyBytes::Inline { .. })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.as_bytes().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy::fixed_window(1_000, Duration::from_secs(3_600)).expect("valid policy")
+    }
+
+    #[test]
+    fn entries_keep_their_size() {
+        // The per-key memory the crate docs state rests on these.
+        assert_eq!(mem::size_of::<StoredKey>(), 64);
+        assert_eq!(mem::size_of::<Entry>(), 104);
+        assert_eq!(mem::size_of::<Record>(), 16);
+    }
+
+    /// Hits that keep moving keys, with no eviction to pop the queue, must
+    /// not grow it past its bound: the compaction keeps up.
+    #[test]
+    fn queue_stays_bounded_without_evictions() {
+        let capacity = 64;
+        let mut shard = Shard::new(capacity);
+        let policy = policy();
+        let mut most = 0;
+        for round in 0..2_000u64 {
+            for k in 0..capacity as u64 {
+                let key = k.to_le_bytes();
+                let (verdict, evicted) = shard.decide(k, 1, &key, &policy, 1, round);
+                assert!(!evicted);
+                let _ = verdict;
+                most = most.max(shard.records());
+            }
+        }
+        assert_eq!(shard.len(), capacity);
+        // compact_at, plus what one pass can gather before it ends.
+        let bound = shard.compact_at + shard.compact_at / COMPACT_STEP + 1;
+        assert!(most <= bound, "{most} records, bound {bound}");
+        assert!(most > capacity, "the test never made stale records");
+    }
+
+    /// A flood of distinct keys churns a full shard for many times its
+    /// capacity: its table keeps the size the cap needs instead of
+    /// doubling when tombstones use its room up.
+    #[test]
+    fn a_churning_full_shard_keeps_its_table_size() {
+        // 2,048 buckets, at most 1,792 keys: a table that runs 85 % full.
+        let capacity = 1_750;
+        let mut shard = Shard::new(capacity);
+        let policy = policy();
+        let buckets = HashTable::<Entry>::with_capacity(capacity).num_buckets();
+        // Spread hashes, as the store's keyed hash gives them.
+        let hash = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
+        for k in 0..200 * capacity as u64 {
+            shard.decide(hash(k), 1, &k.to_le_bytes(), &policy, 1, 0);
+            assert!(shard.table.num_buckets() <= buckets, "grew at key {k}");
+        }
+        assert_eq!(shard.len(), capacity);
+    }
+
+    /// The queue holds a live record for every key through compactions, so
+    /// evictions keep finding victims and follow the move order.
+    #[test]
+    fn evictions_follow_the_move_order_across_compactions() {
+        let capacity = 16; // θ = 2
+        let mut shard = Shard::new(capacity);
+        let policy = policy();
+        for k in 0..capacity as u64 {
+            shard.decide(k, 1, &k.to_le_bytes(), &policy, 1, 0);
+        }
+        // Keep touching the first half so compactions run and the second
+        // half falls to the front.
+        for round in 0..200 {
+            for k in 0..(capacity / 2) as u64 {
+                shard.decide(k, 1, &k.to_le_bytes(), &policy, 1, round);
+            }
+        }
+        for n in 0..(capacity / 2) as u64 {
+            let new = 1_000 + n;
+            let (_, evicted) = shard.decide(new, 1, &new.to_le_bytes(), &policy, 1, 0);
+            assert!(evicted);
+            let gone = capacity as u64 / 2 + n;
+            assert!(
+                shard.state_mut(gone, 1, &gone.to_le_bytes()).is_none(),
+                "key {gone} should have been evicted"
+            );
+        }
+        for k in 0..(capacity / 2) as u64 {
+            assert!(shard.state_mut(k, 1, &k.to_le_bytes()).is_some());
+        }
+        assert_eq!(shard.len(), capacity);
+    }
+}
