@@ -246,12 +246,16 @@ impl Limiter {
         let now = self.clock.now();
         let mut buf = StorageKey::new();
         let storage_key = rule.fill_storage_key(&mut buf, key);
-        let mut decision = rule
+        match rule
             .store
-            .decide_inline(storage_key, &rule.policy, rule.cost, now)?
-            .ok()?;
-        rule.finish(&mut decision);
-        Some(decision)
+            .decide_inline(storage_key, &rule.policy, rule.cost, now)
+        {
+            Some(Ok(mut decision)) => {
+                rule.finish(&mut decision);
+                Some(decision)
+            }
+            _ => None,
+        }
     }
 
     /// [`check`](Self::check) for a request that weighs `weight` units: each

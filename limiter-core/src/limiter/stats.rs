@@ -28,35 +28,93 @@ pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Stripes of a [`Striped`] counter.
-const STRIPES: usize = 8;
+/// Threads that get a stripe of their own in every [`Striped`] counter: the
+/// first this many threads of the process to decide.
+const OWNED: usize = 16;
+
+/// Stripes the threads after those share.
+const SHARED: usize = 8;
 
 /// A counter that every decision of a rule increments, split over stripes
-/// on cache lines of their own: threads deciding for one rule at once each
-/// write their own stripe, instead of bouncing one line between their cores
-/// on every request. Reading sums the stripes.
+/// on cache lines of their own. Reading sums the stripes.
+///
+/// Each of the first [`OWNED`] threads that decide has a stripe no other
+/// thread writes, and adds to it with a plain load and store: a locked
+/// `fetch_add` was the costliest instruction of a decision answered in
+/// place (it waits for every earlier store to drain), about 4 ns of a
+/// one-rule limiter's 50. Later threads share [`SHARED`] atomic stripes,
+/// so they still rarely write one line at once.
 #[derive(Debug, Default)]
-pub(crate) struct Striped([Stripe; STRIPES]);
+pub(crate) struct Striped {
+    owned: [Stripe; OWNED],
+    shared: [Stripe; SHARED],
+}
 
 /// 128 bytes: two 64-byte lines, since adjacent-line prefetching pairs them.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Stripe(AtomicU64);
 
+/// This thread's place among the stripes: `Ok(i)` owns stripe `i`, `Err(i)`
+/// shares stripe `i`. Numbers are never given twice in a process, so an
+/// owned stripe has one writer for as long as the process lives.
+fn stripe() -> Result<usize, usize> {
+    thread_local! {
+        static STRIPE: Result<usize, usize> = {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed) as usize;
+            if n < OWNED { Ok(n) } else { Err(n % SHARED) }
+        };
+    }
+    STRIPE.with(|s| *s)
+}
+
 impl Striped {
     pub(crate) fn bump(&self) {
-        thread_local! {
-            static STRIPE: usize = {
-                static NEXT: AtomicU64 = AtomicU64::new(0);
-                NEXT.fetch_add(1, Ordering::Relaxed) as usize % STRIPES
-            };
+        match stripe() {
+            Ok(i) => {
+                let own = &self.owned[i].0;
+                // The only writer of this stripe, so no update can be lost
+                // between the load and the store; readers see either value.
+                own.store(
+                    own.load(Ordering::Relaxed).wrapping_add(1),
+                    Ordering::Relaxed,
+                );
+            }
+            Err(i) => {
+                self.shared[i].0.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        let stripe = STRIPE.with(|s| *s);
-        self.0[stripe].0.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn load(&self) -> u64 {
-        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+        self.owned
+            .iter()
+            .chain(&self.shared)
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More threads than own a stripe, all counting at once, lose no count.
+    #[test]
+    fn striped_counts_from_many_threads_add_up() {
+        let counter = Striped::default();
+        let threads = OWNED + SHARED + 3;
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    for _ in 0..10_000 {
+                        counter.bump();
+                    }
+                });
+            }
+        });
+        assert_eq!(counter.load(), threads as u64 * 10_000);
     }
 }
 
