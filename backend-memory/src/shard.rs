@@ -56,6 +56,9 @@ pub(crate) struct Shard {
     reorder_after: u64,
     /// The queue length at which a compaction pass starts.
     compact_at: usize,
+    /// Rebuilds of the table so far, for the tests.
+    #[cfg(test)]
+    purges: usize,
 }
 
 /// A key, its state, and when it last moved: 104 bytes in the table's own
@@ -120,6 +123,8 @@ impl Shard {
             moves: 0,
             reorder_after: reorder_after(capacity),
             compact_at: capacity.saturating_mul(2).saturating_add(2),
+            #[cfg(test)]
+            purges: 0,
         }
     }
 
@@ -208,9 +213,20 @@ impl Shard {
     /// the size the cap needs. O(c) for a shard of capacity `c`, after
     /// thousands of evictions (each leaves a tombstone only when its
     /// window was full), as a growing table's rehash is.
+    ///
+    /// The rebuilt table has room for `c / 64` keys over the cap: rebuilt
+    /// with none to spare (a cap of exactly a table's capacity, 7 × 2ᵏ),
+    /// the next tombstone would bring the next rebuild, O(c) every few
+    /// evictions. With that room one comes at most every `c / 64`
+    /// tombstones, a few entries moved per eviction at worst.
     #[cold]
     fn purge_tombstones(&mut self) {
-        let old = mem::replace(&mut self.table, HashTable::with_capacity(self.capacity));
+        #[cfg(test)]
+        {
+            self.purges += 1;
+        }
+        let room = self.capacity + self.capacity / 64 + 1;
+        let old = mem::replace(&mut self.table, HashTable::with_capacity(room));
         for entry in old {
             self.table.insert_unique(entry.key.hash, entry, entry_hash);
         }
@@ -390,6 +406,25 @@ mod tests {
             assert!(shard.table.num_buckets() <= buckets, "grew at key {k}");
         }
         assert_eq!(shard.len(), capacity);
+    }
+
+    /// A cap of exactly a table's capacity (7 × 2ᵏ) leaves no room after a
+    /// rebuild at the cap; the rebuild makes some, so the table is not
+    /// rebuilt again at every few evictions.
+    #[test]
+    fn a_cap_of_exactly_a_tables_capacity_is_not_rebuilt_every_few_evictions() {
+        let capacity = 7 * 256;
+        let mut shard = Shard::new(capacity);
+        let policy = policy();
+        let hash = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
+        let churn = 100 * capacity as u64;
+        for k in 0..churn {
+            shard.decide(hash(k), 1, &k.to_le_bytes(), &policy, 1, 0);
+        }
+        assert_eq!(shard.len(), capacity);
+        // Rebuilt with no room to spare, this table was rebuilt thousands
+        // of times over this churn.
+        assert!(shard.purges <= 10, "rebuilt {} times", shard.purges);
     }
 
     /// The queue holds a live record for every key through compactions, so
