@@ -225,7 +225,7 @@ impl Shard {
         {
             self.purges += 1;
         }
-        let room = self.capacity + self.capacity / 64 + 1;
+        let room = self.capacity.saturating_add(self.capacity / 64 + 1);
         let old = mem::replace(&mut self.table, HashTable::with_capacity(room));
         for entry in old {
             self.table.insert_unique(entry.key.hash, entry, entry_hash);
