@@ -172,14 +172,12 @@ async fn failure_policy_decides_without_fallback() {
     for (policy, allowed) in [(FailurePolicy::Open, true), (FailurePolicy::Closed, false)] {
         let shared = switchable("shared");
         shared.set(Health::Failing);
-        let limiter = Limiter::builder()
-            .rule(
-                Rule::new("r", shared, per_minute(5))
-                    .unwrap()
-                    .on_failure(policy),
-            )
-            .build()
-            .unwrap();
+        let limiter = limiter_of(
+            &ManualClock::new(),
+            Rule::new("r", shared, per_minute(5))
+                .unwrap()
+                .on_failure(policy),
+        );
         let d = limiter.check(b"k").await;
         assert_eq!(d.allowed, allowed, "{policy:?}");
         assert!(d.source.degraded);
@@ -253,16 +251,14 @@ async fn durable_failure_never_refuses_an_escalating_rule() {
     let local = switchable("memory");
     let durable = switchable("postgres");
     durable.set(Health::Failing);
-    let limiter = Limiter::builder()
-        .rule(
-            Rule::new("r", local, per_minute(10))
-                .unwrap()
-                .with_escalation(durable, per_minute(1), 1, None)
-                .unwrap()
-                .on_failure(FailurePolicy::Closed),
-        )
-        .build()
-        .unwrap();
+    let limiter = limiter_of(
+        &ManualClock::new(),
+        Rule::new("r", local, per_minute(10))
+            .unwrap()
+            .with_escalation(durable, per_minute(1), 1, None)
+            .unwrap()
+            .on_failure(FailurePolicy::Closed),
+    );
     for _ in 0..10 {
         assert!(limiter.check(b"k").await.allowed);
     }
