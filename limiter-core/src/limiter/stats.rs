@@ -24,10 +24,6 @@ pub(crate) struct Counters {
     pub(crate) refusals_cached: AtomicU64,
 }
 
-pub(crate) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 /// Stripes of a [`Striped`] counter.
 const STRIPES: usize = 8;
 
