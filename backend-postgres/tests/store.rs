@@ -14,7 +14,7 @@ use limiter_core::{
 use limiter_postgres::{BuildError, PostgresStore, SCHEMA_VERSION};
 use limiter_test_support::policy;
 use limiter_test_support::postgres as fixture;
-use limiter_test_support::stores::first_admission;
+use limiter_test_support::stores::{first_admission, warm_up};
 use sqlx::{Connection, PgConnection};
 
 const S: u64 = 1_000_000;
@@ -98,10 +98,7 @@ fn counted_policies() -> Vec<Policy> {
 async fn one_statement_per_decision() {
     let (store, db) = store_in_own_database("stmts").await;
     let policies = counted_policies();
-    // Warm up: connections opened and statements prepared.
-    for p in &policies {
-        store.decide(b"warm", p, 1, T0).await.unwrap();
-    }
+    warm_up(&store, &policies, T0).await;
     let before = statement_calls(&db).await;
     let mut refused_by = std::collections::BTreeSet::new();
     let n = 40;

@@ -20,7 +20,7 @@ use limiter_postgres::PostgresStore;
 use limiter_test_support::WireCounter;
 use limiter_test_support::policy;
 use limiter_test_support::postgres as fixture;
-use limiter_test_support::stores::first_admission;
+use limiter_test_support::stores::{first_admission, warm_up};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
@@ -113,10 +113,7 @@ async fn settled(pool: &PgPool, counter: &WireCounter) -> u64 {
 async fn each_decision_is_one_exchange_on_the_wire() {
     let (counter, store) = store_behind_proxy("wire_decide").await;
     let policies = policies();
-    // Warm-up: the connection opened, every statement prepared.
-    for p in &policies {
-        store.decide(b"warm", p, 1, T0).await.unwrap();
-    }
+    warm_up(&store, &policies, T0).await;
     let connections = counter.connections();
     let before = counter.exchanges();
     let n = 40u64;

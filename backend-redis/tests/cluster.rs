@@ -2,11 +2,11 @@
 //! on loopback ports with host networking, joined by `redis-cli --cluster
 //! create`.
 
+mod common;
+
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
 
 use limiter_core::Store;
-use limiter_redis::RedisStore;
 use limiter_test_support::redis as fixture;
 
 fn cluster_url() -> &'static str {
@@ -20,14 +20,7 @@ fn cluster_url() -> &'static str {
 }
 
 async fn store() -> Arc<dyn Store> {
-    let store = RedisStore::builder(cluster_url())
-        .key_prefix(fixture::unique_prefix("cluster"))
-        // The suite tests semantics, not latency: a loaded CI machine must
-        // not turn a slow answer into a failed scenario.
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("a valid cluster URL");
-    Arc::new(store)
+    common::suite_store(cluster_url(), "cluster")
 }
 
 limiter_conformance::conformance_tests!(store);

@@ -2,22 +2,15 @@
 //! (or `LIMITER_REDIS_URL`), each scenario's stores isolated by a unique key
 //! prefix.
 
+mod common;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use limiter_core::Store;
-use limiter_redis::RedisStore;
 use limiter_test_support::redis as fixture;
 
 async fn store() -> Arc<dyn Store> {
-    let store = RedisStore::builder(fixture::shared_url())
-        .key_prefix(fixture::unique_prefix("conformance"))
-        // The suite tests semantics, not latency: a loaded CI machine must
-        // not turn a slow answer into a failed scenario.
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("a valid Redis URL");
-    Arc::new(store)
+    common::suite_store(fixture::shared_url(), "conformance")
 }
 
 limiter_conformance::conformance_tests!(store);

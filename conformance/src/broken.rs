@@ -163,6 +163,16 @@ impl ReferenceStore {
         self
     }
 
+    /// The same store under the name `name`, declaring itself shared
+    /// ([`Capabilities::shared`]): a stand-in for a named shared tier in a
+    /// test of a composition, where the store's name shows in each
+    /// decision's source and sharing turns the refusal cache on by default.
+    pub fn shared_as(mut self, name: &'static str) -> Self {
+        self.core.name = name;
+        self.core.shared = true;
+        self
+    }
+
     /// How many keys the store holds now.
     pub fn len(&self) -> usize {
         self.core.lock().map.len()
@@ -234,6 +244,7 @@ struct Core {
     algorithms: &'static [Algorithm],
     capacity: usize,
     max_key_len: usize,
+    shared: bool,
     keys: Mutex<Keys>,
 }
 
@@ -250,6 +261,7 @@ impl Core {
             algorithms,
             capacity: capacity.max(1),
             max_key_len: limiter_core::DEFAULT_MAX_KEY_LEN,
+            shared: false,
             keys: Mutex::new(Keys::default()),
         }
     }
@@ -267,7 +279,7 @@ impl Core {
         Capabilities {
             algorithms: self.algorithms,
             key_capacity: Some(self.capacity),
-            shared: false,
+            shared: self.shared,
             server_clock: false,
         }
     }

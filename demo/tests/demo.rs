@@ -150,15 +150,7 @@ async fn behind_a_trusted_proxy_clients_are_keyed_by_x_forwarded_for() {
         .identity
         .with_source(AddressSource::x_forwarded_for(1).unwrap());
     let proxy = TestClient::new(start(&settings).await, None);
-    let search = |xff: &'static str| {
-        let proxy = proxy.clone();
-        async move {
-            proxy
-                .send(Method::GET, "/api/search", &[("x-forwarded-for", xff)])
-                .await
-                .status
-        }
-    };
+    let search = async |xff: &str| proxy.get_forwarded_for("/api/search", xff).await.status;
     assert_eq!(search("203.0.113.1").await, StatusCode::OK);
     assert_eq!(search("203.0.113.1").await, StatusCode::OK);
     assert_eq!(search("203.0.113.1").await, StatusCode::TOO_MANY_REQUESTS);

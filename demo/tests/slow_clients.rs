@@ -15,6 +15,12 @@ use tokio::net::{TcpListener, TcpStream};
 /// is checked.
 const GUARD: Duration = Duration::from_secs(20);
 
+/// What `future` gives, panicking with `why` if that takes longer than
+/// [`GUARD`].
+async fn within_guard<T>(future: impl Future<Output = T>, why: &str) -> T {
+    tokio::time::timeout(GUARD, future).await.expect(why)
+}
+
 async fn get_raw(addr: std::net::SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(
@@ -61,17 +67,21 @@ async fn slow_clients_holding_every_connection_cannot_starve_a_normal_one() {
             .unwrap();
         slow.push(s);
     }
-    let reply = tokio::time::timeout(GUARD, get_raw(addr, "/health"))
-        .await
-        .expect("a normal client must be served once slow ones hit their header deadline");
+    let reply = within_guard(
+        get_raw(addr, "/health"),
+        "a normal client must be served once slow ones hit their header deadline",
+    )
+    .await;
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     // The slow clients were cut off: each connection ends.
     for mut s in slow {
         let mut rest = Vec::new();
-        tokio::time::timeout(GUARD, s.read_to_end(&mut rest))
-            .await
-            .expect("a client that never finishes its headers is disconnected")
-            .ok();
+        within_guard(
+            s.read_to_end(&mut rest),
+            "a client that never finishes its headers is disconnected",
+        )
+        .await
+        .ok();
     }
 }
 
@@ -83,9 +93,11 @@ async fn a_request_past_its_deadline_is_answered_503() {
         max_connections: 8,
     })
     .await;
-    let reply = tokio::time::timeout(GUARD, get_raw(addr, "/slow"))
-        .await
-        .expect("a request past its deadline must be answered");
+    let reply = within_guard(
+        get_raw(addr, "/slow"),
+        "a request past its deadline must be answered",
+    )
+    .await;
     assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
     assert!(get_raw(addr, "/health").await.starts_with("HTTP/1.1 200"));
 }

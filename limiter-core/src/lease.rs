@@ -83,6 +83,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::counter::{bump, load};
 use crate::decision::{Decision, Source};
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Algorithm, Policy};
@@ -230,7 +231,6 @@ impl LeasedStore {
 
     /// What the store has done so far.
     pub fn stats(&self) -> LeaseStats {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         LeaseStats {
             round_trips: load(&self.round_trips),
             batches: load(&self.batches),
@@ -379,10 +379,6 @@ impl LeasedStore {
             },
         );
     }
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 #[async_trait]

@@ -27,6 +27,7 @@
 mod abuse;
 pub mod algorithm;
 mod breaker;
+mod counter;
 mod decision;
 mod error;
 mod intern;

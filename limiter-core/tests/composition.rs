@@ -2,123 +2,19 @@
 //! whose health the test controls. Time is virtual: `start_paused` makes
 //! tokio's timers jump, so a 250 ms timeout costs no wall-clock time.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use limiter_core::algorithm::{self, KeyState};
+use limiter_conformance::broken::ReferenceStore;
+use limiter_conformance::composition::{Events, Health, Switch};
 use limiter_core::{
-    AbuseEvent, AbuseSink, Algorithm, BreakerConfig, BreakerState, Capabilities, Decision,
-    ErrorKind, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store, StoreError, Timestamp,
+    BreakerConfig, BreakerState, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store,
 };
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Health {
-    Up,
-    Failing,
-    Hanging,
-}
-
-/// A correct store whose health can be switched, counting the calls it gets.
-#[derive(Debug)]
-struct Switchable {
-    name: &'static str,
-    health: Mutex<Health>,
-    state: Mutex<HashMap<Vec<u8>, Option<KeyState>>>,
-    calls: AtomicU64,
-}
-
-impl Switchable {
-    fn new(name: &'static str) -> Arc<Self> {
-        Arc::new(Switchable {
-            name,
-            health: Mutex::new(Health::Up),
-            state: Mutex::default(),
-            calls: AtomicU64::new(0),
-        })
-    }
-
-    fn set(&self, health: Health) {
-        *self.health.lock().unwrap() = health;
-    }
-
-    fn calls(&self) -> u64 {
-        self.calls.load(Ordering::SeqCst)
-    }
-}
-
-#[async_trait]
-impl Store for Switchable {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: &Algorithm::ALL,
-            key_capacity: None,
-            shared: true,
-            server_clock: false,
-        }
-    }
-
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let health = *self.health.lock().unwrap();
-        match health {
-            Health::Up => {}
-            Health::Failing => {
-                return Err(StoreError::new(
-                    ErrorKind::Unavailable,
-                    self.name,
-                    "connection refused",
-                ));
-            }
-            Health::Hanging => std::future::pending::<()>().await,
-        }
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(self.name, e))?;
-        let mut map = self.state.lock().unwrap();
-        let state = map.entry(key.to_vec()).or_default();
-        let verdict = algorithm::apply(state, policy, cost, now.as_micros());
-        Ok(Decision::from_verdict(verdict, policy, self.name))
-    }
-
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        limiter_core::check_refund(self.name, policy, cost, admitted)?;
-        if let Some(state) = self.state.lock().unwrap().get_mut(key) {
-            let reset_after = admitted.reset_after.as_micros() as u64;
-            algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Default)]
-struct Events(Mutex<Vec<AbuseEvent>>);
-
-#[async_trait]
-impl AbuseSink for Events {
-    async fn record(&self, event: AbuseEvent) -> Result<(), StoreError> {
-        self.0.lock().unwrap().push(event);
-        Ok(())
-    }
+/// An honest store called `name` that declares itself shared, whose health
+/// the test switches, counting the decisions it is asked for.
+fn switchable(name: &'static str) -> Arc<Switch<dyn Store>> {
+    Switch::<dyn Store>::new(Arc::new(ReferenceStore::new(10_000).shared_as(name)))
 }
 
 /// A limiter of the one `rule`, on `clock`.
@@ -136,8 +32,8 @@ fn per_minute(limit: u32) -> Policy {
 
 #[tokio::test(start_paused = true)]
 async fn first_refusal_wins_and_later_tiers_are_not_called() {
-    let local = Switchable::new("local");
-    let shared = Switchable::new("shared");
+    let local = switchable("local");
+    let shared = switchable("shared");
     let limiter = Limiter::builder()
         .clock(ManualClock::new())
         // The test store declares itself shared; this tier stands for a
@@ -170,8 +66,8 @@ async fn first_refusal_wins_and_later_tiers_are_not_called() {
 
 #[tokio::test(start_paused = true)]
 async fn fallback_answers_while_authoritative_store_fails_and_never_both() {
-    let shared = Switchable::new("shared");
-    let local = Switchable::new("local");
+    let shared = switchable("shared");
+    let local = switchable("local");
     let clock = ManualClock::new();
     let limiter = limiter_of(
         &clock,
@@ -209,7 +105,7 @@ async fn fallback_answers_while_authoritative_store_fails_and_never_both() {
 
 #[tokio::test(start_paused = true)]
 async fn hanging_store_costs_one_timeout_then_breaker_answers_at_once() {
-    let shared = Switchable::new("shared");
+    let shared = switchable("shared");
     shared.set(Health::Hanging);
     let clock = ManualClock::new();
     let limiter = limiter_of(
@@ -252,7 +148,7 @@ async fn hanging_store_costs_one_timeout_then_breaker_answers_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn failed_probe_reopens_for_another_cool_down() {
-    let shared = Switchable::new("shared");
+    let shared = switchable("shared");
     shared.set(Health::Failing);
     let clock = ManualClock::new();
     let rule = Rule::new("r", shared.clone(), per_minute(1))
@@ -274,16 +170,14 @@ async fn failed_probe_reopens_for_another_cool_down() {
 #[tokio::test(start_paused = true)]
 async fn failure_policy_decides_without_fallback() {
     for (policy, allowed) in [(FailurePolicy::Open, true), (FailurePolicy::Closed, false)] {
-        let shared = Switchable::new("shared");
+        let shared = switchable("shared");
         shared.set(Health::Failing);
-        let limiter = Limiter::builder()
-            .rule(
-                Rule::new("r", shared, per_minute(5))
-                    .unwrap()
-                    .on_failure(policy),
-            )
-            .build()
-            .unwrap();
+        let limiter = limiter_of(
+            &ManualClock::new(),
+            Rule::new("r", shared, per_minute(5))
+                .unwrap()
+                .on_failure(policy),
+        );
         let d = limiter.check(b"k").await;
         assert_eq!(d.allowed, allowed, "{policy:?}");
         assert!(d.source.degraded);
@@ -293,8 +187,8 @@ async fn failure_policy_decides_without_fallback() {
 
 #[tokio::test(start_paused = true)]
 async fn escalation_samples_admitted_requests_and_records_refusals() {
-    let local = Switchable::new("memory");
-    let durable = Switchable::new("postgres");
+    let local = switchable("memory");
+    let durable = switchable("postgres");
     let events = Arc::new(Events::default());
     let limiter = limiter_of(
         &ManualClock::new(),
@@ -337,9 +231,9 @@ async fn escalation_samples_admitted_requests_and_records_refusals() {
 
     // Ten refusals of one key in one window: one write at the first, the
     // rest held back and written, with their count, by a flush.
-    assert_eq!(events.0.lock().unwrap().len(), 1);
+    assert_eq!(events.recorded().len(), 1);
     assert_eq!(limiter.flush_abuse_events().await, 1);
-    let recorded = events.0.lock().unwrap().clone();
+    let recorded = events.recorded();
     assert_eq!(recorded.len(), 2);
     assert!(recorded.iter().all(|e| e.key == b"bot"));
     assert_eq!(recorded.iter().map(|e| e.refusals).sum::<u64>(), 10);
@@ -354,19 +248,17 @@ async fn escalation_samples_admitted_requests_and_records_refusals() {
 
 #[tokio::test(start_paused = true)]
 async fn durable_failure_never_refuses_an_escalating_rule() {
-    let local = Switchable::new("memory");
-    let durable = Switchable::new("postgres");
+    let local = switchable("memory");
+    let durable = switchable("postgres");
     durable.set(Health::Failing);
-    let limiter = Limiter::builder()
-        .rule(
-            Rule::new("r", local, per_minute(10))
-                .unwrap()
-                .with_escalation(durable, per_minute(1), 1, None)
-                .unwrap()
-                .on_failure(FailurePolicy::Closed),
-        )
-        .build()
-        .unwrap();
+    let limiter = limiter_of(
+        &ManualClock::new(),
+        Rule::new("r", local, per_minute(10))
+            .unwrap()
+            .with_escalation(durable, per_minute(1), 1, None)
+            .unwrap()
+            .on_failure(FailurePolicy::Closed),
+    );
     for _ in 0..10 {
         assert!(limiter.check(b"k").await.allowed);
     }
@@ -374,8 +266,8 @@ async fn durable_failure_never_refuses_an_escalating_rule() {
 
 #[tokio::test(start_paused = true)]
 async fn headers_come_from_a_store_that_answered_not_from_a_failed_tier() {
-    let local = Switchable::new("local");
-    let shared = Switchable::new("shared");
+    let local = switchable("local");
+    let shared = switchable("shared");
     shared.set(Health::Failing);
     let limiter = Limiter::builder()
         .rule(Rule::new("local", local, per_minute(10)).unwrap())
@@ -390,7 +282,7 @@ async fn headers_come_from_a_store_that_answered_not_from_a_failed_tier() {
 
 #[test]
 fn bad_compositions_are_refused_at_construction() {
-    let s = Switchable::new("s");
+    let s = switchable("s");
     assert!(Rule::new("", s.clone(), per_minute(1)).is_err());
     assert!(Rule::new("a\0b", s.clone(), per_minute(1)).is_err());
     assert!(
@@ -422,7 +314,7 @@ fn bad_compositions_are_refused_at_construction() {
 
 #[tokio::test(start_paused = true)]
 async fn a_shared_store_refusal_is_repeated_without_a_call_until_its_retry_time() {
-    let shared = Switchable::new("shared");
+    let shared = switchable("shared");
     let clock = ManualClock::new();
     let limiter = limiter_of(
         &clock,

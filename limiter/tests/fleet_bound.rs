@@ -49,12 +49,13 @@ fn local() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new(1_000))
 }
 
-fn fleet(clock: &ManualClock, rule: impl Fn() -> Rule) -> Vec<Limiter> {
+/// `N` instances on `clock`, instance `i` limited by the one rule `rule(i)`.
+fn fleet(clock: &ManualClock, rule: impl Fn(u32) -> Rule) -> Vec<Limiter> {
     (0..N)
-        .map(|_| {
+        .map(|i| {
             Limiter::builder()
                 .clock(clock.clone())
-                .rule(rule())
+                .rule(rule(i))
                 .build()
                 .unwrap()
         })
@@ -107,7 +108,7 @@ impl Server {
 async fn shared_store_only_admits_the_limit_across_the_fleet(#[case] server: Server) {
     let shared = server.store().await;
     let clock = ManualClock::new();
-    let fleet = fleet(&clock, || {
+    let fleet = fleet(&clock, |_| {
         Rule::new("search", shared.clone(), policy())
             .unwrap()
             .on_failure(FailurePolicy::Closed)
@@ -120,7 +121,7 @@ async fn shared_store_only_admits_the_limit_across_the_fleet(#[case] server: Ser
 async fn shared_store_with_local_fallback_admits_the_limit_while_the_server_is_up() {
     let clock = ManualClock::new();
     let shared = redis_store(redis_fixture::shared_url());
-    let fleet = fleet(&clock, || {
+    let fleet = fleet(&clock, |_| {
         Rule::new("search", shared.clone(), policy())
             .unwrap()
             .with_fallback(local())
@@ -149,8 +150,8 @@ async fn shared_store_with_local_fallback_admits_the_limit_per_instance_more_whe
     // The bound is reached without the refusal cache; with it (the
     // default), refusals the shared store made before the outage stand
     // through it, and an offender already refused gets nothing more.
-    let worst = fleet(&clock, || rule(false));
-    let cached = fleet(&clock, || rule(true));
+    let worst = fleet(&clock, |_| rule(false));
+    let cached = fleet(&clock, |_| rule(true));
     let before = drive(&worst, PER_INSTANCE / 2).await;
     assert_eq!(before, L);
     assert_eq!(drive(&cached, 1).await, 0, "the shared limit is spent");
@@ -166,7 +167,7 @@ async fn shared_store_with_local_fallback_admits_the_limit_per_instance_more_whe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_store_only_admits_the_limit_per_instance() {
     let clock = ManualClock::new();
-    let fleet = fleet(&clock, || Rule::new("search", local(), policy()).unwrap());
+    let fleet = fleet(&clock, |_| Rule::new("search", local(), policy()).unwrap());
     assert_eq!(drive(&fleet, PER_INSTANCE).await, N * L);
 }
 
@@ -179,7 +180,7 @@ const D: u32 = 3;
 /// which a later request of the flood then takes.
 async fn escalation(durable: Arc<dyn Store>, sink: Arc<dyn AbuseSink>) -> Vec<Limiter> {
     let clock = ManualClock::new();
-    let fleet = fleet(&clock, || {
+    let fleet = fleet(&clock, |_| {
         Rule::new("search", local(), policy())
             .unwrap()
             .with_escalation(
@@ -291,20 +292,11 @@ async fn leased_fleet_admits_the_limit_with_a_call_per_batch(#[case] server: Ser
             })
             .collect();
         let policy = Policy::fixed_window(limit, Duration::from_secs(60)).unwrap();
-        let fleet = stores
-            .iter()
-            .map(|s| {
-                Limiter::builder()
-                    .clock(clock.clone())
-                    .rule(
-                        Rule::new("leased", s.clone(), policy)
-                            .unwrap()
-                            .on_failure(FailurePolicy::Closed),
-                    )
-                    .build()
-                    .unwrap()
-            })
-            .collect();
+        let fleet = fleet(&clock, |i| {
+            Rule::new("leased", stores[i as usize].clone(), policy)
+                .unwrap()
+                .on_failure(FailurePolicy::Closed)
+        });
         (fleet, stores)
     };
     let (fleet, _) = fleet_of(L);

@@ -80,13 +80,18 @@ fn app(layer: RateLimitLayer, hits: Arc<AtomicUsize>) -> Router {
         .route("/health", get(|| async { "ok" }))
 }
 
+/// A client of [`app`] with an [`exact`] `search` limiter of `policy` on
+/// `clock`, and the count of requests that reached the handler.
+async fn search_client(policy: Policy, clock: &ManualClock) -> (TestClient, Arc<AtomicUsize>) {
+    let (server, hits) = serve_search(exact("search", policy, clock), identity()).await;
+    (TestClient::new(server, None), hits)
+}
+
 #[tokio::test]
 async fn the_61st_search_in_a_minute_is_refused_with_headers_and_json() {
     let clock = ManualClock::new();
     let policy = Policy::sliding_log(60, Duration::from_secs(60)).unwrap();
-    let search = exact("search", policy, &clock);
-    let (server, hits) = serve_search(search, identity()).await;
-    let client = TestClient::new(server, None);
+    let (client, hits) = search_client(policy, &clock).await;
 
     for i in 1..=60u64 {
         let reply = client.get("/api/search?q=rust").await;
@@ -126,9 +131,7 @@ async fn the_61st_search_in_a_minute_is_refused_with_headers_and_json() {
 async fn retry_after_is_exactly_long_enough() {
     let clock = ManualClock::new();
     let policy = Policy::sliding_log(3, Duration::from_secs(10)).unwrap();
-    let search = exact("search", policy, &clock);
-    let (server, _) = serve_search(search, identity()).await;
-    let client = TestClient::new(server, None);
+    let (client, _) = search_client(policy, &clock).await;
 
     // Admitted at +0.3 s, +2 s, +4 s; the oldest leaves the window at
     // +10.3 s, so a refusal at +5 s must wait 5.3 s: Retry-After 6.
@@ -177,13 +180,7 @@ async fn clients_at_different_peer_addresses_are_independent() {
     assert_eq!(first_b.status, StatusCode::OK, "{first_b:?}");
     assert_eq!(first_b.header_u64("x-ratelimit-remaining"), 1);
     // A forwarding header means nothing when the source is the peer.
-    let spoofed = a
-        .send(
-            Method::GET,
-            "/api/search",
-            &[("x-forwarded-for", "198.51.100.9")],
-        )
-        .await;
+    let spoofed = a.get_forwarded_for("/api/search", "198.51.100.9").await;
     assert_eq!(spoofed.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
@@ -196,14 +193,7 @@ async fn clients_behind_one_trusted_proxy_are_told_apart_by_x_forwarded_for() {
     let (server, _) = serve_search(search, identity).await;
     // The test client plays the proxy: it appends the client's address.
     let proxy = TestClient::new(server, None);
-    let as_client = |xff: &'static str| {
-        let proxy = proxy.clone();
-        async move {
-            proxy
-                .send(Method::GET, "/api/search", &[("x-forwarded-for", xff)])
-                .await
-        }
-    };
+    let as_client = async |xff: &str| proxy.get_forwarded_for("/api/search", xff).await;
 
     assert_eq!(as_client("198.51.100.1").await.status, StatusCode::OK);
     assert_eq!(as_client("198.51.100.1").await.status, StatusCode::OK);

@@ -54,6 +54,14 @@ fn api_on_map(limit: u32, identity: ClientIdentity) -> RateLimitLayerBuilder {
     )
 }
 
+/// A layer builder for [`one_rule`] named "api", 2 a minute on `store`,
+/// keyed by the `x-api-key` header.
+fn api_keyed(store: Arc<dyn Store>) -> RateLimitLayerBuilder {
+    let id = identity();
+    RateLimitLayer::builder(one_rule("api", store, 2), id.clone())
+        .key(HeaderKey::new(&id, "x-api-key").unwrap())
+}
+
 /// What these tests read from a [`Reply`] beside its headers.
 trait ReplyExt {
     fn remaining(&self) -> u64;
@@ -133,11 +141,7 @@ fn harness(
 #[tokio::test]
 async fn each_api_key_has_its_own_quota_and_none_is_stored_raw() {
     let store = Arc::new(Recording::new(MapStore::default()));
-    let id = identity();
-    let layer = RateLimitLayer::builder(one_rule("api", store.clone(), 2), id.clone())
-        .key(HeaderKey::new(&id, "x-api-key").unwrap())
-        .build()
-        .unwrap();
+    let layer = api_keyed(store.clone()).build().unwrap();
     let mut h = harness(layer);
     let alice = [("x-api-key", "alice-secret-key")];
     let bob = [("x-api-key", "bob-secret-key")];
@@ -160,11 +164,7 @@ async fn each_api_key_has_its_own_quota_and_none_is_stored_raw() {
 
 #[tokio::test]
 async fn a_request_without_a_key_falls_back_to_its_address_by_default() {
-    let id = identity();
-    let layer = api_on_map(2, id.clone())
-        .key(HeaderKey::new(&id, "x-api-key").unwrap())
-        .build()
-        .unwrap();
+    let layer = api_keyed(Arc::new(MapStore::default())).build().unwrap();
     let mut h = harness(layer);
     assert_eq!(h.send("192.0.2.1", &[]).await.remaining(), 1);
     assert_eq!(
@@ -185,9 +185,7 @@ async fn a_request_without_a_key_falls_back_to_its_address_by_default() {
 #[tokio::test]
 async fn a_request_without_a_key_can_be_rejected_before_the_limiter() {
     let store = Arc::new(Recording::new(MapStore::default()));
-    let id = identity();
-    let layer = RateLimitLayer::builder(one_rule("api", store.clone(), 2), id.clone())
-        .key(HeaderKey::new(&id, "x-api-key").unwrap())
+    let layer = api_keyed(store.clone())
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
         .build()
         .unwrap();
@@ -206,7 +204,7 @@ async fn a_request_without_a_key_can_be_rejected_before_the_limiter() {
         StatusCode::OK
     );
 
-    let not_an_error = RateLimitLayer::builder(one_rule("api", store, 2), id)
+    let not_an_error = RateLimitLayer::builder(one_rule("api", store, 2), identity())
         .on_missing_key(MissingKey::Reject(StatusCode::OK))
         .build();
     assert!(not_an_error.is_err());

@@ -9,15 +9,17 @@ async fn err(url: &str) -> String {
     }
 }
 
+/// Panics unless opening `url` is refused with an error that says `because`.
+async fn assert_refused(url: &str, because: &str) {
+    let e = err(url).await;
+    assert!(e.contains(because), "{url}: {e}");
+}
+
 #[tokio::test]
 async fn unknown_and_malformed_urls_are_refused() {
-    assert!(
-        err("ftp://example.com")
-            .await
-            .contains("unknown store scheme \"ftp\"")
-    );
-    assert!(err("memory").await.contains("expected SCHEME://"));
-    assert!(err("").await.contains("expected SCHEME://"));
+    assert_refused("ftp://example.com", "unknown store scheme \"ftp\"").await;
+    assert_refused("memory", "expected SCHEME://").await;
+    assert_refused("", "expected SCHEME://").await;
     // A password never appears in the error.
     let e = err("mysql://app:hunter2@db/limits").await;
     assert!(e.contains("app:***@db") && !e.contains("hunter2"), "{e}");
@@ -35,24 +37,16 @@ async fn memory_urls_open_a_bounded_memory_store() {
     let store = from_url("memory://?capacity=5").await.unwrap();
     assert_eq!(store.capabilities().key_capacity, Some(5));
     assert!(!store.capabilities().shared);
-    assert!(err("memory://?capacity=0").await.contains("positive"));
-    assert!(err("memory://?capacity=lots").await.contains("positive"));
-    assert!(err("memory://?ttl=5").await.contains("unknown parameter"));
-    assert!(
-        err("memory://somehost")
-            .await
-            .contains("no user, host or path")
-    );
+    assert_refused("memory://?capacity=0", "positive").await;
+    assert_refused("memory://?capacity=lots", "positive").await;
+    assert_refused("memory://?ttl=5", "unknown parameter").await;
+    assert_refused("memory://somehost", "no user, host or path").await;
 }
 
 #[cfg(not(feature = "memory"))]
 #[tokio::test]
 async fn memory_urls_name_the_missing_feature() {
-    assert!(
-        err("memory://")
-            .await
-            .contains("needs the `memory` feature")
-    );
+    assert_refused("memory://", "needs the `memory` feature").await;
 }
 
 /// `{scheme}://{rest}` is refused naming the feature of the limiter crate

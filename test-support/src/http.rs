@@ -146,4 +146,11 @@ impl TestClient {
     pub async fn get(&self, path: &str) -> Reply {
         self.send(Method::GET, path, &[]).await
     }
+
+    /// `GET path` with `X-Forwarded-For: xff`, as a proxy that appended its
+    /// client's address sends it (or as a client forging the header).
+    pub async fn get_forwarded_for(&self, path: &str, xff: &str) -> Reply {
+        self.send(Method::GET, path, &[("x-forwarded-for", xff)])
+            .await
+    }
 }

@@ -130,6 +130,15 @@ pub fn first_admission(policy: &Policy, store: &'static str) -> Decision {
     )
 }
 
+/// Decides once on the key `warm` under each of `policies` at `now`, so
+/// that connections are open and statements prepared before a test counts
+/// what reaches the server.
+pub async fn warm_up(store: &dyn Store, policies: &[Policy], now: Timestamp) {
+    for p in policies {
+        store.decide(b"warm", p, 1, now).await.unwrap();
+    }
+}
+
 /// An admission a test made so as to refund it: the policy, the key, the
 /// time (µs) and the decision.
 pub type Admission = (Policy, String, u64, Decision);

@@ -69,7 +69,7 @@ pub mod broken;
 mod scenarios;
 mod support;
 
-pub use support::{Health, Switch};
+pub use support::{Events, Health, Switch};
 
 /// One tier of a composition under test: what a [`Rule`] is built from.
 #[derive(Clone)]

@@ -128,9 +128,16 @@ impl Store for Switch<dyn Store> {
     }
 }
 
-/// A sink that keeps every event.
+/// An abuse sink that keeps every event it is given, in order.
 #[derive(Debug, Default)]
-pub(crate) struct Events(pub(crate) Mutex<Vec<AbuseEvent>>);
+pub struct Events(Mutex<Vec<AbuseEvent>>);
+
+impl Events {
+    /// The events recorded so far, in order.
+    pub fn recorded(&self) -> Vec<AbuseEvent> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
 
 #[async_trait]
 impl AbuseSink for Events {

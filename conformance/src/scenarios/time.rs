@@ -25,16 +25,40 @@ async fn admit_all(probe: &Probe, key: &[u8], p: &Policy, n: u32) -> Result<(), 
     Ok(())
 }
 
+/// One run of a scenario here: the algorithm, its policy and its key.
+type Case = (Algorithm, Policy, Vec<u8>);
+
+/// Each scenario here runs once per algorithm on L = 5, W = 10 s, on a key
+/// of its own: for each of `algorithms` that the store supports, the
+/// algorithm, that policy and the key `{prefix}/{algorithm}`; and the note
+/// of those skipped.
+fn five_per_ten_seconds(
+    probe: &Probe,
+    algorithms: &[Algorithm],
+    prefix: &str,
+) -> Result<(Vec<Case>, Option<String>), Failure> {
+    let (algorithms, skipped) = probe.supported(algorithms);
+    let cases = algorithms
+        .into_iter()
+        .map(|a| {
+            Ok((
+                a,
+                policy(a, 5, 10 * S)?,
+                format!("{prefix}/{a}").into_bytes(),
+            ))
+        })
+        .collect::<Result<_, Failure>>()?;
+    Ok((cases, skipped))
+}
+
 pub(crate) async fn refused_hammering(factory: &dyn StoreFactory) -> ScenarioResult {
     const HAMMER_EVERY: u64 = 3 * MS;
     let probe = Probe::new(factory).await?;
-    let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
+    let (cases, skipped) = five_per_ten_seconds(&probe, &Algorithm::ALL, "hammer")?;
     let mut parts = Vec::new();
-    for algorithm in algorithms {
-        // L = 5, W = 10 s; five admitted at t0, first refusal at t1 = t0 + 1 s.
-        let p = policy(algorithm, 5, 10 * S)?;
-        let key = format!("hammer/{algorithm}");
-        let key = key.as_bytes();
+    for (algorithm, p, key) in cases {
+        // Five admitted at t0, first refusal at t1 = t0 + 1 s.
+        let key = key.as_slice();
         probe.at(0);
         admit_all(&probe, key, &p, 5).await?;
         let t1 = S;
@@ -125,12 +149,11 @@ pub(crate) async fn refused_hammering(factory: &dyn StoreFactory) -> ScenarioRes
 
 pub(crate) async fn window_renewal(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
-    let (algorithms, skipped) = probe.supported(&[Algorithm::FixedWindow, Algorithm::SlidingLog]);
+    let wanted = [Algorithm::FixedWindow, Algorithm::SlidingLog];
+    let (cases, skipped) = five_per_ten_seconds(&probe, &wanted, "renewal")?;
     let mut parts = Vec::new();
-    for algorithm in algorithms {
-        // L = 5, W = 10 s, one hit every second from t0 to t0+15 s.
-        let p = policy(algorithm, 5, 10 * S)?;
-        let key = format!("renewal/{algorithm}");
+    for (algorithm, p, key) in cases {
+        // One hit every second from t0 to t0+15 s.
         let mut refused = 0;
         for k in 0..16u64 {
             let at = k * S;
@@ -156,7 +179,7 @@ pub(crate) async fn window_renewal(factory: &dyn StoreFactory) -> ScenarioResult
                 },
             };
             probe.at(at);
-            let d = probe.hit(key.as_bytes(), &p, 1).await?;
+            let d = probe.hit(&key, &p, 1).await?;
             let what = match algorithm {
                 Algorithm::FixedWindow => format!(
                     "hit at t0+{k} s (the window that opened at t0+{} s must end at t0+{} s)",
@@ -187,14 +210,12 @@ pub(crate) async fn clock_regression(factory: &dyn StoreFactory) -> ScenarioResu
     const REQUESTS: u64 = 90;
     const STEP: u64 = 100 * MS;
     let probe = Probe::new(factory).await?;
-    let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
+    let (cases, skipped) = five_per_ten_seconds(&probe, &Algorithm::ALL, "regression")?;
     let mut parts = Vec::new();
-    for algorithm in algorithms {
-        // L = 5, W = 10 s. The forward clock runs from t0 to t0+8.9 s,
-        // shorter than the window; each `now` passed is that or earlier.
-        let p = policy(algorithm, 5, 10 * S)?;
-        let key = format!("regression/{algorithm}");
-        let key = key.as_bytes();
+    for (algorithm, p, key) in cases {
+        // The forward clock runs from t0 to t0+8.9 s, shorter than the
+        // window; each `now` passed is that or earlier.
+        let key = key.as_slice();
         // What a forward-only clock admits over 8.9 s: the limit, or for
         // GCRA the burst plus one unit per emission interval of 2 s:
         // 5 + ⌊8.9 / 2⌋ = 9.

@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use crate::abuse::{AbuseRecorder, AbuseSink};
 use crate::breaker::{Breaker, BreakerConfig, Permit};
+use crate::counter::load;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::intern::intern;
@@ -415,7 +416,6 @@ impl Rule {
     /// A snapshot of the rule's counters.
     pub fn stats(&self) -> RuleStats {
         let c = &self.counters;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RuleStats {
             rule: self.name.clone(),
             allowed: c.allowed.load(),

@@ -24,10 +24,6 @@ pub(crate) struct Counters {
     pub(crate) refusals_cached: AtomicU64,
 }
 
-pub(crate) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 /// Threads that get a stripe of their own in every [`Striped`] counter: the
 /// first this many threads of the process to decide.
 const OWNED: usize = 16;

@@ -9,13 +9,13 @@ use smallvec::SmallVec;
 
 use crate::abuse::Writes;
 use crate::breaker::{Breaker, BreakerState, Permit, Transition};
+use crate::counter::bump;
 use crate::decision::{Decision, Source};
 use crate::error::{ErrorKind, StoreError};
 use crate::policy::Policy;
 use crate::store::Store;
 use crate::time::{Clock, Timestamp};
 
-use super::super::stats::bump;
 use super::{Applied, Called, Charge, Holder, ProbeGuard, Rule, StorageKey, micros};
 
 impl Rule {
