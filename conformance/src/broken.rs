@@ -21,6 +21,7 @@
 //! reference core, and lives next to the honest code it bends.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -246,7 +247,14 @@ struct Core {
     max_key_len: usize,
     shared: bool,
     keys: Mutex<Keys>,
+    /// Callers between their read and their write, for
+    /// [`Defect::NonAtomic`].
+    in_window: AtomicUsize,
 }
+
+/// How many times a [`Defect::NonAtomic`] caller yields, at most, waiting
+/// for another caller to read between its own read and write.
+const NON_ATOMIC_WAIT: usize = 100;
 
 impl Core {
     fn new(
@@ -263,6 +271,7 @@ impl Core {
             max_key_len: limiter_core::DEFAULT_MAX_KEY_LEN,
             shared: false,
             keys: Mutex::new(Keys::default()),
+            in_window: AtomicUsize::new(0),
         }
     }
 
@@ -432,11 +441,23 @@ impl Core {
                 }
             };
             // The round trip between the read and the write, where other
-            // callers read the same state.
-            tokio::task::yield_now().await;
+            // callers read the same state. Held open until another caller
+            // is in it too (or a bounded number of yields, for a caller
+            // alone): a single yield left the overlap to the scheduler,
+            // and a loaded machine once ran the concurrent scenario's
+            // callers one after the other, losing no update.
+            self.in_window.fetch_add(1, Ordering::SeqCst);
+            for _ in 0..NON_ATOMIC_WAIT {
+                tokio::task::yield_now().await;
+                if self.in_window.load(Ordering::SeqCst) > 1 {
+                    break;
+                }
+            }
             let verdict = self.transition(&mut state, last_now, policy, cost, now);
             let mut keys = self.lock();
             self.store(&mut keys, key, state, now, verdict.allowed);
+            drop(keys);
+            self.in_window.fetch_sub(1, Ordering::SeqCst);
             verdict
         };
         Ok(Decision::from_verdict(verdict, policy, self.name))
