@@ -267,13 +267,7 @@ fn thread_cpu_ns() -> u64 {
 }
 
 /// Builds a fresh contender and measures one run on it.
-fn measure<C: Contender>(
-    make: impl Fn() -> C,
-    workload: Workload,
-    threads: usize,
-    keys: &[Key],
-) -> Sample {
-    let contender = make();
+fn measure<C: Contender>(contender: C, workload: Workload, threads: usize, keys: &[Key]) -> Sample {
     // Bring the hot and round-robin keys in, in index order, up to their
     // limit, as a long-running server under attack would have them (so the
     // measured decisions are refusals); a flood starts from an empty store.
@@ -411,30 +405,21 @@ fn main() {
             // Contenders take turns within each round, so a burst of load
             // from elsewhere hits them alike; the best of the rounds is kept.
             let mut best: [Option<Sample>; 4] = [None; 4];
-            let take = |i: usize| only.is_none_or(|o| NAMES[i].contains(o));
+            // Contender `i` of `NAMES`, measured once.
+            let one = |i: usize| {
+                let cap = FLOOD_CAPACITY;
+                let (w, t) = (workload, threads);
+                match i {
+                    0 => measure(memory(gcra(), cap), w, t, keys),
+                    1 => measure(memory_dyn(gcra(), cap), w, t, keys),
+                    2 => measure(memory(sliding_log(), cap), w, t, keys),
+                    _ => measure(governor(), w, t, keys),
+                }
+            };
             for _ in 0..runs {
-                let samples = [
-                    take(0).then(|| {
-                        measure(|| memory(gcra(), FLOOD_CAPACITY), workload, threads, keys)
-                    }),
-                    take(1).then(|| {
-                        measure(
-                            || memory_dyn(gcra(), FLOOD_CAPACITY),
-                            workload,
-                            threads,
-                            keys,
-                        )
-                    }),
-                    take(2).then(|| {
-                        measure(
-                            || memory(sliding_log(), FLOOD_CAPACITY),
-                            workload,
-                            threads,
-                            keys,
-                        )
-                    }),
-                    take(3).then(|| measure(governor, workload, threads, keys)),
-                ];
+                let samples: [Option<Sample>; 4] = std::array::from_fn(|i| {
+                    only.is_none_or(|o| NAMES[i].contains(o)).then(|| one(i))
+                });
                 for (slot, sample) in best.iter_mut().zip(samples) {
                     let Some(sample) = sample else { continue };
                     *slot = Some(match *slot {
