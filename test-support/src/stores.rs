@@ -9,6 +9,11 @@ use limiter_core::{Algorithm, Capabilities, Decision, Policy, Store, StoreError,
 
 /// An exact, unbounded store applying the normative algorithm under a lock:
 /// the reference behaviour, independent of any backend crate.
+///
+/// Not the conformance crate's `ReferenceStore`, which answers inline as an
+/// in-process store does: this one must be awaited, so the layer and
+/// limiter tests built on it exercise the awaited path (boxed future,
+/// timeout, breaker) that a networked store takes.
 #[derive(Debug, Default)]
 pub struct MapStore {
     state: Mutex<Table>,
