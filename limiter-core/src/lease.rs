@@ -75,7 +75,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 //!
-//! About 520 lines in one file, a sixth of them these docs: the lease, its
+//! About 520 lines in one file, 80 of them these docs: the lease, its
 //! bookkeeping per key and the `Store` impl share one lock and one set of
 //! invariants, which read best side by side.
 
