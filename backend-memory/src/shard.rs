@@ -158,6 +158,13 @@ impl Shard {
             if moved {
                 self.moves += 1;
                 entry.moved = self.moves;
+                // Recorded before `apply`, so that a panic in it (the one
+                // way a shard's lock is poisoned) cannot leave a key whose
+                // live record is missing, which no eviction would find.
+                self.order.new.push_back(Record {
+                    stamp: self.moves,
+                    hash,
+                });
             }
             // Returned from here, not carried out of a closure with `moved`:
             // moving the verdict through a tuple copied it twice with wide
@@ -165,7 +172,7 @@ impl Shard {
             // that cost a hot key a third of its time.
             let verdict = algorithm::apply(&mut entry.state, policy, cost, now);
             if moved {
-                self.record(hash);
+                self.compact();
             }
             return (verdict, false);
         }
@@ -249,14 +256,19 @@ impl Shard {
     }
 
     /// Appends the move just made (stamp `self.moves`) and does a step of
-    /// compaction: amortised O(1), and never more than `COMPACT_STEP`
-    /// lookups in one call.
+    /// compaction.
     fn record(&mut self, hash: u64) {
-        let Order { kept, old, new } = &mut self.order;
-        new.push_back(Record {
+        self.order.new.push_back(Record {
             stamp: self.moves,
             hash,
         });
+        self.compact();
+    }
+
+    /// A step of compaction: amortised O(1), and never more than
+    /// `COMPACT_STEP` lookups in one call.
+    fn compact(&mut self) {
+        let Order { kept, old, new } = &mut self.order;
         if old.is_empty() {
             if kept.len() + new.len() <= self.compact_at {
                 return;
