@@ -37,8 +37,10 @@ const SHARED: usize = 8;
 /// Each of the first [`OWNED`] threads that decide has a stripe no other
 /// thread writes, and adds to it with a plain load and store: a locked
 /// `fetch_add` was the costliest instruction of a decision answered in
-/// place (it waits for every earlier store to drain), about 4 ns of a
-/// one-rule limiter's 50. Later threads share [`SHARED`] atomic stripes,
+/// place in the profile (it waits for every earlier store to drain); this
+/// saved about 3 ns of a one-rule limiter's 50 on a hot key, in a run on a
+/// machine that was not quiet (`BENCHMARKS.md`). Later threads share
+/// [`SHARED`] atomic stripes,
 /// so they still rarely write one line at once.
 #[derive(Debug, Default)]
 pub(crate) struct Striped {
