@@ -295,11 +295,14 @@ impl HeaderWriter {
         if self.mode.legacy() {
             let limit = match self.values {
                 Some(v) if v.limit == decision.limit => HeaderValue::from_static(v.limit_value),
-                _ => HeaderValue::from(decision.limit),
+                _ => number(u64::from(decision.limit)),
             };
             headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+            headers.insert(
+                X_RATELIMIT_REMAINING,
+                number(u64::from(decision.remaining)),
+            );
+            headers.insert(X_RATELIMIT_RESET, number(reset));
         }
         if self.mode.draft() {
             if let Some(policy) = self.policy {
@@ -317,7 +320,7 @@ impl HeaderWriter {
             }
         }
         if !decision.allowed {
-            headers.insert(RETRY_AFTER, HeaderValue::from(decision.retry_after_secs()));
+            headers.insert(RETRY_AFTER, number(decision.retry_after_secs()));
         }
     }
 }
@@ -361,6 +364,75 @@ fn json_safe(name: &str) -> &str {
         name
     } else {
         "default"
+    }
+}
+
+/// Numbers below this have their header value copied from [`DIGITS`].
+const STATIC_NUMBERS: u64 = 10_000;
+
+/// Bytes of the decimal text of 0 to 9,999, one after another: 10 numbers of
+/// one digit, 90 of two, 900 of three, 9,000 of four.
+const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
+
+/// The text of every number below [`STATIC_NUMBERS`], built at compile
+/// time. `HeaderValue::from(u32)` allocates the bytes of its text, and a
+/// response's remaining units and seconds to reset are nearly always small:
+/// a value sliced from static text is written with no allocation and
+/// dropped with no free. Written by hand: no crate offers static decimal
+/// text, and `itoa` (used for the larger numbers) formats into a buffer
+/// that a `HeaderValue` must then copy.
+static DIGITS: &str = {
+    const BYTES: [u8; DIGITS_LEN] = {
+        let mut out = [0u8; DIGITS_LEN];
+        let (mut n, mut at) = (0, 0);
+        while n < STATIC_NUMBERS {
+            let width = number_width(n);
+            let (mut i, mut rest) = (width, n);
+            while i > 0 {
+                i -= 1;
+                out[at + i] = b'0' + (rest % 10) as u8;
+                rest /= 10;
+            }
+            at += width;
+            n += 1;
+        }
+        out
+    };
+    match std::str::from_utf8(&BYTES) {
+        Ok(text) => text,
+        Err(_) => panic!("decimal digits are ASCII"),
+    }
+};
+
+/// The number of decimal digits of `n`, for `n` below [`STATIC_NUMBERS`].
+const fn number_width(n: u64) -> usize {
+    match n {
+        0..10 => 1,
+        10..100 => 2,
+        100..1_000 => 3,
+        _ => 4,
+    }
+}
+
+/// `n` as a header value: sliced from [`DIGITS`] below [`STATIC_NUMBERS`],
+/// formatted (one allocation) above.
+fn number(n: u64) -> HeaderValue {
+    if n >= STATIC_NUMBERS {
+        return HeaderValue::from(n);
+    }
+    // Where the numbers of each width start: after every shorter one.
+    let width = number_width(n);
+    let (first, start) = match width {
+        1 => (0, 0),
+        2 => (10, 10),
+        3 => (100, 10 + 90 * 2),
+        _ => (1_000, 10 + 90 * 2 + 900 * 3),
+    };
+    // Below 10,000: the offsets are below DIGITS_LEN, far from overflow.
+    let at = start + (n - first) as usize * width;
+    match DIGITS.get(at..at + width) {
+        Some(text) => HeaderValue::from_static(text),
+        None => HeaderValue::from(n),
     }
 }
 
@@ -455,6 +527,14 @@ mod tests {
         buf.push(b";t=");
         buf.push_u64(u64::MAX);
         assert!(buf.as_bytes().ends_with(u64::MAX.to_string().as_bytes()));
+    }
+
+    #[test]
+    fn static_numbers_are_the_numbers() {
+        let around_the_edge = [STATIC_NUMBERS, STATIC_NUMBERS + 1, u64::MAX];
+        for n in (0..STATIC_NUMBERS + 50).chain(around_the_edge) {
+            assert_eq!(number(n), HeaderValue::from(n), "{n}");
+        }
     }
 
     #[test]
