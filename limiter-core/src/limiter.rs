@@ -66,7 +66,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::decision::Decision;
+use crate::decision::{Decision, Source};
 use crate::error::ConfigError;
 use crate::time::{Clock, SystemClock};
 
@@ -246,16 +246,15 @@ impl Limiter {
         let now = self.clock.now();
         let mut buf = StorageKey::new();
         let storage_key = rule.fill_storage_key(&mut buf, key);
-        match rule
+        let answer = rule
             .store
-            .decide_inline(storage_key, &rule.policy, rule.cost, now)
-        {
-            Some(Ok(mut decision)) => {
-                rule.finish(&mut decision);
-                Some(decision)
-            }
-            _ => None,
-        }
+            .decide_inline(storage_key, &rule.policy, rule.cost, now);
+        let Some(Ok(stored)) = &answer else {
+            return None;
+        };
+        let mut decision = copied(stored);
+        rule.finish(&mut decision);
+        Some(decision)
     }
 
     /// [`check`](Self::check) for a request that weighs `weight` units: each
@@ -425,5 +424,38 @@ impl LimiterBuilder {
             clock: self.clock,
             caches,
         })
+    }
+}
+
+/// `decision`, copied field by field from where the store's call has just
+/// written it. Moved as a whole, it was copied in 16- and 4-byte pieces that
+/// each spanned several of the narrower stores that wrote it, which the CPU
+/// cannot forward to a load: two stalls that took a third of
+/// `check_inline`'s own samples (`perf annotate`). Copied this way, the
+/// durations and the flags are read as they were written; the compiler
+/// still reads `limit` and `remaining` in one load, the one stall left.
+#[inline(always)]
+fn copied(decision: &Decision) -> Decision {
+    let source = &decision.source;
+    Decision {
+        allowed: decision.allowed,
+        limit: decision.limit,
+        remaining: decision.remaining,
+        reset_after: Duration::new(
+            decision.reset_after.as_secs(),
+            decision.reset_after.subsec_nanos(),
+        ),
+        retry_after: Duration::new(
+            decision.retry_after.as_secs(),
+            decision.retry_after.subsec_nanos(),
+        ),
+        source: Source {
+            store: source.store,
+            rule: source.rule,
+            fallback: source.fallback,
+            degraded: source.degraded,
+            escalated: source.escalated,
+            cached: source.cached,
+        },
     }
 }

@@ -121,3 +121,73 @@ async fn an_inline_store_error_is_left_to_the_failure_policy() {
     let stats = &limiter.stats()[0];
     assert_eq!((stats.store_errors, stats.degraded), (1, 1), "{stats:?}");
 }
+
+/// A store that answers every call inline with one fixed decision.
+#[derive(Debug)]
+struct Fixed(limiter_core::Decision);
+
+#[async_trait::async_trait]
+impl Store for Fixed {
+    fn name(&self) -> &'static str {
+        "fixed"
+    }
+
+    fn capabilities(&self) -> limiter_core::Capabilities {
+        limiter_core::Capabilities {
+            algorithms: &limiter_core::Algorithm::ALL,
+            key_capacity: None,
+            shared: false,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: limiter_core::Timestamp,
+    ) -> Result<limiter_core::Decision, limiter_core::StoreError> {
+        Ok(self.0.clone())
+    }
+
+    fn decide_inline(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: limiter_core::Timestamp,
+    ) -> Option<Result<limiter_core::Decision, limiter_core::StoreError>> {
+        Some(Ok(self.0.clone()))
+    }
+}
+
+/// The limiter copies the store's decision field by field (see
+/// `limiter_core::limiter::copied`): every field must arrive as the store
+/// gave it, whichever flags are set, with the rule's name added.
+#[test]
+fn an_inline_decision_keeps_every_field_of_the_stores() {
+    for flags in 0..16u8 {
+        let mut source = limiter_core::Source::store("fixed");
+        source.fallback = flags & 1 != 0;
+        source.degraded = flags & 2 != 0;
+        source.escalated = flags & 4 != 0;
+        source.cached = flags & 8 != 0;
+        let given = limiter_core::Decision {
+            allowed: flags % 3 == 0,
+            limit: 7,
+            remaining: 5,
+            reset_after: Duration::new(3, 250_000_000),
+            retry_after: Duration::new(1, 500_000_001),
+            source,
+        };
+        let clock = ManualClock::new();
+        let rule = Rule::new("r", Arc::new(Fixed(given.clone())), policy()).unwrap();
+        let got = limiter(&clock, rule, None)
+            .check_inline(b"client")
+            .expect("the store answers inline");
+        let mut want = given;
+        want.source.rule = Some("r");
+        assert_eq!(got, want, "flags {flags:#06b}");
+    }
+}

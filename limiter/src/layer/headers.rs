@@ -298,10 +298,7 @@ impl HeaderWriter {
                 _ => number(u64::from(decision.limit)),
             };
             headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(
-                X_RATELIMIT_REMAINING,
-                number(u64::from(decision.remaining)),
-            );
+            headers.insert(X_RATELIMIT_REMAINING, number(u64::from(decision.remaining)));
             headers.insert(X_RATELIMIT_RESET, number(reset));
         }
         if self.mode.draft() {
