@@ -18,7 +18,8 @@
 //! the requests per row, 200,000 by default; `-- --requests 200` is a
 //! smoke run; `-- --only GCRA` runs one contender beside the baseline,
 //! `-- --traffic clients` or `-- --traffic abusive` one traffic shape,
-//! `-- --workers 1` one runtime worker thread). After the table, a full
+//! `-- --workers 1` one runtime worker thread, `-- --rounds N` N rounds
+//! instead of 3). After the table, a full
 //! run times the client key alone (the address's HMAC, by design), which
 //! tower_governor does not compute. Numbers from a busy
 //! machine say little: the load average is printed beside them.
@@ -31,7 +32,10 @@
 //! process's threads (`/proc/self/task/*/schedstat`, which waiting for a CPU
 //! does not inflate) over the requests; it includes the generator, which is
 //! the same in every row, so the difference to the `none` row is what the
-//! limiter adds. Each row is the best of three rounds.
+//! limiter adds. Each row is the round with the least CPU per request, of
+//! three rounds in which every contender runs once, in turn: on a machine
+//! whose speed drifts, a contender measured only after another would be
+//! compared with a different machine.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -216,21 +220,36 @@ async fn round(router: &Router, traffic: Traffic, requests: usize) -> Row {
     }
 }
 
-async fn row(contender: Contender, traffic: Traffic, requests: usize) -> Row {
-    let router = router(contender, traffic);
-    // Warm-up: the abuser spends its quota, the stores allocate.
-    let mut warm = router.clone();
-    for n in 0..1_000.min(requests) {
-        one(&mut warm, traffic, TASKS, n).await;
-    }
-    let mut best: Option<Row> = None;
-    for _ in 0..ROUNDS {
-        let r = round(&router, traffic, requests).await;
-        if best.as_ref().is_none_or(|b| r.per_sec > b.per_sec) {
-            best = Some(r);
+/// The rows of `contenders` on `traffic`: every router is built and warmed
+/// up first (the abuser spends its quota, the stores allocate), then each
+/// round runs every contender once, in turn, so that a machine whose speed
+/// drifts during the run slows every contender alike. Each row is the round
+/// with the least CPU per request.
+async fn rows(
+    contenders: &[Contender],
+    traffic: Traffic,
+    requests: usize,
+    rounds: usize,
+) -> Vec<Row> {
+    let routers: Vec<Router> = contenders.iter().map(|&c| router(c, traffic)).collect();
+    for router in &routers {
+        let mut warm = router.clone();
+        for n in 0..1_000.min(requests) {
+            one(&mut warm, traffic, TASKS, n).await;
         }
     }
-    best.expect("at least one round")
+    let mut best: Vec<Option<Row>> = vec![None; routers.len()];
+    for _ in 0..rounds.max(1) {
+        for (router, best) in routers.iter().zip(&mut best) {
+            let r = round(router, traffic, requests).await;
+            if best.as_ref().is_none_or(|b| r.cpu_ns < b.cpu_ns) {
+                *best = Some(r);
+            }
+        }
+    }
+    best.into_iter()
+        .map(|r| r.expect("at least one round"))
+        .collect()
 }
 
 fn requests_arg() -> usize {
@@ -269,13 +288,20 @@ fn main() {
         .position(|a| a == "--workers")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // `--rounds N`: rounds per row, the contenders taking turns (default 3).
+    let rounds = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(ROUNDS);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap();
     println!(
-        "{requests} requests per row, {TASKS} tasks, {workers} worker threads, load average {}",
+        "{requests} requests per row, best of {rounds} rounds in which the contenders take turns, \
+         {TASKS} tasks, {workers} worker threads, load average {}",
         loadavg()
     );
     runtime.block_on(async {
@@ -294,24 +320,22 @@ fn main() {
                 "{:<22} {:>12} {:>10} {:>14} {:>14} {:>9}",
                 "", "req/s", "÷ none", "CPU ns/req", "added ns/req", "refused"
             );
-            let none = row(Contender::None, traffic, requests).await;
-            for contender in [
+            let contenders: Vec<Contender> = [
                 Contender::None,
                 Contender::SlidingLog,
                 Contender::Gcra,
                 Contender::GcraLegacyHeaders,
                 Contender::Governor,
-            ] {
-                if only
-                    .as_ref()
-                    .is_some_and(|o| !contender.name().contains(o.as_str()))
-                {
-                    continue;
-                }
-                let r = match contender {
-                    Contender::None => none,
-                    _ => row(contender, traffic, requests).await,
-                };
+            ]
+            .into_iter()
+            .filter(|c| {
+                matches!(c, Contender::None)
+                    || only.as_ref().is_none_or(|o| c.name().contains(o.as_str()))
+            })
+            .collect();
+            let measured = rows(&contenders, traffic, requests, rounds).await;
+            let none = measured[0];
+            for (contender, r) in contenders.iter().zip(measured) {
                 println!(
                     "{:<22} {:>12.0} {:>10.2} {:>14.0} {:>14.0} {:>9}",
                     contender.name(),
