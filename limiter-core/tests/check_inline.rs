@@ -191,3 +191,23 @@ fn an_inline_decision_keeps_every_field_of_the_stores() {
         assert_eq!(got, want, "flags {flags:#06b}");
     }
 }
+
+/// Storage keys are `{rule}:{key}` whatever the lengths: the 32-byte client
+/// keys copied whole, other keys that fit on the stack, and keys too long
+/// for it (built on the heap).
+#[test]
+fn storage_keys_are_the_prefix_and_the_key_at_every_length() {
+    for name_len in [1, 5, 31, 47, limiter_core::MAX_RULE_NAME] {
+        let name = "n".repeat(name_len);
+        let rule = Rule::new(name.clone(), inline_store(), policy()).unwrap();
+        for key_len in (0..=140).chain([1_000]) {
+            let key: Vec<u8> = (0..key_len).map(|i| b'a' + (i % 26) as u8).collect();
+            let want = [format!("{name}:").as_bytes(), &key].concat();
+            assert_eq!(
+                rule.storage_key(&key),
+                want,
+                "name {name_len}, key {key_len}"
+            );
+        }
+    }
+}

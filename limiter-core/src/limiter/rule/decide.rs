@@ -16,7 +16,9 @@ use crate::policy::Policy;
 use crate::store::Store;
 use crate::time::{Clock, Timestamp};
 
-use super::{Applied, Called, Charge, Holder, ProbeGuard, Rule, StorageKey, micros};
+use super::{
+    Applied, CLIENT_KEY, Called, Charge, Holder, KEY_HEAD, ProbeGuard, Rule, StorageKey, micros,
+};
 
 impl Rule {
     fn holder(&self, holder: Holder) -> Option<(&dyn Store, &Policy)> {
@@ -33,10 +35,21 @@ impl Rule {
     /// Writes the storage key into `buf`, which a request reuses for each of
     /// its rules instead of moving a new key through every call.
     pub(crate) fn fill_storage_key<'b>(&self, buf: &'b mut StorageKey, key: &[u8]) -> &'b [u8] {
-        buf.clear();
-        buf.extend_from_slice(self.key_prefix.as_bytes());
-        buf.extend_from_slice(key);
-        buf
+        let at = self.key_prefix.len();
+        let end = at.saturating_add(key.len());
+        let StorageKey { inline, heap } = buf;
+        if let Some(out) = inline.get_mut(..end.max(KEY_HEAD)) {
+            out[..KEY_HEAD].copy_from_slice(&self.key_head);
+            match <&[u8; CLIENT_KEY]>::try_from(key) {
+                Ok(client) => out[at..at + CLIENT_KEY].copy_from_slice(client),
+                Err(_) => out[at..end].copy_from_slice(key),
+            }
+            return &inline[..end];
+        }
+        heap.clear();
+        heap.extend_from_slice(self.key_prefix.as_bytes());
+        heap.extend_from_slice(key);
+        heap
     }
 
     /// One store call under the rule's timeout, without a breaker (a store
