@@ -11,6 +11,8 @@
 //! [`Limiter::flush_abuse_events`]: crate::Limiter::flush_abuse_events
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -155,18 +157,43 @@ impl AbuseRecorder {
         }
     }
 
-    /// Counts one refusal of `key`, and writes an event when it is the
-    /// key's first refusal in a window (and one for a key the tracker
-    /// forgets to make room).
-    pub(crate) async fn refused(
+    /// Counts one refusal of `key`; the writing of an event when it is the
+    /// key's first refusal in a window (and of one for a key the tracker
+    /// forgets to make room), if one is due.
+    pub(crate) fn refused(
         &self,
         key: &[u8],
         now: Timestamp,
         mono: u64,
         refused_by: &'static str,
         timeout: Duration,
-    ) -> Writes {
-        let (due, forgotten) = {
+    ) -> Option<Pin<Box<dyn Future<Output = Writes> + Send + '_>>> {
+        let (due, forgotten) = self.count(key, now, refused_by);
+        if due.is_none() && forgotten.is_none() {
+            return None;
+        }
+        // Boxed, and only when there is something to write: most refusals
+        // write nothing, and the writes' state (two events and a sink call
+        // under a timeout) would otherwise be part of every refusal's
+        // future, up to `Limiter::check`'s.
+        Some(Box::pin(async move {
+            let mut writes = Writes::default();
+            for event in due.into_iter().chain(forgotten) {
+                writes.add(self.write(event, mono, timeout).await);
+            }
+            writes
+        }))
+    }
+
+    /// Counts one refusal of `key`; the events due to be written, if any:
+    /// the key's, and one for a key forgotten to make room.
+    fn count(
+        &self,
+        key: &[u8],
+        now: Timestamp,
+        refused_by: &'static str,
+    ) -> (Option<AbuseEvent>, Option<AbuseEvent>) {
+        {
             let mut held = self.lock();
             let t = now.as_micros();
             if let Some(h) = held.get_mut(key) {
@@ -177,7 +204,7 @@ impl AbuseRecorder {
                 h.at = now;
                 h.refused_by = refused_by;
                 if t < h.next_write {
-                    return Writes::default();
+                    return (None, None);
                 }
                 let event = self.event(key.to_vec(), h);
                 h.refusals = 0;
@@ -205,12 +232,7 @@ impl AbuseRecorder {
                 };
                 (Some(self.event(key.to_vec(), &first)), forgotten)
             }
-        };
-        let mut writes = Writes::default();
-        for event in due.into_iter().chain(forgotten) {
-            writes.add(self.write(event, mono, timeout).await);
         }
-        writes
     }
 
     /// Writes every held-back count now.

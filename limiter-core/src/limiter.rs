@@ -316,10 +316,14 @@ impl Limiter {
             };
             let applied = match inline {
                 Some(applied) => applied,
-                None => {
-                    rule.apply(key, storage_key, cost, now, clock, i < last)
-                        .await
-                }
+                // Boxed: a rule that must be awaited is a round trip away,
+                // beside which one allocation is nothing, and its state
+                // would otherwise be part of every `check`'s future (two
+                // admitting memory tiers took 13-15 % longer with it
+                // unboxed). A rule whose store is down and whose breaker is
+                // open pays the allocation too: 120 ns became 140 in the
+                // composition bench.
+                None => Box::pin(rule.apply(key, storage_key, cost, now, clock, i < last)).await,
             };
             let Applied {
                 mut decision,

@@ -211,3 +211,20 @@ fn storage_keys_are_the_prefix_and_the_key_at_every_length() {
         }
     }
 }
+
+/// Every caller of `check` carries its future (a handler awaiting it holds
+/// it in its own, which axum boxes per request), so the paths that must wait
+/// on a store box their own state instead of growing it. The bound has room
+/// for the compiler's layout to change; a future above it has taken in the
+/// state of an awaited path (a timer, an abuse write, a refund) unboxed.
+#[test]
+fn a_check_future_stays_small() {
+    const BOUND: usize = 1_536;
+    let clock = ManualClock::new();
+    let two = limiter(&clock, inline_rule("a"), Some(inline_rule("b")));
+    let size = std::mem::size_of_val(&two.check(b"client"));
+    assert!(
+        size <= BOUND,
+        "a check future of {size} bytes, above {BOUND}"
+    );
+}

@@ -65,7 +65,12 @@ impl Rule {
         #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
         let call = store.decide(key, policy, cost, now);
-        let result = match tokio::time::timeout(self.timeout, call).await {
+        // Boxed: the timer's state would otherwise be part of every future
+        // that awaits this one, up to `Limiter::check`'s, which every caller
+        // of `check` carries. A store that must be awaited is a round trip
+        // away, beside which one allocation is nothing; an inline store
+        // never comes here.
+        let result = match Box::pin(tokio::time::timeout(self.timeout, call)).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
         };
@@ -245,10 +250,10 @@ impl Rule {
             return;
         };
         let mono = micros(clock.monotonic());
-        let writes = recorder
-            .refused(key, now, mono, d.source.store, self.timeout)
-            .await;
-        self.count_writes(writes);
+        let Some(writes) = recorder.refused(key, now, mono, d.source.store, self.timeout) else {
+            return;
+        };
+        self.count_writes(writes.await);
     }
 
     pub(crate) fn count_writes(&self, writes: Writes) {
@@ -302,7 +307,9 @@ impl Rule {
                         #[cfg(feature = "metrics")]
                         let started = std::time::Instant::now();
                         let call = store.refund(storage_key, policy, cost, now, &admitted);
-                        let result = match tokio::time::timeout(self.timeout, call).await {
+                        // Boxed, as in `awaited`.
+                        let bounded = Box::pin(tokio::time::timeout(self.timeout, call));
+                        let result = match bounded.await {
                             Ok(r) => r,
                             Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
                         };
