@@ -232,7 +232,7 @@ impl StorageKey {
 }
 
 // Every prefix, `{name}:`, fits the head it is copied as.
-const _: () = assert!(MAX_RULE_NAME + 1 <= KEY_HEAD);
+const _: () = assert!(MAX_RULE_NAME < KEY_HEAD);
 
 /// `prefix` followed by zeros, [`KEY_HEAD`] bytes (`Rule::new` has checked
 /// the name's length).
