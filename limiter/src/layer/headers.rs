@@ -378,27 +378,27 @@ const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
 /// dropped with no free. Written by hand: no crate offers static decimal
 /// text, and `itoa` (used for the larger numbers) formats into a buffer
 /// that a `HeaderValue` must then copy.
-static DIGITS: &str = {
-    const BYTES: [u8; DIGITS_LEN] = {
-        let mut out = [0u8; DIGITS_LEN];
-        let (mut n, mut at) = (0, 0);
-        while n < STATIC_NUMBERS {
-            let width = number_width(n);
-            let (mut i, mut rest) = (width, n);
-            while i > 0 {
-                i -= 1;
-                out[at + i] = b'0' + (rest % 10) as u8;
-                rest /= 10;
-            }
-            at += width;
-            n += 1;
+static DIGITS: &str = match std::str::from_utf8(&DIGIT_BYTES) {
+    Ok(text) => text,
+    Err(_) => panic!("decimal digits are ASCII"),
+};
+
+/// The bytes of [`DIGITS`].
+static DIGIT_BYTES: [u8; DIGITS_LEN] = {
+    let mut out = [0u8; DIGITS_LEN];
+    let (mut n, mut at) = (0, 0);
+    while n < STATIC_NUMBERS {
+        let width = number_width(n);
+        let (mut i, mut rest) = (width, n);
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
         }
-        out
-    };
-    match std::str::from_utf8(&BYTES) {
-        Ok(text) => text,
-        Err(_) => panic!("decimal digits are ASCII"),
+        at += width;
+        n += 1;
     }
+    out
 };
 
 /// The number of decimal digits of `n`, for `n` below [`STATIC_NUMBERS`].
