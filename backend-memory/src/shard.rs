@@ -26,8 +26,10 @@
 //! (see [`Shard::purge_tombstones`]), after thousands of evictions.
 
 use std::collections::VecDeque;
+use std::hash::{BuildHasher, Hasher};
 use std::mem;
 
+use ahash::RandomState;
 use hashbrown::HashTable;
 use limiter_core::Policy;
 use limiter_core::algorithm::{self, KeyState, Verdict};
@@ -48,6 +50,9 @@ const COMPACT_STEP: usize = 4;
 
 pub(crate) struct Shard {
     table: HashTable<Entry>,
+    /// The store's keyed hasher, for the hashes a rehash needs again (see
+    /// [`StoredKey`]).
+    hasher: RandomState,
     order: Order,
     capacity: usize,
     /// Moves to the back (insertions included) so far; an entry's `moved` is
@@ -61,10 +66,12 @@ pub(crate) struct Shard {
     purges: usize,
 }
 
-/// A key, its state, and when it last moved: 104 bytes in the table's own
-/// bucket. Not padded to a 128-byte aligned pair of cache lines: that was
-/// tried, and it kept warm keys no faster while a flood of new keys took
-/// twice as long and the table half as much memory again.
+/// A key, its state, and when it last moved: 96 bytes in the table's own
+/// bucket, so that every bucket spans exactly two cache lines (at 104, with
+/// the key's hash stored too, most spanned three). Not padded to a 128-byte
+/// aligned pair of lines: that was tried, and it kept warm keys no faster
+/// while a flood of new keys took twice as long and the table half as much
+/// memory again.
 struct Entry {
     key: StoredKey,
     state: Option<KeyState>,
@@ -110,14 +117,31 @@ fn is_live(table: &HashTable<Entry>, record: Record) -> bool {
         .is_some()
 }
 
-fn entry_hash(entry: &Entry) -> u64 {
-    entry.key.hash
+/// The store's keyed hash of the tag `tag` and the key `key`: the hash
+/// every lookup of the key probes with.
+pub(crate) fn key_hash(hasher: &RandomState, tag: u8, key: &[u8]) -> u64 {
+    let mut hasher = hasher.build_hasher();
+    // The tag has a fixed width and the key is the only variable-length
+    // part, so no length prefix is needed to keep (tag, key) unambiguous.
+    hasher.write_u8(tag);
+    hasher.write(key);
+    hasher.finish()
+}
+
+/// The hash of a held entry, computed again from its key (a rehash is the
+/// one use).
+fn entry_hash(hasher: &RandomState, entry: &Entry) -> u64 {
+    match entry.key.as_bytes().split_first() {
+        Some((&tag, key)) => key_hash(hasher, tag, key),
+        None => 0,
+    }
 }
 
 impl Shard {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, hasher: RandomState) -> Self {
         Shard {
             table: HashTable::new(),
+            hasher,
             order: Order::default(),
             capacity,
             moves: 0,
@@ -147,7 +171,7 @@ impl Shard {
         cost: u32,
         now: u64,
     ) -> (Verdict, bool) {
-        if let Some(entry) = self.table.find_mut(hash, |e| e.key.is(hash, tag, key)) {
+        if let Some(entry) = self.table.find_mut(hash, |e| e.key.is(tag, key)) {
             // Touched whatever the outcome: a refused request keeps its key
             // as recent as an admitted one, so an offender that keeps
             // hammering cannot be flooded out of the store.
@@ -189,11 +213,13 @@ impl Shard {
         }
         self.moves += 1;
         let entry = Entry {
-            key: StoredKey::new(hash, tag, key),
+            key: StoredKey::new(tag, key),
             state,
             moved: self.moves,
         };
-        self.table.insert_unique(hash, entry, entry_hash);
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(hash, entry, |e| entry_hash(hasher, e));
         self.record(hash);
         (verdict, evicted)
     }
@@ -207,7 +233,7 @@ impl Shard {
         key: &[u8],
     ) -> Option<&mut Option<KeyState>> {
         self.table
-            .find_mut(hash, |e| e.key.is(hash, tag, key))
+            .find_mut(hash, |e| e.key.is(tag, key))
             .map(|e| &mut e.state)
     }
 
@@ -234,8 +260,11 @@ impl Shard {
         }
         let room = self.capacity.saturating_add(self.capacity / 64 + 1);
         let old = mem::replace(&mut self.table, HashTable::with_capacity(room));
+        let hasher = &self.hasher;
         for entry in old {
-            self.table.insert_unique(entry.key.hash, entry, entry_hash);
+            let hash = entry_hash(hasher, &entry);
+            self.table
+                .insert_unique(hash, entry, |e| entry_hash(hasher, e));
         }
     }
 
@@ -301,14 +330,18 @@ impl Shard {
 
 /// Stored keys of up to this many bytes (the tag included) live inside the
 /// entry itself: no allocation per key, and no cache miss more per decision.
-/// 54 keeps `StoredKey` at 64 bytes and covers a rule name, a separator and
-/// a 32-hex-digit client key.
+/// 54 keeps `StoredKey` at 56 bytes and covers a rule name of up to 20
+/// bytes, a separator and a 32-hex-digit client key.
 pub(crate) const INLINE_KEY: usize = 54;
 
-/// A stored key: the algorithm tag followed by the caller's bytes, with the
-/// store's keyed hash of them computed once, on the way in.
+/// A stored key: the algorithm tag followed by the caller's bytes.
+///
+/// Its hash is not stored: a lookup compares the key only after the table's
+/// seven bits of the hash have matched (one false candidate in 128), and the
+/// eight bytes would make every bucket span three cache lines instead of
+/// two. A rehash (the table's growth, a full shard's rebuild) hashes the
+/// keys again.
 pub(crate) struct StoredKey {
-    hash: u64,
     bytes: KeyBytes,
 }
 
@@ -318,7 +351,7 @@ enum KeyBytes {
 }
 
 impl StoredKey {
-    pub(crate) fn new(hash: u64, tag: u8, key: &[u8]) -> Self {
+    pub(crate) fn new(tag: u8, key: &[u8]) -> Self {
         let len = key.len() + 1;
         let mut inline = [0u8; INLINE_KEY];
         let bytes = match (u8::try_from(len), inline.get_mut(1..len)) {
@@ -334,7 +367,7 @@ impl StoredKey {
                 KeyBytes::Heap(bytes.into_boxed_slice())
             }
         };
-        StoredKey { hash, bytes }
+        StoredKey { bytes }
     }
 
     fn as_bytes(&self) -> &[u8] {
@@ -344,8 +377,8 @@ impl StoredKey {
         }
     }
 
-    pub(crate) fn is(&self, hash: u64, tag: u8, key: &[u8]) -> bool {
-        self.hash == hash && self.as_bytes().split_first() == Some((&tag, key))
+    pub(crate) fn is(&self, tag: u8, key: &[u8]) -> bool {
+        self.as_bytes().split_first() == Some((&tag, key))
     }
 
     #[cfg(test)]
@@ -369,11 +402,26 @@ mod tests {
         Policy::fixed_window(1_000, Duration::from_secs(3_600)).expect("valid policy")
     }
 
+    /// Decides key `k` (tag 1, its little-endian bytes) under the hash the
+    /// store would give it, which a rehash computes again.
+    fn decide(shard: &mut Shard, k: u64, policy: &Policy, now: u64) -> (Verdict, bool) {
+        let key = k.to_le_bytes();
+        let hash = key_hash(&shard.hasher, 1, &key);
+        shard.decide(hash, 1, &key, policy, 1, now)
+    }
+
+    /// Whether key `k` is held.
+    fn held(shard: &mut Shard, k: u64) -> bool {
+        let key = k.to_le_bytes();
+        let hash = key_hash(&shard.hasher, 1, &key);
+        shard.state_mut(hash, 1, &key).is_some()
+    }
+
     #[test]
     fn entries_keep_their_size() {
         // The per-key memory the crate docs state rests on these.
-        assert_eq!(mem::size_of::<StoredKey>(), 64);
-        assert_eq!(mem::size_of::<Entry>(), 104);
+        assert_eq!(mem::size_of::<StoredKey>(), 56);
+        assert_eq!(mem::size_of::<Entry>(), 96);
         assert_eq!(mem::size_of::<Record>(), 16);
     }
 
@@ -382,13 +430,12 @@ mod tests {
     #[test]
     fn queue_stays_bounded_without_evictions() {
         let capacity = 64;
-        let mut shard = Shard::new(capacity);
+        let mut shard = Shard::new(capacity, RandomState::new());
         let policy = policy();
         let mut most = 0;
         for round in 0..2_000u64 {
             for k in 0..capacity as u64 {
-                let key = k.to_le_bytes();
-                let (verdict, evicted) = shard.decide(k, 1, &key, &policy, 1, round);
+                let (verdict, evicted) = decide(&mut shard, k, &policy, round);
                 assert!(!evicted);
                 let _ = verdict;
                 most = most.max(shard.records());
@@ -408,13 +455,11 @@ mod tests {
     fn a_churning_full_shard_keeps_its_table_size() {
         // 2,048 buckets, at most 1,792 keys: a table that runs 85 % full.
         let capacity = 1_750;
-        let mut shard = Shard::new(capacity);
+        let mut shard = Shard::new(capacity, RandomState::new());
         let policy = policy();
         let buckets = HashTable::<Entry>::with_capacity(capacity).num_buckets();
-        // Spread hashes, as the store's keyed hash gives them.
-        let hash = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
         for k in 0..200 * capacity as u64 {
-            shard.decide(hash(k), 1, &k.to_le_bytes(), &policy, 1, 0);
+            decide(&mut shard, k, &policy, 0);
             assert!(shard.table.num_buckets() <= buckets, "grew at key {k}");
         }
         assert_eq!(shard.len(), capacity);
@@ -426,12 +471,11 @@ mod tests {
     #[test]
     fn a_cap_of_exactly_a_tables_capacity_is_not_rebuilt_every_few_evictions() {
         let capacity = 7 * 256;
-        let mut shard = Shard::new(capacity);
+        let mut shard = Shard::new(capacity, RandomState::new());
         let policy = policy();
-        let hash = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
         let churn = 100 * capacity as u64;
         for k in 0..churn {
-            shard.decide(hash(k), 1, &k.to_le_bytes(), &policy, 1, 0);
+            decide(&mut shard, k, &policy, 0);
         }
         assert_eq!(shard.len(), capacity);
         // Rebuilt with no room to spare, this table was rebuilt thousands
@@ -444,30 +488,30 @@ mod tests {
     #[test]
     fn evictions_follow_the_move_order_across_compactions() {
         let capacity = 16; // θ = 2
-        let mut shard = Shard::new(capacity);
+        let mut shard = Shard::new(capacity, RandomState::new());
         let policy = policy();
         for k in 0..capacity as u64 {
-            shard.decide(k, 1, &k.to_le_bytes(), &policy, 1, 0);
+            decide(&mut shard, k, &policy, 0);
         }
         // Keep touching the first half so compactions run and the second
         // half falls to the front.
         for round in 0..200 {
             for k in 0..(capacity / 2) as u64 {
-                shard.decide(k, 1, &k.to_le_bytes(), &policy, 1, round);
+                decide(&mut shard, k, &policy, round);
             }
         }
         for n in 0..(capacity / 2) as u64 {
             let new = 1_000 + n;
-            let (_, evicted) = shard.decide(new, 1, &new.to_le_bytes(), &policy, 1, 0);
+            let (_, evicted) = decide(&mut shard, new, &policy, 0);
             assert!(evicted);
             let gone = capacity as u64 / 2 + n;
             assert!(
-                shard.state_mut(gone, 1, &gone.to_le_bytes()).is_none(),
+                !held(&mut shard, gone),
                 "key {gone} should have been evicted"
             );
         }
         for k in 0..(capacity / 2) as u64 {
-            assert!(shard.state_mut(k, 1, &k.to_le_bytes()).is_some());
+            assert!(held(&mut shard, k));
         }
         assert_eq!(shard.len(), capacity);
     }
