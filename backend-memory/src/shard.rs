@@ -336,11 +336,12 @@ pub(crate) const INLINE_KEY: usize = 54;
 
 /// A stored key: the algorithm tag followed by the caller's bytes.
 ///
-/// Its hash is not stored: a lookup compares the key only after the table's
-/// seven bits of the hash have matched (one false candidate in 128), and the
-/// eight bytes would make every bucket span three cache lines instead of
-/// two. A rehash (the table's growth, a full shard's rebuild) hashes the
-/// keys again.
+/// Its hash is not stored. A lookup compares a key only where the table's
+/// seven bits of the hash match, one in 128 of the other keys a probe
+/// meets, and the stored hash saved no cache miss there (it sat in the same
+/// bucket); the eight bytes made most buckets span three cache lines
+/// instead of two. A rehash (the table's growth, a full shard's rebuild)
+/// hashes the keys again.
 pub(crate) struct StoredKey {
     bytes: KeyBytes,
 }
