@@ -132,13 +132,9 @@ impl Store for Fixed {
         "fixed"
     }
 
+    // An in-process store's, as the reference store declares them.
     fn capabilities(&self) -> limiter_core::Capabilities {
-        limiter_core::Capabilities {
-            algorithms: &limiter_core::Algorithm::ALL,
-            key_capacity: None,
-            shared: false,
-            server_clock: false,
-        }
+        inline_store().capabilities()
     }
 
     async fn decide(
