@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::breaker::BreakerState;
+use crate::counter::{bump, load};
 
 /// Counters of one rule, updated with relaxed atomics.
 #[derive(Debug, Default)]
@@ -40,8 +41,7 @@ const SHARED: usize = 8;
 /// place in the profile (it waits for every earlier store to drain); this
 /// saved about 3 ns of a one-rule limiter's 50 on a hot key, in a run on a
 /// machine that was not quiet (`BENCHMARKS.md`). Later threads share
-/// [`SHARED`] atomic stripes,
-/// so they still rarely write one line at once.
+/// [`SHARED`] atomic stripes, so they still rarely write one line at once.
 #[derive(Debug, Default)]
 pub(crate) struct Striped {
     owned: [Stripe; OWNED],
@@ -79,9 +79,7 @@ impl Striped {
                     Ordering::Relaxed,
                 );
             }
-            Err(i) => {
-                self.shared[i].0.fetch_add(1, Ordering::Relaxed);
-            }
+            Err(i) => bump(&self.shared[i].0),
         }
     }
 
@@ -89,7 +87,7 @@ impl Striped {
         self.owned
             .iter()
             .chain(&self.shared)
-            .map(|s| s.0.load(Ordering::Relaxed))
+            .map(|s| load(&s.0))
             .fold(0, u64::wrapping_add)
     }
 }
