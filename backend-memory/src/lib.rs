@@ -509,8 +509,8 @@ impl Store for MemoryStore {
 /// A shard's lock, recovering from poison. A panic while the lock is held
 /// can only come from inside `algorithm::apply` on one key's state; the
 /// shard's table and move queue are only changed by hashbrown and
-/// `VecDeque` calls that do not panic (allocation failure aborts), so the map is still consistent and every
-/// other key must keep being limited.
+/// `VecDeque` calls that do not panic (allocation failure aborts), so the
+/// table is still consistent and every other key must keep being limited.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -98,6 +98,16 @@ struct Order {
 }
 
 impl Order {
+    /// Counts a move in `moves` and appends its record; the move's stamp.
+    fn push(&mut self, moves: &mut u64, hash: u64) -> u64 {
+        *moves += 1;
+        self.new.push_back(Record {
+            stamp: *moves,
+            hash,
+        });
+        *moves
+    }
+
     fn pop_oldest(&mut self) -> Option<Record> {
         self.kept
             .pop_front()
@@ -180,15 +190,10 @@ impl Shard {
             // by eviction alone; nothing sweeps them.
             let moved = self.moves - entry.moved >= self.reorder_after;
             if moved {
-                self.moves += 1;
-                entry.moved = self.moves;
                 // Recorded before `apply`, so that a panic in it (the one
                 // way a shard's lock is poisoned) cannot leave a key whose
                 // live record is missing, which no eviction would find.
-                self.order.new.push_back(Record {
-                    stamp: self.moves,
-                    hash,
-                });
+                entry.moved = self.order.push(&mut self.moves, hash);
             }
             // Returned from here, not carried out of a closure with `moved`:
             // moving the verdict through a tuple copied it twice with wide
@@ -211,16 +216,15 @@ impl Shard {
         if self.table.len() == self.table.capacity() && self.table.len() + 1 >= self.capacity {
             self.purge_tombstones();
         }
-        self.moves += 1;
         let entry = Entry {
             key: StoredKey::new(tag, key),
             state,
-            moved: self.moves,
+            moved: self.order.push(&mut self.moves, hash),
         };
         let hasher = &self.hasher;
         self.table
             .insert_unique(hash, entry, |e| entry_hash(hasher, e));
-        self.record(hash);
+        self.compact();
         (verdict, evicted)
     }
 
@@ -282,16 +286,6 @@ impl Shard {
             }
         }
         false
-    }
-
-    /// Appends the move just made (stamp `self.moves`) and does a step of
-    /// compaction.
-    fn record(&mut self, hash: u64) {
-        self.order.new.push_back(Record {
-            stamp: self.moves,
-            hash,
-        });
-        self.compact();
     }
 
     /// A step of compaction: amortised O(1), and never more than
