@@ -10,7 +10,9 @@
 //!
 //! This crate's layer writes five rate-limit headers by default
 //! (`HeaderMode::Both`), tower_governor two; the `X-RL` row writes the three
-//! `X-RateLimit-*` only. (With axum's `content-length`, seven headers
+//! `X-RateLimit-*` only, the `no hdrs` row none (`HeaderMode::None`), which
+//! leaves what every request pays: the client key, the decision and its
+//! request extension. (With axum's `content-length`, seven headers
 //! outgrow a response's first `HeaderMap` table, which costs one more
 //! allocation per response.)
 //!
@@ -19,7 +21,8 @@
 //! smoke run; `-- --only GCRA` runs one contender beside the baseline,
 //! `-- --traffic clients` or `-- --traffic abusive` one traffic shape,
 //! `-- --workers 1` one runtime worker thread, `-- --rounds N` N rounds
-//! instead of 3). After the table, a full
+//! instead of 3, `-- --wrk SECONDS` over sockets under wrk, SECONDS per
+//! row: see `wrk_rows`). After the in-process table, a full
 //! run times the client key alone (the address's HMAC, by design), which
 //! tower_governor does not compute. Numbers from a busy
 //! machine say little: the load average is printed beside them.
@@ -74,6 +77,9 @@ enum Contender {
     /// GCRA with the `X-RateLimit-*` headers only: three headers, against
     /// tower_governor's two, where the default writes five.
     GcraLegacyHeaders,
+    /// GCRA with no rate-limit headers: what the layer costs without them
+    /// (the key, the decision and its request extension).
+    GcraNoHeaders,
     Governor,
 }
 
@@ -84,6 +90,7 @@ impl Contender {
             Contender::SlidingLog => "limiter, sliding log",
             Contender::Gcra => "limiter, GCRA",
             Contender::GcraLegacyHeaders => "limiter, GCRA, X-RL",
+            Contender::GcraNoHeaders => "limiter, GCRA, no hdrs",
             Contender::Governor => "tower_governor",
         }
     }
@@ -124,6 +131,7 @@ fn router(contender: Contender, traffic: Traffic) -> Router {
         ),
         Contender::Gcra => ours(gcra, HeaderMode::Both),
         Contender::GcraLegacyHeaders => ours(gcra, HeaderMode::XRateLimit),
+        Contender::GcraNoHeaders => ours(gcra, HeaderMode::None),
         Contender::Governor => {
             let config = GovernorConfigBuilder::default()
                 .period(window / limit)
@@ -252,6 +260,120 @@ async fn rows(
         .collect()
 }
 
+/// The rows of `contenders` over sockets, as a deployment meets them: each
+/// router served by `axum::serve` on a loopback port of this process's
+/// runtime, with the peer's address as `ConnectInfo`, and loaded in turn by
+/// `wrk -t2 -c64` (a separate process; on a two-core machine it shares the
+/// cores with the server, as the issue's own measurement did). Distinct
+/// clients come from a Lua script that gives each request a random one of
+/// `CLIENTS` addresses in `X-Forwarded-For`. CPU per request is this
+/// process's on-CPU time over the requests wrk completed, so wrk's own CPU
+/// is not in it; `÷ none` compares requests per second, the goal's
+/// "limited ÷ unlimited". Each row is the round with the least CPU per
+/// request; every router first serves one second of warm-up.
+async fn wrk_rows(
+    contenders: &[Contender],
+    traffic: Traffic,
+    seconds: u64,
+    rounds: usize,
+) -> Vec<Row> {
+    let script = std::env::temp_dir().join(format!("limiter-http-bench-{}.lua", std::process::id()));
+    std::fs::write(&script, wrk_script(traffic)).expect("the wrk script is written");
+    let mut ports = Vec::new();
+    for &contender in contenders {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        ports.push(listener.local_addr().expect("a bound address").port());
+        let app = router(contender, traffic).into_make_service_with_connect_info::<SocketAddr>();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+    }
+    for &port in &ports {
+        wrk(port, &script, 1).await;
+    }
+    let mut best: Vec<Option<Row>> = vec![None; ports.len()];
+    for _ in 0..rounds.max(1) {
+        for (&port, best) in ports.iter().zip(&mut best) {
+            let cpu = process_cpu_ns();
+            let run = wrk(port, &script, seconds).await;
+            let cpu = process_cpu_ns().saturating_sub(cpu);
+            let r = Row {
+                per_sec: run.per_sec,
+                cpu_ns: cpu as f64 / run.requests.max(1) as f64,
+                refused: run.non_2xx,
+            };
+            if best.as_ref().is_none_or(|b| r.cpu_ns < b.cpu_ns) {
+                *best = Some(r);
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&script);
+    best.into_iter()
+        .map(|r| r.expect("at least one round"))
+        .collect()
+}
+
+/// The Lua script of `traffic` for wrk: a random client address per request
+/// (the same spread as the in-process generator's, from wrk's own random
+/// numbers), or the abuser's one address.
+fn wrk_script(traffic: Traffic) -> String {
+    let address = match traffic {
+        Traffic::Abuser => "\"203.0.113.7\"".to_owned(),
+        Traffic::Clients => format!(
+            "(function() local i = math.random(0, {}) \
+             return \"10.\" .. math.floor(i / 65536) .. \".\" .. \
+             (math.floor(i / 256) % 256) .. \".\" .. (i % 256) end)()",
+            CLIENTS - 1
+        ),
+    };
+    format!(
+        "request = function()\n  return wrk.format(\"GET\", \"/api/search?q=rust\", \
+         {{[\"X-Forwarded-For\"] = {address}}})\nend\n"
+    )
+}
+
+/// What one wrk run reported.
+struct WrkRun {
+    requests: u64,
+    per_sec: f64,
+    non_2xx: usize,
+}
+
+/// Runs `wrk -t2 -c64` against `port` for `seconds` with `script`, off the
+/// runtime's workers (they serve the requests).
+async fn wrk(port: u16, script: &std::path::Path, seconds: u64) -> WrkRun {
+    let script = script.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new("wrk")
+            .args(["-t2", "-c64", &format!("-d{seconds}s"), "-s"])
+            .arg(&script)
+            .arg(format!("http://127.0.0.1:{port}/api/search?q=rust"))
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("running wrk failed ({e}); install it with `apt-get install wrk`")
+            });
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "wrk failed: {text}");
+        // "  123456 requests in 5.00s, ...", "Requests/sec:  24691.20",
+        // "  Non-2xx or 3xx responses: 123" (only when there are some).
+        let field = |line_has: &str, at: usize| -> Option<String> {
+            let line = text.lines().find(|l| l.contains(line_has))?;
+            line.split_whitespace().nth(at).map(str::to_owned)
+        };
+        WrkRun {
+            requests: field(" requests in ", 0)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no request count in wrk's output: {text}")),
+            per_sec: field("Requests/sec:", 1)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no rate in wrk's output: {text}")),
+            non_2xx: field("Non-2xx", 4).and_then(|n| n.parse().ok()).unwrap_or(0),
+        }
+    })
+    .await
+    .expect("the wrk task completes")
+}
+
 fn requests_arg() -> usize {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -294,16 +416,28 @@ fn main() {
         .position(|a| a == "--rounds")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(ROUNDS);
+    // `--wrk SECONDS`: over sockets, driven by wrk (see `wrk_rows`).
+    let wrk_seconds: Option<u64> = args
+        .iter()
+        .position(|a| a == "--wrk")
+        .and_then(|i| args.get(i + 1)?.parse().ok());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap();
-    println!(
-        "{requests} requests per row, best of {rounds} rounds in which the contenders take turns, \
-         {TASKS} tasks, {workers} worker threads, load average {}",
-        loadavg()
-    );
+    match wrk_seconds {
+        Some(seconds) => println!(
+            "wrk -t2 -c64, {seconds} s per row, best of {rounds} rounds in which the contenders \
+             take turns, {workers} worker threads, load average {}",
+            loadavg()
+        ),
+        None => println!(
+            "{requests} requests per row, best of {rounds} rounds in which the contenders take \
+             turns, {TASKS} tasks, {workers} worker threads, load average {}",
+            loadavg()
+        ),
+    }
     runtime.block_on(async {
         for (traffic, title) in [
             (Traffic::Clients, "distinct clients (admitted)"),
@@ -325,6 +459,7 @@ fn main() {
                 Contender::SlidingLog,
                 Contender::Gcra,
                 Contender::GcraLegacyHeaders,
+                Contender::GcraNoHeaders,
                 Contender::Governor,
             ]
             .into_iter()
@@ -333,7 +468,10 @@ fn main() {
                     || only.as_ref().is_none_or(|o| c.name().contains(o.as_str()))
             })
             .collect();
-            let measured = rows(&contenders, traffic, requests, rounds).await;
+            let measured = match wrk_seconds {
+                Some(seconds) => wrk_rows(&contenders, traffic, seconds, rounds).await,
+                None => rows(&contenders, traffic, requests, rounds).await,
+            };
             let none = measured[0];
             for (contender, r) in contenders.iter().zip(measured) {
                 println!(
@@ -348,7 +486,7 @@ fn main() {
             }
         }
     });
-    if only.is_none() && traffic_only.is_none() {
+    if only.is_none() && traffic_only.is_none() && wrk_seconds.is_none() {
         identity_cost(requests);
     }
     println!("\nload average after: {}", loadavg());
