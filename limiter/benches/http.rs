@@ -277,7 +277,8 @@ async fn wrk_rows(
     seconds: u64,
     rounds: usize,
 ) -> Vec<Row> {
-    let script = std::env::temp_dir().join(format!("limiter-http-bench-{}.lua", std::process::id()));
+    let script =
+        std::env::temp_dir().join(format!("limiter-http-bench-{}.lua", std::process::id()));
     std::fs::write(&script, wrk_script(traffic)).expect("the wrk script is written");
     let mut ports = Vec::new();
     for &contender in contenders {
@@ -367,7 +368,9 @@ async fn wrk(port: u16, script: &std::path::Path, seconds: u64) -> WrkRun {
             per_sec: field("Requests/sec:", 1)
                 .and_then(|n| n.parse().ok())
                 .unwrap_or_else(|| panic!("no rate in wrk's output: {text}")),
-            non_2xx: field("Non-2xx", 4).and_then(|n| n.parse().ok()).unwrap_or(0),
+            non_2xx: field("Non-2xx", 4)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
         }
     })
     .await
