@@ -191,8 +191,9 @@ impl Shard {
             let moved = self.moves - entry.moved >= self.reorder_after;
             if moved {
                 // Recorded before `apply`, so that a panic in it (the one
-                // way a shard's lock is poisoned) cannot leave a key whose
-                // live record is missing, which no eviction would find.
+                // way a shard's lock is released mid-decision) cannot leave
+                // a key whose live record is missing, which no eviction
+                // would find.
                 entry.moved = self.order.push(&mut self.moves, hash);
             }
             // Returned from here, not carried out of a closure with `moved`:
