@@ -509,8 +509,9 @@ impl Store for MemoryStore {
 /// A shard's lock. `parking_lot`'s, not the standard library's: with two
 /// threads deciding one hot key (an attacker's, say), the standard mutex's
 /// waiter spins reading the lock's line, so the holder's unlock must take
-/// the line back; in the bench that roughly doubled the CPU per decision
-/// (see BENCHMARKS.md). Uncontended, the two cost the same.
+/// the line back; in the bench, on one machine, that roughly doubled the
+/// CPU per decision (see BENCHMARKS.md). Uncontended, the two cost the
+/// same.
 ///
 /// It does not poison: a panic while the lock is held can only come from
 /// inside `algorithm::apply` on one key's state; the shard's table and move
