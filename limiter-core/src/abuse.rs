@@ -193,45 +193,43 @@ impl AbuseRecorder {
         now: Timestamp,
         refused_by: &'static str,
     ) -> (Option<AbuseEvent>, Option<AbuseEvent>) {
-        {
-            let mut held = self.lock();
-            let t = now.as_micros();
-            if let Some(h) = held.get_mut(key) {
-                if h.refusals == 0 {
-                    h.since = now;
-                }
-                h.refusals += 1;
-                h.at = now;
-                h.refused_by = refused_by;
-                if t < h.next_write {
-                    return (None, None);
-                }
-                let event = self.event(key.to_vec(), h);
-                h.refusals = 0;
-                h.next_write = t.saturating_add(self.window_us);
-                (Some(event), None)
-            } else {
-                let fresh = Held {
-                    next_write: t.saturating_add(self.window_us),
-                    refusals: 0,
-                    since: now,
-                    at: now,
-                    refused_by,
-                };
-                let forgotten = if held.len() >= ABUSE_TRACKED_KEYS {
-                    held.remove_lru()
-                        .filter(|(_, h)| h.refusals > 0)
-                        .map(|(k, h)| self.event(k, &h))
-                } else {
-                    None
-                };
-                held.insert(key.to_vec(), fresh);
-                let first = Held {
-                    refusals: 1,
-                    ..fresh
-                };
-                (Some(self.event(key.to_vec(), &first)), forgotten)
+        let mut held = self.lock();
+        let t = now.as_micros();
+        if let Some(h) = held.get_mut(key) {
+            if h.refusals == 0 {
+                h.since = now;
             }
+            h.refusals += 1;
+            h.at = now;
+            h.refused_by = refused_by;
+            if t < h.next_write {
+                return (None, None);
+            }
+            let event = self.event(key.to_vec(), h);
+            h.refusals = 0;
+            h.next_write = t.saturating_add(self.window_us);
+            (Some(event), None)
+        } else {
+            let fresh = Held {
+                next_write: t.saturating_add(self.window_us),
+                refusals: 0,
+                since: now,
+                at: now,
+                refused_by,
+            };
+            let forgotten = if held.len() >= ABUSE_TRACKED_KEYS {
+                held.remove_lru()
+                    .filter(|(_, h)| h.refusals > 0)
+                    .map(|(k, h)| self.event(k, &h))
+            } else {
+                None
+            };
+            held.insert(key.to_vec(), fresh);
+            let first = Held {
+                refusals: 1,
+                ..fresh
+            };
+            (Some(self.event(key.to_vec(), &first)), forgotten)
         }
     }
 
