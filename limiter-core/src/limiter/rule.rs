@@ -272,10 +272,11 @@ impl Rule {
             .capabilities()
             .shared
             .then(|| Arc::new(RefusalCache::new(REFUSAL_CACHE_KEYS)));
+        let key_prefix = intern(&format!("{name}:"));
         Ok(Rule {
             label: intern(&name),
-            key_prefix: intern(&format!("{name}:")),
-            key_head: key_head(&format!("{name}:")),
+            key_prefix,
+            key_head: key_head(key_prefix),
             name,
             store,
             policy,
