@@ -367,9 +367,26 @@ fn json_safe(name: &str) -> &str {
 /// Numbers below this have their header value copied from [`DIGITS`].
 const STATIC_NUMBERS: u64 = 10_000;
 
-/// Bytes of the decimal text of 0 to 9,999, one after another: 10 numbers of
-/// one digit, 90 of two, 900 of three, 9,000 of four.
-const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
+/// For each width of 1 to 5 digits, the first number of that width and
+/// where its text starts in [`DIGITS`]: after every shorter number's (10 of
+/// one digit, 90 of two, 900 of three, 9,000 of four). The fifth is where
+/// the text ends.
+const WIDTHS: [(u64, usize); 5] = {
+    let mut out = [(0u64, 0usize); 5];
+    let mut width = 1;
+    while width < 5 {
+        let (first, start) = out[width - 1];
+        let next = if first == 0 { 10 } else { first * 10 };
+        out[width] = (next, start + (next - first) as usize * width);
+        width += 1;
+    }
+    out
+};
+
+const _: () = assert!(WIDTHS[4].0 == STATIC_NUMBERS);
+
+/// Bytes of the decimal text of 0 to 9,999, one after another.
+const DIGITS_LEN: usize = WIDTHS[4].1;
 
 /// The text of every number below [`STATIC_NUMBERS`], built at compile
 /// time. `HeaderValue::from(u32)` allocates the bytes of its text, and a
@@ -417,14 +434,8 @@ fn number(n: u64) -> HeaderValue {
     if n >= STATIC_NUMBERS {
         return HeaderValue::from(n);
     }
-    // Where the numbers of each width start: after every shorter one.
     let width = number_width(n);
-    let (first, start) = match width {
-        1 => (0, 0),
-        2 => (10, 10),
-        3 => (100, 10 + 90 * 2),
-        _ => (1_000, 10 + 90 * 2 + 900 * 3),
-    };
+    let (first, start) = WIDTHS[width - 1];
     // Below 10,000: the offsets are below DIGITS_LEN, far from overflow.
     let at = start + (n - first) as usize * width;
     match DIGITS.get(at..at + width) {
