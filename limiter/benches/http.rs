@@ -249,15 +249,20 @@ async fn rows(
     let mut best: Vec<Option<Row>> = vec![None; routers.len()];
     for _ in 0..rounds.max(1) {
         for (router, best) in routers.iter().zip(&mut best) {
-            let r = round(router, traffic, requests).await;
-            if best.as_ref().is_none_or(|b| r.cpu_ns < b.cpu_ns) {
-                *best = Some(r);
-            }
+            keep_least_cpu(best, round(router, traffic, requests).await);
         }
     }
     best.into_iter()
         .map(|r| r.expect("at least one round"))
         .collect()
+}
+
+/// Keeps `r` as a contender's row if it took less CPU per request than the
+/// row kept so far: each row is its contender's least disturbed round.
+fn keep_least_cpu(best: &mut Option<Row>, r: Row) {
+    if best.as_ref().is_none_or(|b| r.cpu_ns < b.cpu_ns) {
+        *best = Some(r);
+    }
 }
 
 /// The rows of `contenders` over sockets, as a deployment meets them: each
@@ -303,9 +308,7 @@ async fn wrk_rows(
                 cpu_ns: cpu as f64 / run.requests.max(1) as f64,
                 refused: run.non_2xx,
             };
-            if best.as_ref().is_none_or(|b| r.cpu_ns < b.cpu_ns) {
-                *best = Some(r);
-            }
+            keep_least_cpu(best, r);
         }
     }
     let _ = std::fs::remove_file(&script);
