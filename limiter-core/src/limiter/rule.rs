@@ -23,6 +23,8 @@ use super::stats::{Counters, RuleStats};
 use super::{DEFAULT_TIMEOUT, FailurePolicy};
 
 mod decide;
+#[cfg(feature = "metrics")]
+mod metric_keys;
 
 /// Picks exactly one admitted request in every run of `every`, at a position
 /// drawn afresh for each run from a keyed hash the clients cannot know.
@@ -103,6 +105,8 @@ pub struct Rule {
     pub(crate) escalation: Option<Arc<Escalation>>,
     pub(crate) refusals: Option<Arc<RefusalCache>>,
     pub(crate) counters: Arc<Counters>,
+    #[cfg(feature = "metrics")]
+    pub(crate) metric_keys: Arc<metric_keys::DecisionKeys>,
 }
 
 impl fmt::Debug for Rule {
@@ -273,8 +277,11 @@ impl Rule {
             .shared
             .then(|| Arc::new(RefusalCache::new(REFUSAL_CACHE_KEYS)));
         let key_prefix = intern(&format!("{name}:"));
+        let label = intern(&name);
         Ok(Rule {
-            label: intern(&name),
+            #[cfg(feature = "metrics")]
+            metric_keys: Arc::new(metric_keys::DecisionKeys::new(label, store.name())),
+            label,
             key_prefix,
             key_head: key_head(key_prefix),
             name,
@@ -378,6 +385,10 @@ impl Rule {
     /// client. Refuses a fallback that cannot apply the policy.
     pub fn with_fallback(mut self, fallback: Arc<dyn Store>) -> Result<Self, ConfigError> {
         fallback.check_policy(&self.policy)?;
+        #[cfg(feature = "metrics")]
+        {
+            self.metric_keys = Arc::new((*self.metric_keys).clone().with_fallback(fallback.name()));
+        }
         self.fallback = Some(fallback);
         Ok(self)
     }

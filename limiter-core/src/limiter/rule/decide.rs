@@ -463,11 +463,7 @@ impl Rule {
             self.counters.refused.bump();
         }
         #[cfg(feature = "metrics")]
-        metrics::counter!("limiter_decisions_total",
-            "rule" => self.label,
-            "outcome" => if decision.allowed { "allowed" } else { "refused" },
-            "store" => decision.source.store)
-        .increment(1);
+        self.metric_keys.count(decision);
     }
 
     /// Applies this rule alone to `key` at the clock's current time,
