@@ -110,7 +110,6 @@ mod shard;
 
 use std::fmt;
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use ahash::RandomState;
 use async_trait::async_trait;
@@ -155,7 +154,6 @@ pub struct MemoryStore {
     /// resistance to these attacks with random keys, which foldhash
     /// explicitly does not against an attacker who can observe outcomes.
     hasher: RandomState,
-    evictions: AtomicU64,
 }
 
 /// Builds a [`MemoryStore`]; see [`MemoryStore::builder`].
@@ -312,7 +310,6 @@ impl MemoryStore {
             capacity,
             max_key_len: limiter_core::DEFAULT_MAX_KEY_LEN,
             hasher,
-            evictions: AtomicU64::new(0),
         }
     }
 
@@ -343,9 +340,11 @@ impl MemoryStore {
     }
 
     /// How many keys have been evicted to stay within the capacity, since
-    /// the store was built.
+    /// the store was built. Locks each shard in turn, as [`len`](Self::len)
+    /// does: each shard counts its own evictions, so that threads flooding
+    /// different shards share no counter.
     pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+        self.shards.iter().map(|s| lock(s).evictions()).sum()
     }
 
     /// The same as [`Store::decide`], without the future: for synchronous
@@ -378,10 +377,7 @@ impl MemoryStore {
         let hash = self.hash(tag, key);
         let verdict = {
             let mut shard = lock(&self.shards[self.shard_index(hash)]);
-            let (verdict, evicted) = shard.decide(hash, tag, key, policy, cost, now.as_micros());
-            if evicted {
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-            }
+            let (verdict, _) = shard.decide(hash, tag, key, policy, cost, now.as_micros());
             verdict
         };
         Ok(Decision::from_verdict(verdict, policy, NAME))

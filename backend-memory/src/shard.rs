@@ -61,6 +61,12 @@ pub(crate) struct Shard {
     reorder_after: u64,
     /// The queue length at which a compaction pass starts.
     compact_at: usize,
+    /// Keys evicted from this shard so far. Counted here, under the shard's
+    /// lock, not in one counter of the store's: under a flood every
+    /// decision evicts, and threads bumping one shared atomic moved its
+    /// cache line, and the store's fields beside it, between cores on
+    /// every decision (see `MemoryStore::evictions`).
+    evictions: u64,
     /// Rebuilds of the table so far, for the tests.
     #[cfg(test)]
     purges: usize,
@@ -157,6 +163,7 @@ impl Shard {
             moves: 0,
             reorder_after: reorder_after(capacity),
             compact_at: capacity.saturating_mul(2).saturating_add(2),
+            evictions: 0,
             #[cfg(test)]
             purges: 0,
         }
@@ -165,6 +172,11 @@ impl Shard {
     /// The number of keys held.
     pub(crate) fn len(&self) -> usize {
         self.table.len()
+    }
+
+    /// The number of keys evicted so far.
+    pub(crate) fn evictions(&self) -> u64 {
+        self.evictions
     }
 
     /// Applies the policy to the key, touching it; returns the verdict and
@@ -214,6 +226,7 @@ impl Shard {
             return (verdict, false);
         }
         let evicted = self.table.len() >= self.capacity && self.evict();
+        self.evictions += u64::from(evicted);
         if self.table.len() == self.table.capacity() && self.table.len() + 1 >= self.capacity {
             self.purge_tombstones();
         }
