@@ -34,6 +34,10 @@ impl Rule {
 
     /// Writes the storage key into `buf`, which a request reuses for each of
     /// its rules instead of moving a new key through every call.
+    // Inlined: called from `Limiter::check_inline` in another codegen unit,
+    // it was a call that cost a one-rule limiter 2-5 ns of its 50 in the
+    // composition bench.
+    #[inline]
     pub(crate) fn fill_storage_key<'b>(&self, buf: &'b mut StorageKey, key: &[u8]) -> &'b [u8] {
         let at = self.key_prefix.len();
         let end = at.saturating_add(key.len());
