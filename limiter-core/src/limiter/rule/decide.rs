@@ -239,7 +239,7 @@ impl Rule {
                 bump(&self.counters.fallbacks);
                 d.source.fallback = true;
                 #[cfg(feature = "metrics")]
-                metrics::counter!("limiter_fallbacks_total", "rule" => self.label).increment(1);
+                self.metric_keys.count_fallback();
                 (d, Some(Holder::Fallback))
             }
             Err(e) => {

@@ -1,5 +1,7 @@
-//! The `limiter_decisions_total` keys of one rule's usual decisions, built
-//! once per rule.
+//! The keys of the series a rule counts per decision, built once per rule:
+//! `limiter_decisions_total` for its usual decisions, and
+//! `limiter_fallbacks_total`, which a rule whose store is down counts on
+//! every decision.
 //!
 //! `metrics::counter!` with labels known only at run time (the rule's name,
 //! the answering store's) builds its key on every call: a vector of three
@@ -16,6 +18,9 @@ use crate::decision::Decision;
 
 /// The metric every decision counts.
 const DECISIONS: &str = "limiter_decisions_total";
+
+/// The metric every decision its fallback answered counts.
+const FALLBACKS: &str = "limiter_fallbacks_total";
 
 /// What `counter!` in this module would pass as the metadata.
 static METADATA: Metadata<'static> =
@@ -52,12 +57,13 @@ impl StoreKeys {
 }
 
 /// A rule's decision keys: for its store and, once it has one, its
-/// fallback.
+/// fallback; and its fallbacks' key.
 #[derive(Debug, Clone)]
 pub(crate) struct DecisionKeys {
     rule: &'static str,
     store: StoreKeys,
     fallback: Option<StoreKeys>,
+    fallbacks: Key,
 }
 
 impl DecisionKeys {
@@ -66,7 +72,13 @@ impl DecisionKeys {
             rule,
             store: StoreKeys::new(rule, store),
             fallback: None,
+            fallbacks: Key::from_parts(FALLBACKS, vec![Label::from_static_parts("rule", rule)]),
         }
+    }
+
+    /// Counts a decision of the rule's fallback in `limiter_fallbacks_total`.
+    pub(crate) fn count_fallback(&self) {
+        metrics::with_recorder(|r| r.register_counter(&self.fallbacks, &METADATA)).increment(1);
     }
 
     pub(crate) fn with_fallback(mut self, fallback: &'static str) -> Self {
