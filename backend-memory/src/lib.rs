@@ -375,11 +375,14 @@ impl MemoryStore {
         limiter_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
         let tag = algorithm_tag(policy.algorithm());
         let hash = self.hash(tag, key);
-        let verdict = {
-            let mut shard = lock(&self.shards[self.shard_index(hash)]);
-            let (verdict, _) = shard.decide(hash, tag, key, policy, cost, now.as_micros());
-            verdict
-        };
+        let verdict = lock(&self.shards[self.shard_index(hash)]).decide(
+            hash,
+            tag,
+            key,
+            policy,
+            cost,
+            now.as_micros(),
+        );
         Ok(Decision::from_verdict(verdict, policy, NAME))
     }
 

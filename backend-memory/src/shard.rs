@@ -179,8 +179,8 @@ impl Shard {
         self.evictions
     }
 
-    /// Applies the policy to the key, touching it; returns the verdict and
-    /// whether another key was evicted to make room.
+    /// Applies the policy to the key, touching it, and returns the verdict;
+    /// another key evicted to make room is counted in `evictions`.
     // Inlined into its one caller, as the linked map's lookup was: called,
     // it returned the verdict through one more copy, a stall on a hot key.
     #[inline]
@@ -192,7 +192,7 @@ impl Shard {
         policy: &Policy,
         cost: u32,
         now: u64,
-    ) -> (Verdict, bool) {
+    ) -> Verdict {
         if let Some(entry) = self.table.find_mut(hash, |e| e.key.is(tag, key)) {
             // Touched whatever the outcome: a refused request keeps its key
             // as recent as an admitted one, so an offender that keeps
@@ -216,14 +216,14 @@ impl Shard {
             if moved {
                 self.compact();
             }
-            return (verdict, false);
+            return verdict;
         }
         let mut state = None;
         let verdict = algorithm::apply(&mut state, policy, cost, now);
         if state.is_none() {
             // Nothing to remember (a refusal on an empty state records
             // nothing), so nothing is inserted and nothing evicted.
-            return (verdict, false);
+            return verdict;
         }
         let evicted = self.table.len() >= self.capacity && self.evict();
         self.evictions += u64::from(evicted);
@@ -239,7 +239,7 @@ impl Shard {
         self.table
             .insert_unique(hash, entry, |e| entry_hash(hasher, e));
         self.compact();
-        (verdict, evicted)
+        verdict
     }
 
     /// The state of a held key, for a refund, which neither touches nor
@@ -412,11 +412,14 @@ mod tests {
     }
 
     /// Decides key `k` (tag 1, its little-endian bytes) under the hash the
-    /// store would give it, which a rehash computes again.
+    /// store would give it, which a rehash computes again; and whether that
+    /// evicted another key.
     fn decide(shard: &mut Shard, k: u64, policy: &Policy, now: u64) -> (Verdict, bool) {
         let key = k.to_le_bytes();
         let hash = key_hash(&shard.hasher, 1, &key);
-        shard.decide(hash, 1, &key, policy, 1, now)
+        let before = shard.evictions();
+        let verdict = shard.decide(hash, 1, &key, policy, 1, now);
+        (verdict, shard.evictions() > before)
     }
 
     /// Whether key `k` is held.
