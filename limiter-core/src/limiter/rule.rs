@@ -386,9 +386,7 @@ impl Rule {
     pub fn with_fallback(mut self, fallback: Arc<dyn Store>) -> Result<Self, ConfigError> {
         fallback.check_policy(&self.policy)?;
         #[cfg(feature = "metrics")]
-        {
-            self.metric_keys = Arc::new((*self.metric_keys).clone().with_fallback(fallback.name()));
-        }
+        Arc::make_mut(&mut self.metric_keys).set_fallback(fallback.name());
         self.fallback = Some(fallback);
         Ok(self)
     }
