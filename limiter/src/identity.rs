@@ -12,7 +12,10 @@
 //!    otherwise get a fresh quota per address);
 //! 3. it derives the key as HMAC-SHA256 under a server secret of the purpose
 //!    prefix `client:` and the normalised address, truncated to 32 lowercase
-//!    hex characters.
+//!    hex characters. The input is `client:ip4:` and the four octets, or
+//!    `client:ip6/`, the prefix length as one byte, `:` and the 16 octets of
+//!    the masked address; these bytes are a compatibility promise, since a
+//!    shared store's counters are held under the keys.
 //!
 //! No store ever sees a raw address, and without the secret a key cannot be
 //! turned back into one by hashing the (small) IPv4 space.
@@ -237,7 +240,12 @@ pub struct ClientIdentity {
 
 #[derive(Clone)]
 struct Inner {
-    mac: Hmac<Sha256>,
+    /// Keyed with the secret and already fed [`PURPOSE`], so a key costs a
+    /// clone of this state and its own input only.
+    client: Hmac<Sha256>,
+    /// [`client`](Self::client) fed `ip4:` too: the input every IPv4 key
+    /// (most of them) shares.
+    ip4: Hmac<Sha256>,
     source: AddressSource,
     ipv6_prefix: u8,
     unknown: ClientKey,
@@ -268,13 +276,17 @@ impl ClientIdentity {
                 min: MIN_SECRET_LEN,
             });
         }
-        let mac = <Hmac<Sha256> as Mac>::new_from_slice(secret)
+        let mut client = <Hmac<Sha256> as Mac>::new_from_slice(secret)
             .map_err(|_| ConfigError::Invalid("the HMAC secret was refused".into()))?;
-        let unknown = derive(&mac, &[b"unknown"]);
-        let global = KeyHasher::new(&mac, "global").key(b"");
+        client.update(PURPOSE);
+        let mut ip4 = client.clone();
+        ip4.update(b"ip4:");
+        let unknown = derive(&client, &[b"unknown"]);
+        let global = KeyHasher::new(&client, "global").key(b"");
         Ok(ClientIdentity {
             inner: Arc::new(Inner {
-                mac,
+                client,
+                ip4,
                 source: AddressSource::peer(),
                 ipv6_prefix: DEFAULT_IPV6_PREFIX,
                 unknown,
@@ -343,7 +355,7 @@ impl ClientIdentity {
     /// # Ok::<(), limiter::ConfigError>(())
     /// ```
     pub fn hasher(&self, namespace: &str) -> KeyHasher {
-        KeyHasher::new(&self.inner.mac, namespace)
+        KeyHasher::new(&self.inner.client, namespace)
     }
 
     /// The key of a request, from its headers and extensions (see
@@ -382,11 +394,11 @@ impl ClientIdentity {
     /// The key of a client at `addr`.
     pub fn key_for_addr(&self, addr: IpAddr) -> ClientKey {
         match canonical(addr) {
-            IpAddr::V4(v4) => derive(&self.inner.mac, &[b"ip4:", &v4.octets()]),
+            IpAddr::V4(v4) => derive(&self.inner.ip4, &[&v4.octets()]),
             IpAddr::V6(v6) => {
                 let bits = self.inner.ipv6_prefix;
                 let masked = mask(v6, bits);
-                derive(&self.inner.mac, &[b"ip6/", &[bits], b":", &masked])
+                derive(&self.inner.client, &[b"ip6/", &[bits], b":", &masked])
             }
         }
     }
@@ -413,9 +425,9 @@ impl fmt::Debug for KeyHasher {
 const NAMESPACE: &[u8] = b"ns";
 
 impl KeyHasher {
-    fn new(mac: &Hmac<Sha256>, namespace: &str) -> Self {
-        let mut mac = mac.clone();
-        mac.update(PURPOSE);
+    /// `client`: keyed and fed [`PURPOSE`].
+    fn new(client: &Hmac<Sha256>, namespace: &str) -> Self {
+        let mut mac = client.clone();
         mac.update(NAMESPACE);
         // The length first, so that no namespace and value can be read as
         // another namespace and value.
@@ -433,9 +445,9 @@ impl KeyHasher {
     }
 }
 
+/// The key of `parts` after what `mac` was already fed.
 fn derive(mac: &Hmac<Sha256>, parts: &[&[u8]]) -> ClientKey {
     let mut mac = mac.clone();
-    mac.update(PURPOSE);
     for part in parts {
         mac.update(part);
     }

@@ -168,6 +168,39 @@ fn keys_are_stable_32_lowercase_hex_and_secret_dependent() {
     assert_eq!(via_xff, key);
 }
 
+/// Keys are part of what a shared store holds: a release that derived them
+/// differently would start every client's counters afresh at upgrade, the
+/// offenders' included. These are HMAC-SHA-256 under `[7; 32]` of the
+/// inputs the `identity` module documents, computed outside the crate
+/// (Python's `hmac`), first 16 bytes in hex.
+#[rstest]
+#[case::ipv4("203.0.113.7", "6fb1d695ddd6ce930b26a780b2996e92")] // client:ip4:<4 octets>
+#[case::ipv4_mapped("::ffff:203.0.113.7", "6fb1d695ddd6ce930b26a780b2996e92")]
+#[case::ipv6_by_64("2001:db8:0:1:aaaa::1", "87fb4ff5fcfa4d9c04bfe51dc4b86fce")] // client:ip6/<64>:<masked 16>
+fn address_keys_are_the_documented_hmac(#[case] addr: &str, #[case] expected: &str) {
+    let identity = ClientIdentity::new([7u8; 32]).unwrap();
+    assert_eq!(identity.key_for_addr(ip(addr)).as_str(), expected);
+}
+
+#[test]
+fn namespaced_and_constant_keys_are_the_documented_hmac() {
+    let identity = ClientIdentity::new([7u8; 32]).unwrap();
+    // client:unknown
+    assert_eq!(
+        identity.unknown_key().as_str(),
+        "c4e9d148e93cb5252e8787ff2b46e187"
+    );
+    // client:ns<u32 length, big-endian><namespace><value>
+    assert_eq!(
+        identity.global_key().as_str(),
+        "7ec541d0c37d5874c664c1a6d497ab51"
+    );
+    assert_eq!(
+        identity.hasher("tenant").key(b"acme").as_str(),
+        "c33b556d808754eafa86c69ab39b98d7"
+    );
+}
+
 #[rstest]
 #[case::empty(0)]
 #[case::short(31)]
