@@ -118,7 +118,8 @@ impl Decision {
 }
 
 fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    // Saturating: a store of someone else's may answer `Duration::MAX`.
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 #[cfg(test)]

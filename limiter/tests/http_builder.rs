@@ -476,3 +476,48 @@ async fn the_exported_writer_matches_the_layer() {
     assert_eq!(&by_layer[1].headers, refusal.headers());
     assert_eq!(by_layer[1].body.as_bytes(), refusal.body().as_ref());
 }
+
+/// The refusal body is built on the stack before it is copied out: the
+/// longest policy name (an escalating rule's durable one) and the largest
+/// numbers a store can answer still give the whole body, valid JSON, and no
+/// overflow in the rounding up to seconds.
+#[tokio::test]
+async fn the_longest_refusal_body_is_whole() {
+    let name = "n".repeat(limiter::MAX_RULE_NAME);
+    let local = Policy::sliding_log(10, Duration::from_secs(60)).unwrap();
+    // The longest window a policy accepts (366 days).
+    let durable = Policy::sliding_log(1, Duration::from_secs(31_622_400)).unwrap();
+    let limiter = Limiter::builder()
+        .clock(ManualClock::new())
+        .rule(
+            Rule::new(name.as_str(), Arc::new(MapStore::default()), local)
+                .unwrap()
+                .with_escalation(Arc::new(MapStore::default()), durable, 1, None)
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = identity().key_for_addr("192.0.2.9".parse().unwrap());
+    assert!(limiter.check(key.as_bytes()).await.allowed);
+    let mut refused = limiter.check(key.as_bytes()).await;
+    assert!(!refused.allowed && refused.source.escalated);
+    refused.limit = u32::MAX;
+    refused.remaining = u32::MAX;
+    refused.retry_after = Duration::MAX;
+    refused.reset_after = Duration::MAX;
+    let refusal = RateLimitHeaders::new(&limiter, HeaderMode::Both)
+        .refusal(&refused)
+        .into_http();
+    let json: serde_json::Value = serde_json::from_slice(refusal.body()).unwrap();
+    assert_eq!(json["retry_after"], u64::MAX);
+    assert_eq!(json["reset"], u64::MAX);
+    assert_eq!(json["limit"], u32::MAX);
+    assert_eq!(json["remaining"], u32::MAX);
+    assert_eq!(json["policy"], format!("{name}/durable"));
+    assert_eq!(json["window"], 31_622_400);
+    assert_eq!(
+        json["message"],
+        format!("Too many requests. Retry in {} s.", u64::MAX)
+    );
+    assert_eq!(refusal.headers()["retry-after"], u64::MAX.to_string());
+}

@@ -253,9 +253,19 @@ impl RateLimitHeaders {
         let mut response = Response::new(self.refusal_body(decision));
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let headers = response.headers_mut();
+        // Sized for all of them at once: a map grown from empty allocates
+        // its table twice (six headers, then seven), and with the default
+        // mode a refusal carries seven.
+        *headers = HeaderMap::with_capacity(self.refusal_headers());
         headers.insert(CONTENT_TYPE, APPLICATION_JSON);
         self.write(decision, headers);
         Refusal { response }
+    }
+
+    /// How many headers [`refusal`](Self::refusal) writes: `Content-Type`,
+    /// the mode's and `Retry-After`.
+    fn refusal_headers(&self) -> usize {
+        2 + 3 * usize::from(self.mode.legacy()) + 2 * usize::from(self.mode.draft())
     }
 
     fn refusal_body(&self, decision: &Decision) -> Bytes {
@@ -266,25 +276,25 @@ impl RateLimitHeaders {
         // Written by hand rather than through serde: a handful of integers
         // and one name that needs no escaping (rule names are
         // `A-Z a-z 0-9 _ - .`, with `/durable` at most), in the documented
-        // field order, with one allocation.
-        let mut body = Vec::with_capacity(192 + name.len());
-        let mut int = itoa::Buffer::new();
-        body.extend_from_slice(b"{\"error\":\"rate_limited\",\"retry_after\":");
-        body.extend_from_slice(int.format(retry_after).as_bytes());
-        body.extend_from_slice(b",\"limit\":");
-        body.extend_from_slice(int.format(decision.limit).as_bytes());
-        body.extend_from_slice(b",\"remaining\":");
-        body.extend_from_slice(int.format(decision.remaining).as_bytes());
-        body.extend_from_slice(b",\"reset\":");
-        body.extend_from_slice(int.format(decision.reset_after_secs()).as_bytes());
-        body.extend_from_slice(b",\"policy\":\"");
-        body.extend_from_slice(json_safe(name).as_bytes());
-        body.extend_from_slice(b"\",\"window\":");
-        body.extend_from_slice(int.format(window).as_bytes());
-        body.extend_from_slice(b",\"message\":\"Too many requests. Retry in ");
-        body.extend_from_slice(int.format(retry_after).as_bytes());
-        body.extend_from_slice(b" s.\"}");
-        Bytes::from(body)
+        // field order. On the stack, then copied once: a `Vec` with room to
+        // spare would cost `Bytes` a second allocation for its shared header.
+        let mut body = StackBuf::<{ MAX_REFUSAL_BODY }>::new();
+        body.push(b"{\"error\":\"rate_limited\",\"retry_after\":");
+        body.push_u64(retry_after);
+        body.push(b",\"limit\":");
+        body.push_u64(u64::from(decision.limit));
+        body.push(b",\"remaining\":");
+        body.push_u64(u64::from(decision.remaining));
+        body.push(b",\"reset\":");
+        body.push_u64(decision.reset_after_secs());
+        body.push(b",\"policy\":\"");
+        body.push(json_safe(name).as_bytes());
+        body.push(b"\",\"window\":");
+        body.push_u64(window);
+        body.push(b",\"message\":\"Too many requests. Retry in ");
+        body.push_u64(retry_after);
+        body.push(b" s.\"}");
+        Bytes::copy_from_slice(body.as_bytes())
     }
 }
 
@@ -449,6 +459,11 @@ fn number(n: u64) -> HeaderValue {
 /// integers of at most 20 digits.
 const MAX_RATELIMIT_LEN: usize = 2 * 72 + 2 + 3 + 20 + 3 + 20;
 
+/// The longest refusal body: its fixed text (136 bytes), a policy name of
+/// at most [`MAX_RULE_NAME`](limiter_core::MAX_RULE_NAME) and `/durable`,
+/// two `u32`s (at most 10 digits) and four `u64`s (20).
+const MAX_REFUSAL_BODY: usize = 136 + limiter_core::MAX_RULE_NAME + 8 + 2 * 10 + 4 * 20;
+
 /// A byte buffer on the stack, so a header value costs no allocation
 /// before the one `HeaderValue` makes. Written by hand: the one crate doing
 /// this (`arrayvec`) would be a dependency for six lines.
@@ -503,7 +518,7 @@ fn sf_string(name: &str) -> String {
 }
 
 fn ceil_secs(d: std::time::Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 #[cfg(test)]
