@@ -14,7 +14,11 @@
 //! leaves what every request pays: the client key, the decision and its
 //! request extension. (With axum's `content-length`, seven headers
 //! outgrow a response's first `HeaderMap` table, which costs one more
-//! allocation per response.)
+//! allocation per response.) The `same resp.` row has no limiter but sends
+//! what the default mode sends (the five headers, and for the abuser the
+//! 429 with its JSON body), with fixed values: the ceiling of any limiter
+//! that answers as the design asks, so that the limiter's own cost is the
+//! difference to that row, and the rest is the response's.
 //!
 //! Run with `cargo bench -p ratewarden --bench http` (`-- --requests N` sets
 //! the requests per row, 200,000 by default; `-- --requests 200` is a
@@ -81,6 +85,11 @@ enum Contender {
     /// (the key, the decision and its request extension).
     GcraNoHeaders,
     Governor,
+    /// No limiter, but every response is the one the layer's default mode
+    /// sends (its five headers with fixed values; for the abuser, the 429
+    /// with its JSON body and seven headers): what the response the design
+    /// asks for costs to build and send, with no key, no decision, no store.
+    SameResponse,
 }
 
 impl Contender {
@@ -92,6 +101,7 @@ impl Contender {
             Contender::GcraLegacyHeaders => "limiter, GCRA, X-RL",
             Contender::GcraNoHeaders => "limiter, GCRA, no hdrs",
             Contender::Governor => "tower_governor",
+            Contender::SameResponse => "no limiter, same resp.",
         }
     }
 }
@@ -142,6 +152,69 @@ fn router(contender: Contender, traffic: Traffic) -> Router {
                 .unwrap();
             handler().layer(GovernorLayer::new(config))
         }
+        Contender::SameResponse => same_response(traffic),
+    }
+}
+
+/// The router of [`Contender::SameResponse`]: header values as the layer
+/// writes them for this traffic's policy (the values are fixed, so they
+/// cost no formatting; the layer formats two of them).
+fn same_response(traffic: Traffic) -> Router {
+    use axum::response::Response;
+    use http::HeaderValue;
+    use limiter::layer::{
+        RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    };
+    fn write(response: &mut Response, values: [&'static str; 5]) {
+        let headers = response.headers_mut();
+        let [limit, remaining, reset, policy, ratelimit] = values.map(HeaderValue::from_static);
+        headers.insert(X_RATELIMIT_LIMIT, limit);
+        headers.insert(X_RATELIMIT_REMAINING, remaining);
+        headers.insert(X_RATELIMIT_RESET, reset);
+        headers.insert(RATELIMIT_POLICY, policy);
+        headers.insert(RATELIMIT, ratelimit);
+    }
+    match traffic {
+        Traffic::Clients => handler().layer(tower::util::MapResponseLayer::new(
+            |mut response: Response| {
+                let values = [
+                    "1000",
+                    "999",
+                    "1",
+                    "\"search\";q=1000;w=1",
+                    "\"search\";r=999;t=1",
+                ];
+                write(&mut response, values);
+                response
+            },
+        )),
+        Traffic::Abuser => Router::new().route(
+            "/api/search",
+            get(|| async {
+                const BODY: &str = "{\"error\":\"rate_limited\",\"retry_after\":360,\"limit\":10,\
+                    \"remaining\":0,\"reset\":3600,\"policy\":\"search\",\"window\":3600,\
+                    \"message\":\"Too many requests. Retry in 360 s.\"}";
+                let mut response = Response::new(Body::from(BODY));
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                let headers = response.headers_mut();
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                let values = [
+                    "10",
+                    "0",
+                    "3600",
+                    "\"search\";q=10;w=3600",
+                    "\"search\";r=0;t=3600",
+                ];
+                write(&mut response, values);
+                response
+                    .headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from_static("360"));
+                response
+            }),
+        ),
     }
 }
 
@@ -467,6 +540,7 @@ fn main() {
                 Contender::GcraLegacyHeaders,
                 Contender::GcraNoHeaders,
                 Contender::Governor,
+                Contender::SameResponse,
             ]
             .into_iter()
             .filter(|c| {
