@@ -171,8 +171,9 @@ fn keys_are_stable_32_lowercase_hex_and_secret_dependent() {
 /// Keys are part of what a shared store holds: a release that derived them
 /// differently would start every client's counters afresh at upgrade, the
 /// offenders' included. These are HMAC-SHA-256 under `[7; 32]` of the
-/// inputs the `identity` module documents, computed outside the crate
-/// (Python's `hmac`), first 16 bytes in hex.
+/// inputs the `identity` module documents (and, for the constant and
+/// namespaced keys, of the inputs written beside them), computed outside
+/// the crate (Python's `hmac`), first 16 bytes in hex.
 #[rstest]
 #[case::ipv4("203.0.113.7", "6fb1d695ddd6ce930b26a780b2996e92")] // client:ip4:<4 octets>
 #[case::ipv4_mapped("::ffff:203.0.113.7", "6fb1d695ddd6ce930b26a780b2996e92")]
