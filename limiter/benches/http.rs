@@ -18,7 +18,11 @@
 //! what the default mode sends (the five headers, and for the abuser the
 //! 429 with its JSON body), with fixed values: the ceiling of any limiter
 //! that answers as the design asks, so that the limiter's own cost is the
-//! difference to that row, and the rest is the response's.
+//! difference to that row, and the rest is the response's. The
+//! `tower_governor, HMAC` row is tower_governor keyed by this crate's
+//! client key instead of the bare address: the same identity work as the
+//! layer (the design's HMAC), so that the layer's rows differ from it by
+//! the decision and the headers alone.
 //!
 //! Run with `cargo bench -p ratewarden --bench http` (`-- --requests N` sets
 //! the requests per row, 200,000 by default; `-- --requests 200` is a
@@ -59,9 +63,10 @@ use limiter::layer::HeaderMode;
 use limiter::memory::MemoryStore;
 use limiter::{AddressSource, ClientIdentity, Limiter, Policy, RateLimitLayer, Rule};
 use tower::{Service, ServiceExt};
+use tower_governor::GovernorError;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::SmartIpKeyExtractor;
+use tower_governor::key_extractor::{KeyExtractor, SmartIpKeyExtractor};
 
 const TASKS: usize = 64;
 const CLIENTS: u32 = 100_000;
@@ -85,6 +90,11 @@ enum Contender {
     /// (the key, the decision and its request extension).
     GcraNoHeaders,
     Governor,
+    /// tower_governor keyed by this crate's client key (the address read
+    /// from `X-Forwarded-For`, then its HMAC) instead of the address: the
+    /// same identity work as the layer, so that the difference to the
+    /// layer's rows is the decision and the headers alone.
+    GovernorHmac,
     /// No limiter, but every response is the one the layer's default mode
     /// sends (its five headers with fixed values; for the abuser, the 429
     /// with its JSON body and seven headers): what the response the design
@@ -101,6 +111,7 @@ impl Contender {
             Contender::GcraLegacyHeaders => "limiter, GCRA, X-RL",
             Contender::GcraNoHeaders => "limiter, GCRA, no hdrs",
             Contender::Governor => "tower_governor",
+            Contender::GovernorHmac => "tower_governor, HMAC",
             Contender::SameResponse => "no limiter, same resp.",
         }
     }
@@ -152,7 +163,33 @@ fn router(contender: Contender, traffic: Traffic) -> Router {
                 .unwrap();
             handler().layer(GovernorLayer::new(config))
         }
+        Contender::GovernorHmac => {
+            let config = GovernorConfigBuilder::default()
+                .period(window / limit)
+                .burst_size(limit)
+                .key_extractor(HmacKey(identity))
+                .use_headers()
+                .finish()
+                .unwrap();
+            handler().layer(GovernorLayer::new(config))
+        }
         Contender::SameResponse => same_response(traffic),
+    }
+}
+
+/// tower_governor's key for [`Contender::GovernorHmac`]: the layer's client
+/// key, computed as the layer computes it.
+#[derive(Clone)]
+struct HmacKey(ClientIdentity);
+
+impl KeyExtractor for HmacKey {
+    type Key = [u8; 32];
+
+    fn extract<T>(&self, request: &Request<T>) -> Result<[u8; 32], GovernorError> {
+        let key = self.0.key_for_request(request);
+        key.as_bytes()
+            .try_into()
+            .map_err(|_| GovernorError::UnableToExtractKey)
     }
 }
 
@@ -540,6 +577,7 @@ fn main() {
                 Contender::GcraLegacyHeaders,
                 Contender::GcraNoHeaders,
                 Contender::Governor,
+                Contender::GovernorHmac,
                 Contender::SameResponse,
             ]
             .into_iter()
