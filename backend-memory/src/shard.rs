@@ -269,7 +269,15 @@ impl Shard {
     /// with none to spare (a cap of exactly a table's capacity, 7 × 2ᵏ),
     /// the next tombstone would bring the next rebuild, O(c) every few
     /// evictions. With that room one comes at most every `c / 64`
-    /// tombstones, a few entries moved per eviction at worst.
+    /// tombstones: at most 64 entries moved per eviction, amortised.
+    /// Measured over 50 c of churn after 50 c of warm-up (a throwaway
+    /// count of this function's calls): 2 moves per eviction at the
+    /// default store's 6,250-key shards (a rebuild every 3,094 evictions,
+    /// the power-of-two table leaving 918 keys of room), 0.1 where the
+    /// room forced a table twice the size (1,792 keys), and 22 where a cap
+    /// sits just under a table's capacity (1,750 and 7,000 keys: a rebuild
+    /// every 78 and 311 evictions). A larger room would lower that worst
+    /// case only by doubling those shards' tables: this keeps the memory.
     #[cold]
     fn purge_tombstones(&mut self) {
         #[cfg(test)]
