@@ -173,6 +173,18 @@ impl Breaker {
         }
     }
 
+    /// Whether [`permit`](Self::permit) would now answer `Skip` without
+    /// moving the breaker: open with its cool-down still running, or
+    /// half-open with the probe out. Changes nothing, so a caller that goes
+    /// on to ask for a permit after a `false` takes nothing from the probe.
+    pub(crate) fn skips(&self, mono: impl FnOnce() -> u64) -> bool {
+        match Inner::decode(self.load()) {
+            Inner::Closed { .. } => false,
+            Inner::Open { until } => mono() < until,
+            Inner::HalfOpen { .. } => true,
+        }
+    }
+
     /// `mono` reads the clock's monotonic time in µs; a closed breaker (the
     /// common case) never needs it, so it is read only when open.
     pub(crate) fn permit(&self, mono: impl FnOnce() -> u64) -> Permit {

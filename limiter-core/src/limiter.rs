@@ -306,14 +306,11 @@ impl Limiter {
         for (i, rule) in self.rules.iter().enumerate() {
             let storage_key = rule.fill_storage_key(&mut buf, key);
             let cost = rule.cost * weight;
-            // A rule answered inline (a local tier) is decided without
-            // building its future, whose size alone made moving it cost
-            // more than the store's own decision.
-            let inline = if asked_inline {
-                None
-            } else {
-                rule.apply_inline(key, storage_key, cost, now, i < last)
-            };
+            // A rule answered inline (a local tier, or a dead store's open
+            // breaker) is decided without building its future, whose size
+            // alone made moving it cost more than the store's own decision.
+            let inline =
+                rule.apply_inline(key, storage_key, cost, now, clock, i < last, asked_inline);
             let applied = match inline {
                 Some(applied) => applied,
                 // Boxed: a rule that must be awaited is a round trip away,
@@ -321,8 +318,8 @@ impl Limiter {
                 // would otherwise be part of every `check`'s future (two
                 // admitting memory tiers took 13-15 % longer with it
                 // unboxed). A rule whose store is down and whose breaker is
-                // open pays the allocation too: 120 ns became 140 in the
-                // composition bench.
+                // open is answered inline above, unless its fallback must be
+                // awaited.
                 None => Box::pin(rule.apply(key, storage_key, cost, now, clock, i < last)).await,
             };
             let Applied {

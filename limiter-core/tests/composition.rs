@@ -103,6 +103,40 @@ async fn fallback_answers_while_authoritative_store_fails_and_never_both() {
     assert_eq!(stats.degraded, 0);
 }
 
+/// While the breaker is open, a fallback that answers inline is asked
+/// without a future; one that must be awaited leaves the request to the
+/// full path. Either way each request counts once and asks the fallback
+/// once.
+#[tokio::test(start_paused = true)]
+async fn open_breaker_asks_an_awaited_fallback_once_and_counts_once() {
+    let shared = switchable("shared");
+    shared.set(Health::Failing);
+    // `Switch` has no inline answer: this fallback must be awaited.
+    let awaited = switchable("awaited");
+    let clock = ManualClock::new();
+    let limiter = limiter_of(
+        &clock,
+        Rule::new("search", shared.clone(), per_minute(100))
+            .unwrap()
+            .with_fallback(awaited.clone())
+            .unwrap()
+            .with_breaker(BreakerConfig::new(1, Duration::from_secs(60)).unwrap())
+            .on_failure(FailurePolicy::Closed),
+    );
+    for i in 0..10 {
+        let d = limiter.check(b"k").await;
+        assert!(d.allowed && d.source.fallback, "request {i}: {d:?}");
+    }
+    assert_eq!(shared.calls(), 1, "the breaker opened on the first failure");
+    assert_eq!(awaited.calls(), 10, "the fallback asked once per request");
+    let s = &limiter.stats()[0];
+    assert_eq!(
+        (s.store_errors, s.short_circuited, s.fallbacks, s.allowed),
+        (1, 9, 10, 10),
+        "{s:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn hanging_store_costs_one_timeout_then_breaker_answers_at_once() {
     let shared = switchable("shared");

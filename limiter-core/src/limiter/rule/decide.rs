@@ -234,6 +234,17 @@ impl Rule {
                     .await
             }
         };
+        self.fallen_back(fallback.as_ref(), answer)
+    }
+
+    /// The rule's answer from its fallback, asked because the authoritative
+    /// store failed or its breaker is open; the failure policy's if the
+    /// fallback failed too.
+    fn fallen_back(
+        &self,
+        fallback: &dyn Store,
+        answer: Result<Decision, StoreError>,
+    ) -> (Decision, Option<Holder>) {
         match answer {
             Ok(mut d) => {
                 bump(&self.counters.fallbacks);
@@ -247,6 +258,58 @@ impl Rule {
                 (self.degraded(fallback.name()), None)
             }
         }
+    }
+
+    /// The answer of [`decide_local`](Self::decide_local) when the breaker
+    /// keeps the authoritative store from being called and nothing else
+    /// needs waiting for: the fallback's, if it answers inline, or the
+    /// failure policy's. `None`, having counted nothing, when the store may
+    /// be called (a closed breaker, or a cool-down just over: the probe's
+    /// turn) or the fallback must be awaited: the full path decides then.
+    ///
+    /// A store that is down costs every request this while its breaker is
+    /// open; through the full path it also cost a boxed future and two more
+    /// calls asking the dead store to answer inline.
+    fn short_circuited(
+        &self,
+        storage_key: &[u8],
+        cost: u32,
+        now: Timestamp,
+        clock: &dyn Clock,
+    ) -> Option<(Decision, Option<Holder>)> {
+        if !self.breaker.skips(|| micros(clock.monotonic())) {
+            return None;
+        }
+        let Some(fallback) = &self.fallback else {
+            bump(&self.counters.short_circuited);
+            return Some((self.degraded(self.store.name()), None));
+        };
+        // `None` from `decide_inline` decides nothing (the `Store`
+        // contract), so leaving for the full path here counts nothing twice.
+        let answer = fallback.decide_inline(storage_key, &self.policy, cost, now)?;
+        bump(&self.counters.short_circuited);
+        Some(self.fallen_back(fallback.as_ref(), answer))
+    }
+
+    /// What a decision leaves behind besides itself: a refusal that a store
+    /// made goes into the refusal cache, and an admission that a later rule
+    /// could undo (`keep`) is charged to the store that holds it.
+    fn settle(
+        &self,
+        key: &[u8],
+        now: Timestamp,
+        decision: &Decision,
+        holder: Option<Holder>,
+        keep: bool,
+    ) -> SmallVec<[Charge; 2]> {
+        if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
+            cache.put(key, now, decision);
+        }
+        let mut charges = SmallVec::new();
+        if let (true, true, Some(holder)) = (keep, decision.allowed, holder) {
+            charges.push(Charge::of(holder, decision));
+        }
+        charges
     }
 
     async fn record_abuse(&self, key: &[u8], d: &Decision, now: Timestamp, clock: &dyn Clock) {
@@ -351,35 +414,40 @@ impl Rule {
         Some(d)
     }
 
-    /// [`apply`](Self::apply) for a rule whose whole answer is the
-    /// authoritative store's and the store answers inline; `None` when the
-    /// rule needs awaiting (an escalation, a store that must be awaited, or
-    /// one that failed, which the full path asks again and handles).
+    /// [`apply`](Self::apply) for a rule without escalation that needs no
+    /// waiting: its store answers inline, or its breaker is open and its
+    /// fallback answers inline or it has none (see
+    /// [`short_circuited`](Self::short_circuited)). `None` when the rule
+    /// needs awaiting (an escalation, a store that must be awaited, or one
+    /// that failed, which the full path asks again and handles). `asked`:
+    /// the store was just asked to answer inline and did not.
+    // The request's inputs, one by one, as `apply` takes them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply_inline(
         &self,
         key: &[u8],
         storage_key: &[u8],
         cost: u32,
         now: Timestamp,
+        clock: &dyn Clock,
         keep: bool,
+        asked: bool,
     ) -> Option<Applied> {
         if self.escalation.is_some() {
             return None;
         }
-        let Some(Ok(decision)) = self
-            .store
-            .decide_inline(storage_key, &self.policy, cost, now)
-        else {
-            return None;
+        let answer = if asked {
+            None
+        } else {
+            self.store
+                .decide_inline(storage_key, &self.policy, cost, now)
         };
-        let mut charges = SmallVec::new();
-        if decision.allowed {
-            if keep {
-                charges.push(Charge::of(Holder::Authoritative, &decision));
-            }
-        } else if let Some(cache) = &self.refusals {
-            cache.put(key, now, &decision);
-        }
+        let (decision, holder) = match answer {
+            Some(Ok(decision)) => (decision, Some(Holder::Authoritative)),
+            Some(Err(_)) => return None,
+            None => self.short_circuited(storage_key, cost, now, clock)?,
+        };
+        let charges = self.settle(key, now, &decision, holder, keep);
         Some(Applied { decision, charges })
     }
 
@@ -409,14 +477,8 @@ impl Rule {
             Some(answer) => answer,
             None => self.decide_local(storage_key, cost, now, clock).await,
         };
-        if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
-            cache.put(key, now, &decision);
-        }
-        let mut charges = SmallVec::new();
         let keep = keep || self.escalation.is_some();
-        if let (true, true, Some(holder)) = (keep, decision.allowed, holder) {
-            charges.push(Charge::of(holder, &decision));
-        }
+        let mut charges = self.settle(key, now, &decision, holder, keep);
         let Some(escalation) = &self.escalation else {
             return Applied { decision, charges };
         };
