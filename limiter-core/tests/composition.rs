@@ -103,10 +103,9 @@ async fn fallback_answers_while_authoritative_store_fails_and_never_both() {
     assert_eq!(stats.degraded, 0);
 }
 
-/// While the breaker is open, a fallback that answers inline is asked
-/// without a future; one that must be awaited leaves the request to the
-/// full path. Either way each request counts once and asks the fallback
-/// once.
+/// While the breaker is open, a fallback that must be awaited leaves the
+/// request to the full path (one that answers inline is asked at once):
+/// each request still counts its skip once and asks the fallback once.
 #[tokio::test(start_paused = true)]
 async fn open_breaker_asks_an_awaited_fallback_once_and_counts_once() {
     let shared = switchable("shared");

@@ -153,28 +153,27 @@ fn router(contender: Contender, traffic: Traffic) -> Router {
         Contender::Gcra => ours(gcra, HeaderMode::Both),
         Contender::GcraLegacyHeaders => ours(gcra, HeaderMode::XRateLimit),
         Contender::GcraNoHeaders => ours(gcra, HeaderMode::None),
-        Contender::Governor => {
-            let config = GovernorConfigBuilder::default()
-                .period(window / limit)
-                .burst_size(limit)
-                .key_extractor(SmartIpKeyExtractor)
-                .use_headers()
-                .finish()
-                .unwrap();
-            handler().layer(GovernorLayer::new(config))
-        }
-        Contender::GovernorHmac => {
-            let config = GovernorConfigBuilder::default()
-                .period(window / limit)
-                .burst_size(limit)
-                .key_extractor(HmacKey(identity))
-                .use_headers()
-                .finish()
-                .unwrap();
-            handler().layer(GovernorLayer::new(config))
-        }
+        Contender::Governor => governed(SmartIpKeyExtractor, limit, window),
+        Contender::GovernorHmac => governed(HmacKey(identity), limit, window),
         Contender::SameResponse => same_response(traffic),
     }
+}
+
+/// The handler behind tower_governor with the same quota as the layer's
+/// rows and its rate-limit headers on, keyed by `key`.
+fn governed<K>(key: K, limit: u32, window: Duration) -> Router
+where
+    K: KeyExtractor + Send + Sync + 'static,
+    K::Key: Send + Sync + 'static,
+{
+    let config = GovernorConfigBuilder::default()
+        .period(window / limit)
+        .burst_size(limit)
+        .key_extractor(key)
+        .use_headers()
+        .finish()
+        .unwrap();
+    handler().layer(GovernorLayer::new(config))
 }
 
 /// tower_governor's key for [`Contender::GovernorHmac`]: the layer's client
