@@ -50,17 +50,40 @@
 //! 18 shards give that store 1,555 keys a shard, tables of the same size,
 //! and 1.9 moves per eviction.
 //!
-//! Memory is bounded by the key count. Keys of up to 53 bytes are stored
-//! in the table's own bucket with their state: 96 bytes a bucket, and a
-//! table has 1.14 to 2.3 buckets per key of its cap (1.31 for the default
-//! store's 6,250-key shards); a longer key adds its own length, and a
-//! sliding-log key 8 bytes per admitted unit in its window (at most the
-//! policy's limit, itself at most
+//! Memory is bounded by the key count, whatever the keys' length. A key is
+//! held as a 16-byte digest (see [Keys](#keys)) in the table's own bucket
+//! with its state: 64 bytes a bucket, one cache line, and a table has 1.14
+//! to 2.3 buckets per key of its cap (1.31 for the default store's
+//! 6,250-key shards). A sliding-log key adds 8 bytes per admitted unit in
+//! its window (at most the policy's limit, itself at most
 //! [`MAX_LOG_LIMIT`](limiter_core::MAX_LOG_LIMIT)). The order of moves
 //! takes 16 bytes a record, at most about 2.5 records per key of the cap,
 //! and up to twice that allocated while a compaction pass runs. After a
 //! flood of a million keys, a default store of 100,000 GCRA keys had
-//! added 15.3 to 15.6 MiB to the process, about 160 bytes a key.
+//! added 13.9 to 15.2 MiB to the process, about 150 bytes a key.
+//!
+//! # Keys
+//!
+//! The store keeps no key, only its digest: two 64-bit aHash values of the
+//! key's bytes and its algorithm, under two secret keys that each store
+//! takes from aHash when built (derived from seeds the process draws from
+//! the OS) and never reveals. One value places the key
+//! (its shard, its slot); a decision finds its state where both values
+//! match. So two distinct keys share one state only if both of their
+//! hashes collide: for one pair of keys, 2⁻¹²⁸ if the hash behaves as a
+//! random function of its secret key; a flood of 10¹² distinct keys
+//! through a full default store forms fewer than 2⁵⁷ pairs of keys held at
+//! once, under 2⁻⁷¹ for one collision ever. aHash is not a cryptographic
+//! hash; its authors claim resistance to attackers who choose keys without
+//! knowing the secret, and a caller of this store learns only admissions
+//! and refusals, so aiming a key at another's state means guessing 128
+//! secret-keyed bits blind.
+//!
+//! Why a digest and not the key: held inline, a key of the workspace's
+//! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two
+//! cache lines, and the tables of 10,000 warm keys outgrew a 1 MiB cache
+//! level; a longer key took a heap allocation and one more miss per
+//! decision. `BENCHMARKS.md` has the two side by side.
 //!
 //! # Eviction guarantee
 //!
@@ -114,23 +137,20 @@
 //!
 //! About 530 lines before its tests, 120 of them these docs, which
 //! state the bounds and the eviction guarantee once: the store, its builder
-//! and its `Store` impl are here, its shards and stored keys in `shard.rs`.
+//! and its `Store` impl are here, its shards and key digests in `shard.rs`.
 
 mod shard;
 
 use std::fmt;
 use std::num::NonZeroUsize;
 
-use ahash::RandomState;
 use async_trait::async_trait;
 use limiter_core::algorithm;
 use limiter_core::{
     Algorithm, Capabilities, ConfigError, Decision, Policy, Store, StoreError, Timestamp,
 };
 use parking_lot::{Mutex, MutexGuard};
-use shard::Shard;
-#[cfg(test)]
-use shard::{INLINE_KEY, StoredKey};
+use shard::{Digest, KeyHasher, Shard};
 
 /// The name this store reports in decisions and errors.
 pub const NAME: &str = "memory";
@@ -154,8 +174,9 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     capacity: usize,
     max_key_len: usize,
-    /// Chooses the shard and the slot in it. A keyed hash, with keys drawn
-    /// at random per store, not a fixed one: with a predictable hash an
+    /// Makes each key's digest, whose index hash chooses the shard and the
+    /// slot in it. A keyed hash, with keys drawn at random per store, not a
+    /// fixed one: with a predictable hash an
     /// attacker could compute keys that all land in the offender's shard and
     /// evict it with a flood of one shard's capacity instead of the whole
     /// store's, or pile keys into one probe sequence (HashDoS). aHash rather
@@ -163,7 +184,7 @@ pub struct MemoryStore {
     /// hot key with SipHash (67 → 35 ns in the benchmark), and aHash claims
     /// resistance to these attacks with random keys, which foldhash
     /// explicitly does not against an attacker who can observe outcomes.
-    hasher: RandomState,
+    hasher: KeyHasher,
 }
 
 /// Builds a [`MemoryStore`]; see [`MemoryStore::builder`].
@@ -194,7 +215,8 @@ impl MemoryStoreBuilder {
 
     /// The longest key accepted, in bytes (default
     /// [`DEFAULT_MAX_KEY_LEN`](limiter_core::DEFAULT_MAX_KEY_LEN)); a longer
-    /// one is an `InvalidRequest` error. With the key count capped, this caps
+    /// one is an `InvalidRequest` error. The store holds a fixed-size digest
+    /// of every key, so this bounds the hashing work a decision does, not
     /// the store's memory. Refused if zero.
     pub fn max_key_len(mut self, bytes: usize) -> Self {
         self.max_key_len = bytes;
@@ -312,14 +334,13 @@ impl MemoryStore {
     /// A store of `capacity` keys over `shards` shards, both already checked:
     /// at least 1, and `shards <= capacity`.
     fn with_shards(capacity: usize, shards: usize) -> Self {
-        let hasher = RandomState::new();
         MemoryStore {
             shards: shard_capacities(capacity, shards)
-                .map(|cap| Mutex::new(Shard::new(cap, hasher.clone())))
+                .map(|cap| Mutex::new(Shard::new(cap)))
                 .collect(),
             capacity,
             max_key_len: limiter_core::DEFAULT_MAX_KEY_LEN,
-            hasher,
+            hasher: KeyHasher::new(),
         }
     }
 
@@ -383,12 +404,9 @@ impl MemoryStore {
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
         limiter_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
-        let tag = algorithm_tag(policy.algorithm());
-        let hash = self.hash(tag, key);
-        let verdict = lock(&self.shards[self.shard_index(hash)]).decide(
-            hash,
-            tag,
-            key,
+        let digest = self.digest(policy, key);
+        let verdict = lock(&self.shards[self.shard_index(digest)]).decide(
+            digest,
             policy,
             cost,
             now.as_micros(),
@@ -407,27 +425,27 @@ impl MemoryStore {
     ) -> Result<(), StoreError> {
         limiter_core::check_refund(NAME, policy, cost, admitted)?;
         limiter_core::check_key(NAME, key, self.max_key_len)?;
-        let tag = algorithm_tag(policy.algorithm());
-        let hash = self.hash(tag, key);
+        let digest = self.digest(policy, key);
         let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
-        let mut shard = lock(&self.shards[self.shard_index(hash)]);
+        let mut shard = lock(&self.shards[self.shard_index(digest)]);
         // A key evicted since holds nothing to refund; a refund never
         // inserts, so it can neither evict nor be used to flood the map.
-        if let Some(state) = shard.state_mut(hash, tag, key) {
+        if let Some(state) = shard.state_mut(digest) {
             algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
         }
         Ok(())
     }
 
-    fn hash(&self, tag: u8, key: &[u8]) -> u64 {
-        shard::key_hash(&self.hasher, tag, key)
+    /// What the store keeps of `key` under `policy`'s algorithm.
+    fn digest(&self, policy: &Policy, key: &[u8]) -> Digest {
+        self.hasher.digest(algorithm_tag(policy.algorithm()), key)
     }
 
-    /// Maps bits 20..52 of the hash onto the shards by multiply-shift. The
-    /// shard's table indexes by the low bits and tags slots with the top 7,
-    /// so taking the shard from those would cluster every shard's keys.
-    fn shard_index(&self, hash: u64) -> usize {
-        let bits = (hash >> 20) & 0xFFFF_FFFF;
+    /// Maps bits 20..52 of the index hash onto the shards by multiply-shift.
+    /// The shard's table indexes by the low bits and tags slots with the top
+    /// 7, so taking the shard from those would cluster every shard's keys.
+    fn shard_index(&self, digest: Digest) -> usize {
+        let bits = (digest.index >> 20) & 0xFFFF_FFFF;
         // Shard counts are at most MAX_SHARDS, so the product fits in u64 and
         // the result is below the shard count.
         ((bits * self.shards.len() as u64) >> 32) as usize
@@ -688,29 +706,5 @@ mod tests {
         );
         assert!(store.decide_sync(b"other", &policy, 1, T0).unwrap().allowed);
         assert_eq!(store.len(), 2);
-    }
-
-    #[test]
-    fn stored_keys_match_their_tag_and_bytes_only() {
-        let store = MemoryStore::new(10);
-        let key = StoredKey::new(3, b"abc");
-        assert!(key.is(3, b"abc"));
-        assert!(!key.is(2, b"abc"));
-        assert!(!key.is(3, b"abd"));
-        // Inline and heap keys alike; a long key is still the same key.
-        let long = vec![b'x'; 10_000];
-        let long_key = StoredKey::new(0, &long);
-        assert!(!long_key.is_inline());
-        assert!(long_key.is(0, &long));
-        assert!(!long_key.is(0, &long[1..]));
-        let edge = [b'y'; INLINE_KEY - 1];
-        let edge_key = StoredKey::new(1, &edge);
-        assert!(edge_key.is_inline());
-        assert!(edge_key.is(1, &edge));
-        assert_eq!(edge_key.len(), INLINE_KEY);
-        assert!(!StoredKey::new(1, &[b'y'; INLINE_KEY]).is_inline());
-        // A second store draws other keys, so its hashes differ.
-        let other = MemoryStore::new(10);
-        assert_ne!(store.hash(3, b"abc"), other.hash(3, b"abc"));
     }
 }

@@ -11,9 +11,9 @@
 //! Why not a linked hash map (this store used `hashlink`'s): its table holds
 //! a pointer to a heap node holding the key and its state, so a hit cost the
 //! table's line, then the node's, and a move wrote the two neighbours' nodes
-//! and the list head as well. Here the key and its state sit in the table's
-//! own bucket, and a move appends a 16-byte record to a queue instead of
-//! relinking anything: a hit that does not move writes nothing but its own
+//! and the list head as well. Here the key's digest and its state sit in
+//! the table's own bucket, and a move appends a 16-byte record to a queue
+//! instead of relinking anything: a hit that does not move writes nothing but its own
 //! bucket. `BENCHMARKS.md` has the two side by side.
 //!
 //! The queue is lazy: a key's earlier records are left behind when it moves
@@ -50,9 +50,6 @@ const COMPACT_STEP: usize = 4;
 
 pub(crate) struct Shard {
     table: HashTable<Entry>,
-    /// The store's keyed hasher, for the hashes a rehash needs again (see
-    /// [`StoredKey`]).
-    hasher: RandomState,
     order: Order,
     capacity: usize,
     /// Moves to the back (insertions included) so far; an entry's `moved` is
@@ -72,20 +69,21 @@ pub(crate) struct Shard {
     purges: usize,
 }
 
-/// A key, its state, and when it last moved: 96 bytes in the table's own
-/// bucket, so that every bucket spans exactly two cache lines (at 104, with
-/// the key's hash stored too, most spanned three). Not padded to a 128-byte
-/// aligned pair of lines: that was tried, and it kept warm keys no faster
-/// while a flood of new keys took twice as long and the table half as much
-/// memory again.
+/// A key's digest, its state, and when it last moved: 56 bytes, aligned to
+/// a 64-byte cache line so that every bucket is exactly one line. A lookup
+/// of a held key then costs the control bytes' line and the bucket's, and
+/// no more; with the key itself inline (96 bytes, two lines a bucket) the
+/// tables of 10,000 warm keys outgrew a 1 MiB cache level, and a decision
+/// missed it about three times (see `BENCHMARKS.md`).
+#[repr(align(64))]
 struct Entry {
-    key: StoredKey,
+    digest: Digest,
     state: Option<KeyState>,
     moved: u64,
 }
 
-/// One move: the stamp it gave its key and the key's hash, by which the
-/// entry is found again.
+/// One move: the stamp it gave its key and the key's index hash, by which
+/// the entry is found again.
 #[derive(Clone, Copy)]
 struct Record {
     stamp: u64,
@@ -133,10 +131,47 @@ fn is_live(table: &HashTable<Entry>, record: Record) -> bool {
         .is_some()
 }
 
-/// The store's keyed hash of the tag `tag` and the key `key`: the hash
-/// every lookup of the key probes with.
-pub(crate) fn key_hash(hasher: &RandomState, tag: u8, key: &[u8]) -> u64 {
-    let mut hasher = hasher.build_hasher();
+/// What the store keeps of a key: two 64-bit hashes of the algorithm's tag
+/// and the key's bytes, under two secret keys drawn per store. `index`
+/// places the key (its shard, its slot); the pair identifies it, and is
+/// all a rehash needs. Two distinct keys share a state only if both hashes
+/// collide; the crate docs (Keys) say how unlikely that is and why the
+/// store keeps no key.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Digest {
+    pub(crate) index: u64,
+    check: u64,
+}
+
+/// The two keyed hashes a [`Digest`] is made of.
+#[derive(Clone)]
+pub(crate) struct KeyHasher {
+    index: RandomState,
+    check: RandomState,
+}
+
+impl KeyHasher {
+    /// A hasher with two secret keys, distinct from each other and from
+    /// every other store's: aHash's `RandomState::new` derives each from
+    /// seeds drawn from the OS once per process and a counter.
+    pub(crate) fn new() -> Self {
+        KeyHasher {
+            index: RandomState::new(),
+            check: RandomState::new(),
+        }
+    }
+
+    /// The digest of the key `key` under the algorithm tag `tag`.
+    pub(crate) fn digest(&self, tag: u8, key: &[u8]) -> Digest {
+        Digest {
+            index: keyed_hash(&self.index, tag, key),
+            check: keyed_hash(&self.check, tag, key),
+        }
+    }
+}
+
+fn keyed_hash(state: &RandomState, tag: u8, key: &[u8]) -> u64 {
+    let mut hasher = state.build_hasher();
     // The tag has a fixed width and the key is the only variable-length
     // part, so no length prefix is needed to keep (tag, key) unambiguous.
     hasher.write_u8(tag);
@@ -144,20 +179,10 @@ pub(crate) fn key_hash(hasher: &RandomState, tag: u8, key: &[u8]) -> u64 {
     hasher.finish()
 }
 
-/// The hash of a held entry, computed again from its key (a rehash is the
-/// one use).
-fn entry_hash(hasher: &RandomState, entry: &Entry) -> u64 {
-    match entry.key.as_bytes().split_first() {
-        Some((&tag, key)) => key_hash(hasher, tag, key),
-        None => 0,
-    }
-}
-
 impl Shard {
-    pub(crate) fn new(capacity: usize, hasher: RandomState) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Shard {
             table: HashTable::new(),
-            hasher,
             order: Order::default(),
             capacity,
             moves: 0,
@@ -186,14 +211,13 @@ impl Shard {
     #[inline]
     pub(crate) fn decide(
         &mut self,
-        hash: u64,
-        tag: u8,
-        key: &[u8],
+        digest: Digest,
         policy: &Policy,
         cost: u32,
         now: u64,
     ) -> Verdict {
-        if let Some(entry) = self.table.find_mut(hash, |e| e.key.is(tag, key)) {
+        let hash = digest.index;
+        if let Some(entry) = self.table.find_mut(hash, |e| e.digest == digest) {
             // Touched whatever the outcome: a refused request keeps its key
             // as recent as an admitted one, so an offender that keeps
             // hammering cannot be flooded out of the store.
@@ -231,27 +255,20 @@ impl Shard {
             self.purge_tombstones();
         }
         let entry = Entry {
-            key: StoredKey::new(tag, key),
+            digest,
             state,
             moved: self.order.push(&mut self.moves, hash),
         };
-        let hasher = &self.hasher;
-        self.table
-            .insert_unique(hash, entry, |e| entry_hash(hasher, e));
+        self.table.insert_unique(hash, entry, |e| e.digest.index);
         self.compact();
         verdict
     }
 
     /// The state of a held key, for a refund, which neither touches nor
     /// inserts (so it can neither evict nor be used to flood the shard).
-    pub(crate) fn state_mut(
-        &mut self,
-        hash: u64,
-        tag: u8,
-        key: &[u8],
-    ) -> Option<&mut Option<KeyState>> {
+    pub(crate) fn state_mut(&mut self, digest: Digest) -> Option<&mut Option<KeyState>> {
         self.table
-            .find_mut(hash, |e| e.key.is(tag, key))
+            .find_mut(digest.index, |e| e.digest == digest)
             .map(|e| &mut e.state)
     }
 
@@ -286,11 +303,9 @@ impl Shard {
         }
         let room = self.capacity.saturating_add(self.capacity / 64 + 1);
         let old = mem::replace(&mut self.table, HashTable::with_capacity(room));
-        let hasher = &self.hasher;
         for entry in old {
-            let hash = entry_hash(hasher, &entry);
             self.table
-                .insert_unique(hash, entry, |e| entry_hash(hasher, e));
+                .insert_unique(entry.digest.index, entry, |e| e.digest.index);
         }
     }
 
@@ -344,71 +359,6 @@ impl Shard {
     }
 }
 
-/// Stored keys of up to this many bytes (the tag included) live inside the
-/// entry itself: no allocation per key, and no cache miss more per decision.
-/// 54 keeps `StoredKey` at 56 bytes and covers a rule name of up to 20
-/// bytes, a separator and a 32-hex-digit client key.
-pub(crate) const INLINE_KEY: usize = 54;
-
-/// A stored key: the algorithm tag followed by the caller's bytes.
-///
-/// Its hash is not stored. A lookup compares a key only where the table's
-/// seven bits of the hash match, one in 128 of the other keys a probe
-/// meets, and the stored hash saved no cache miss there (it sat in the same
-/// bucket); the eight bytes made most buckets span three cache lines
-/// instead of two. A rehash (the table's growth, a full shard's rebuild)
-/// hashes the keys again.
-pub(crate) struct StoredKey {
-    bytes: KeyBytes,
-}
-
-enum KeyBytes {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Heap(Box<[u8]>),
-}
-
-impl StoredKey {
-    pub(crate) fn new(tag: u8, key: &[u8]) -> Self {
-        let len = key.len() + 1;
-        let mut inline = [0u8; INLINE_KEY];
-        let bytes = match (u8::try_from(len), inline.get_mut(1..len)) {
-            (Ok(len), Some(rest)) => {
-                rest.copy_from_slice(key);
-                inline[0] = tag;
-                KeyBytes::Inline { len, bytes: inline }
-            }
-            _ => {
-                let mut bytes = Vec::with_capacity(len);
-                bytes.push(tag);
-                bytes.extend_from_slice(key);
-                KeyBytes::Heap(bytes.into_boxed_slice())
-            }
-        };
-        StoredKey { bytes }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match &self.bytes {
-            KeyBytes::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
-            KeyBytes::Heap(bytes) => bytes,
-        }
-    }
-
-    pub(crate) fn is(&self, tag: u8, key: &[u8]) -> bool {
-        self.as_bytes().split_first() == Some((&tag, key))
-    }
-
-    #[cfg(test)]
-    pub(crate) fn is_inline(&self) -> bool {
-        matches!(self.bytes, KeyBytes::Inline { .. })
-    }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.as_bytes().len()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -419,30 +369,66 @@ mod tests {
         Policy::fixed_window(1_000, Duration::from_secs(3_600)).expect("valid policy")
     }
 
-    /// Decides key `k` (tag 1, its little-endian bytes) under the hash the
-    /// store would give it, which a rehash computes again; and whether that
+    /// One hasher for every test shard: the tests compare shards' behaviour
+    /// on the same keys, not the hash.
+    fn digest(k: u64) -> Digest {
+        static HASHER: std::sync::LazyLock<KeyHasher> = std::sync::LazyLock::new(KeyHasher::new);
+        HASHER.digest(1, &k.to_le_bytes())
+    }
+
+    /// Decides key `k` (tag 1, its little-endian bytes), and whether that
     /// evicted another key.
     fn decide(shard: &mut Shard, k: u64, policy: &Policy, now: u64) -> (Verdict, bool) {
-        let key = k.to_le_bytes();
-        let hash = key_hash(&shard.hasher, 1, &key);
         let before = shard.evictions();
-        let verdict = shard.decide(hash, 1, &key, policy, 1, now);
+        let verdict = shard.decide(digest(k), policy, 1, now);
         (verdict, shard.evictions() > before)
     }
 
     /// Whether key `k` is held.
     fn held(shard: &mut Shard, k: u64) -> bool {
-        let key = k.to_le_bytes();
-        let hash = key_hash(&shard.hasher, 1, &key);
-        shard.state_mut(hash, 1, &key).is_some()
+        shard.state_mut(digest(k)).is_some()
     }
 
     #[test]
     fn entries_keep_their_size() {
         // The per-key memory the crate docs state rests on these.
-        assert_eq!(mem::size_of::<StoredKey>(), 56);
-        assert_eq!(mem::size_of::<Entry>(), 96);
+        assert_eq!(mem::size_of::<Digest>(), 16);
+        assert_eq!(mem::size_of::<Entry>(), 64);
+        assert_eq!(mem::align_of::<Entry>(), 64);
         assert_eq!(mem::size_of::<Record>(), 16);
+    }
+
+    /// Two keys are one only if both halves of their digests agree: keys
+    /// whose index hashes collide (as 1 in 2⁶⁴ pairs do) keep two states.
+    #[test]
+    fn keys_sharing_an_index_hash_keep_their_own_states() {
+        let mut shard = Shard::new(8);
+        let policy = Policy::fixed_window(1, Duration::from_secs(60)).expect("valid policy");
+        let a = Digest { index: 7, check: 1 };
+        let b = Digest { index: 7, check: 2 };
+        assert!(shard.decide(a, &policy, 1, 0).allowed);
+        assert!(shard.decide(b, &policy, 1, 0).allowed, "b shared a's state");
+        assert!(!shard.decide(a, &policy, 1, 0).allowed);
+        assert!(!shard.decide(b, &policy, 1, 0).allowed);
+        assert_eq!(shard.len(), 2);
+        assert!(shard.state_mut(Digest { index: 7, check: 3 }).is_none());
+    }
+
+    #[test]
+    fn digests_tell_tags_keys_and_stores_apart() {
+        let hasher = KeyHasher::new();
+        let d = hasher.digest(3, b"abc");
+        assert_eq!(d, hasher.digest(3, b"abc"));
+        assert_ne!(d, hasher.digest(2, b"abc"));
+        assert_ne!(d, hasher.digest(3, b"abd"));
+        assert_ne!(hasher.digest(1, b""), hasher.digest(1, &[0]));
+        let long = vec![b'x'; 10_000];
+        assert_ne!(hasher.digest(0, &long), hasher.digest(0, &long[1..]));
+        // The two halves are keyed independently, and so is each store.
+        assert_ne!(d.index, d.check);
+        let other = KeyHasher::new().digest(3, b"abc");
+        assert_ne!(d.index, other.index);
+        assert_ne!(d.check, other.check);
     }
 
     /// Hits that keep moving keys, with no eviction to pop the queue, must
@@ -450,7 +436,7 @@ mod tests {
     #[test]
     fn queue_stays_bounded_without_evictions() {
         let capacity = 64;
-        let mut shard = Shard::new(capacity, RandomState::new());
+        let mut shard = Shard::new(capacity);
         let policy = policy();
         let mut most = 0;
         for round in 0..2_000u64 {
@@ -475,7 +461,7 @@ mod tests {
     fn a_churning_full_shard_keeps_its_table_size() {
         // 2,048 buckets, at most 1,792 keys: a table that runs 85 % full.
         let capacity = 1_750;
-        let mut shard = Shard::new(capacity, RandomState::new());
+        let mut shard = Shard::new(capacity);
         let policy = policy();
         let buckets = HashTable::<Entry>::with_capacity(capacity).num_buckets();
         for k in 0..200 * capacity as u64 {
@@ -491,7 +477,7 @@ mod tests {
     #[test]
     fn a_cap_of_exactly_a_tables_capacity_is_not_rebuilt_every_few_evictions() {
         let capacity = 7 * 256;
-        let mut shard = Shard::new(capacity, RandomState::new());
+        let mut shard = Shard::new(capacity);
         let policy = policy();
         let churn = 100 * capacity as u64;
         for k in 0..churn {
@@ -508,7 +494,7 @@ mod tests {
     #[test]
     fn evictions_follow_the_move_order_across_compactions() {
         let capacity = 16; // θ = 2
-        let mut shard = Shard::new(capacity, RandomState::new());
+        let mut shard = Shard::new(capacity);
         let policy = policy();
         for k in 0..capacity as u64 {
             decide(&mut shard, k, &policy, 0);
