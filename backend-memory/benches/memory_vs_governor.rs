@@ -384,7 +384,7 @@ fn main() {
     let rr_keys = &flood_keys[..ROUND_ROBIN_KEYS];
     println!(
         "\n{DECISIONS} decisions per hot/round-robin run, {FLOOD_KEYS} per flood; \
-         best of {RUNS} interleaved runs; limit {LIMIT}/min; memory store cap {FLOOD_CAPACITY}; \
+         best of {runs} interleaved runs; limit {LIMIT}/min; memory store cap {FLOOD_CAPACITY}; \
          load average at start: {}\n",
         loadavg()
     );
