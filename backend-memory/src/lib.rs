@@ -43,9 +43,10 @@
 //! every few thousand evictions). It is dearest, about 22 moves per
 //! eviction, for a shard cap just under a table's capacity (7 × 2ᵏ keys,
 //! such as 1,750 or 7,000 keys a shard), where the table has little room
-//! beside the keys: a flood of new keys into a store of 28,000 keys
-//! (16 × 1,750) ran at 1.1 million decisions a second against 1.6 million
-//! into the default store. Another number of
+//! beside the keys. A move copies a 64-byte bucket and hashes nothing, so
+//! even there the cost hardly shows: a flood of new keys into a store of
+//! 28,000 keys (16 × 1,750) ran at 1.4 to 1.5 million decisions a second,
+//! against 1.2 to 1.7 million into the default store. Another number of
 //! [`shards`](MemoryStoreBuilder::shards) moves a cap out of that band:
 //! 18 shards give that store 1,555 keys a shard, tables of the same size,
 //! and 1.9 moves per eviction.
@@ -60,7 +61,7 @@
 //! takes 16 bytes a record, at most about 2.5 records per key of the cap,
 //! and up to twice that allocated while a compaction pass runs. After a
 //! flood of a million keys, a default store of 100,000 GCRA keys had
-//! added 13.9 to 15.2 MiB to the process, about 150 bytes a key.
+//! added 11.1 to 11.2 MiB to the process, about 117 bytes a key.
 //!
 //! # Keys
 //!
