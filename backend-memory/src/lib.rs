@@ -76,9 +76,9 @@
 //! through a full default store forms fewer than 2⁵⁷ pairs of keys held at
 //! once, under 2⁻⁷¹ for one collision ever. aHash is not a cryptographic
 //! hash; its authors claim resistance to attackers who choose keys without
-//! knowing the secret, and a caller of this store learns only admissions
-//! and refusals, so aiming a key at another's state means guessing 128
-//! secret-keyed bits blind.
+//! knowing the secret, and a caller of this store learns its decisions and
+//! nothing of the hashes, so aiming a key at another's state means
+//! guessing 128 secret-keyed bits blind.
 //!
 //! Why a digest and not the key: held inline, a key of the workspace's
 //! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two
