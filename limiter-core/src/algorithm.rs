@@ -134,14 +134,6 @@ fn to_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-/// Whole intervals of `t` µs in `span` µs. A refusal's span is almost
-/// always under one interval (the bucket is empty): answered without the
-/// 64-bit division, the one instruction of a refused GCRA decision that
-/// costs tens of cycles, so that a flood of refusals stays cheap.
-fn units_of(span: u64, t: u64) -> u32 {
-    if span < t { 0 } else { to_u32(span / t) }
-}
-
 fn sliding_log(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -> Verdict {
     let log = match state.get_or_insert_with(|| KeyState::SlidingLog(VecDeque::new())) {
         KeyState::SlidingLog(log) => log,
@@ -300,7 +292,7 @@ fn gcra(state: &mut Option<KeyState>, l: u64, t: u64, c: u64, now: u64) -> Verdi
     } else {
         Verdict {
             allowed: false,
-            remaining: units_of(burst.saturating_sub(tat - now), t),
+            remaining: to_u32(burst.saturating_sub(tat - now) / t),
             reset_after_us: tat - now,
             retry_after_us: new_tat - burst - now,
         }

@@ -105,11 +105,6 @@ pub struct Policy {
     // policy built with its own burst, whose text it keeps.
     rate: u32,
     per_us: u64,
-    // `window_us / limit`, GCRA's emission interval: kept, not divided out
-    // on every decision, where a 64-bit division was the costliest
-    // instruction of a GCRA decision on a held key. A function of the two
-    // fields above it, so equality and hashing are unchanged.
-    interval_us: u64,
 }
 
 impl Policy {
@@ -145,7 +140,6 @@ impl Policy {
             window_us,
             rate: limit,
             per_us: window_us,
-            interval_us: window_us / u64::from(limit),
         })
     }
 
@@ -294,7 +288,7 @@ impl Policy {
     /// GCRA's emission interval: `window / limit` in whole microseconds,
     /// rounded down. Defined for every algorithm, used by GCRA.
     pub const fn emission_interval_micros(&self) -> u64 {
-        self.interval_us
+        self.window_us / self.limit as u64
     }
 
     /// Checks that a request of `cost` units could ever be admitted: between
