@@ -13,8 +13,8 @@
 //! table's line, then the node's, and a move wrote the two neighbours' nodes
 //! and the list head as well. Here the key's digest and its state sit in
 //! the table's own bucket, and a move appends a 16-byte record to a queue
-//! instead of relinking anything: a hit that does not move writes nothing but its own
-//! bucket. `BENCHMARKS.md` has the two side by side.
+//! instead of relinking anything: a hit that does not move writes nothing
+//! but its own bucket. `BENCHMARKS.md` has the two side by side.
 //!
 //! The queue is lazy: a key's earlier records are left behind when it moves
 //! (a record is live only while its key's `moved` still equals its stamp),
@@ -144,7 +144,6 @@ pub(crate) struct Digest {
 }
 
 /// The two keyed hashes a [`Digest`] is made of.
-#[derive(Clone)]
 pub(crate) struct KeyHasher {
     index: RandomState,
     check: RandomState,
