@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Build local Redis and PostgreSQL test images from Debian bookworm packages.
+# Make sure the Redis and PostgreSQL images the tests run are on this machine.
 #
-# No container registry is reachable from the test machines, so the images are
-# made with debootstrap and `docker import` instead of `docker pull`.
+# Where Docker can pull the official images (redis:7, postgres:15), the tests
+# use those. Where no registry is reachable, local test images are built from
+# Debian bookworm's packages with debootstrap and `docker import` instead, and
+# the tests prefer them whenever they exist. RATEWARDEN_REDIS_IMAGE and
+# RATEWARDEN_POSTGRES_IMAGE name other images and skip both steps.
 #
-#   limiter-test-redis:7       redis-server 7.0 + redis-tools (redis-cli, redis-benchmark)
+#   ratewarden-test-redis:7       redis-server 7.0 + redis-tools (redis-cli, redis-benchmark)
 #                              ENTRYPOINT execs: redis-server --bind 0.0.0.0 --protected-mode no
 #                                                --save '' --appendonly no "$@"
 #                              ready line (stdout): "Ready to accept connections"
-#   limiter-test-postgres:15   postgresql-15 (includes pg_stat_statements) + postgresql-client-15
+#   ratewarden-test-postgres:15   postgresql-15 (includes pg_stat_statements) + postgresql-client-15
 #                              trust auth, user postgres, fsync off, max_connections=200
 #                              ready line (stderr): "database system is ready to accept connections"
 #
@@ -17,7 +20,7 @@
 # any other first argument is executed as a command instead (e.g. `redis-cli --version`).
 #
 # Usage: scripts/build-test-images.sh [--force] [--verify]
-#   --force   rebuild even if the image already exists
+#   --force   build the local images even if they exist or the official ones can be pulled
 #   --verify  also verify images that are reused (built images are always verified)
 # Environment:
 #   DEBIAN_MIRROR   Debian mirror (default http://deb.debian.org/debian)
@@ -25,8 +28,11 @@
 #   TMPDIR          where the temporary rootfs is created (default /var/tmp)
 set -euo pipefail
 
-REDIS_IMAGE=limiter-test-redis:7
-POSTGRES_IMAGE=limiter-test-postgres:15
+REDIS_IMAGE=ratewarden-test-redis:7
+POSTGRES_IMAGE=ratewarden-test-postgres:15
+REDIS_OFFICIAL=redis:7
+POSTGRES_OFFICIAL=postgres:15
+PULL_TIMEOUT=${PULL_TIMEOUT:-120}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=${DEBIAN_SUITE:-bookworm}
 READY_TIMEOUT=60
@@ -91,7 +97,7 @@ trap 'exit 130' INT TERM
 # make_rootfs PKGS -> sets ROOTFS
 make_rootfs() {
     local pkgs=$1 log
-    ROOTFS=$(mktemp -d "${TMPDIR:-/var/tmp}/limiter-rootfs.XXXXXX")
+    ROOTFS=$(mktemp -d "${TMPDIR:-/var/tmp}/ratewarden-rootfs.XXXXXX")
     log="$ROOTFS.log"
     if ! "${SUDO[@]}" debootstrap --variant=minbase --include="$pkgs" \
             "$SUITE" "$ROOTFS" "$MIRROR" >"$log" 2>&1; then
@@ -322,5 +328,28 @@ build_image() {
     "$verify"
 }
 
-build_image "$REDIS_IMAGE" build_redis verify_redis
-build_image "$POSTGRES_IMAGE" build_postgres verify_postgres
+# official_or_build VAR OFFICIAL IMAGE BUILD-FN VERIFY-FN: the image named by
+# $VAR, else the local image if built, else the official one if present or
+# pullable, else the local one built now.
+official_or_build() {
+    local var=$1 official=$2 image=$3
+    if [ -n "${!var:-}" ]; then
+        echo "using $var=${!var}"
+        return 0
+    fi
+    if [ "$FORCE" -eq 0 ] && ! docker image inspect "$image" >/dev/null 2>&1; then
+        if docker image inspect "$official" >/dev/null 2>&1; then
+            echo "using the official $official"
+            return 0
+        fi
+        if timeout "$PULL_TIMEOUT" docker pull -q "$official" >/dev/null 2>&1; then
+            echo "pulled the official $official"
+            return 0
+        fi
+        echo "cannot pull $official; building $image from Debian's packages"
+    fi
+    build_image "$image" "$4" "$5"
+}
+
+official_or_build RATEWARDEN_REDIS_IMAGE "$REDIS_OFFICIAL" "$REDIS_IMAGE" build_redis verify_redis
+official_or_build RATEWARDEN_POSTGRES_IMAGE "$POSTGRES_OFFICIAL" "$POSTGRES_IMAGE" build_postgres verify_postgres

@@ -41,7 +41,7 @@ cargo fuzz build -s none --target-dir "$TARGET_DIR"
 echo "build took $(( $(date +%s) - start )) s"
 
 for t in "${targets[@]}"; do
-    work=$(mktemp -d /tmp/limiter-fuzz-"$t".XXXXXX)
+    work=$(mktemp -d /tmp/ratewarden-fuzz-"$t".XXXXXX)
     mkdir -p "fuzz/corpus/$t"
     echo "== $t: $RUNS runs"
     t0=$(date +%s)

@@ -22,9 +22,9 @@ $check && out=$(mktemp -d)
 mkdir -p "$out"
 
 status=0
-for pair in ratewarden-core:limiter_core ratewarden-memory:limiter_memory \
-    ratewarden-redis:limiter_redis ratewarden-postgres:limiter_postgres \
-    ratewarden-conformance:limiter_conformance ratewarden:limiter; do
+for pair in ratewarden-core:ratewarden_core ratewarden-memory:ratewarden_memory \
+    ratewarden-redis:ratewarden_redis ratewarden-postgres:ratewarden_postgres \
+    ratewarden-conformance:ratewarden_conformance ratewarden:ratewarden; do
     package=${pair%%:*}
     lib=${pair##*:}
     RUSTC_BOOTSTRAP=1 cargo rustdoc -q -p "$package" --all-features --lib -- \

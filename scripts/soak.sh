@@ -18,7 +18,7 @@ THREADS=${SOAK_THREADS:-2}
 CONNECTIONS=${SOAK_CONNECTIONS:-64}
 PORT=${SOAK_PORT:-38571}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-OUT=${SOAK_OUT:-$(mktemp -d /tmp/limiter-soak.XXXXXX)}
+OUT=${SOAK_OUT:-$(mktemp -d /tmp/ratewarden-soak.XXXXXX)}
 mkdir -p "$OUT"
 
 if ! command -v wrk >/dev/null 2>&1; then
@@ -27,8 +27,8 @@ if ! command -v wrk >/dev/null 2>&1; then
 fi
 
 echo "== building the demo (release)"
-cargo build --release -p limiter-demo
-BIN="$TARGET_DIR/release/limiter-demo"
+cargo build --release -p ratewarden-demo
+BIN="$TARGET_DIR/release/ratewarden-demo"
 
 echo "== starting $BIN on 127.0.0.1:$PORT"
 "$BIN" --listen "127.0.0.1:$PORT" --store memory:// --secret "soak-secret-soak-secret-soak-secret!" \

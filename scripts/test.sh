@@ -6,9 +6,10 @@
 #   scripts/test.sh -E 'package(ratewarden-memory)'   extra arguments go to nextest
 #
 # Redis and Postgres tests start their own containers with testcontainers
-# from locally built images (no registry is needed). Point them elsewhere
-# with LIMITER_REDIS_URL / LIMITER_POSTGRES_URL (an existing server) or
-# LIMITER_REDIS_IMAGE / LIMITER_POSTGRES_IMAGE (another image).
+# from the official images, or from local ones built from Debian packages
+# where no registry is reachable (scripts/build-test-images.sh). Point them elsewhere
+# with RATEWARDEN_REDIS_URL / RATEWARDEN_POSTGRES_URL (an existing server) or
+# RATEWARDEN_REDIS_IMAGE / RATEWARDEN_POSTGRES_IMAGE (another image).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,12 +27,12 @@ scripts/build-test-images.sh
 
 # Every fixture container is removed when its test process exits; this
 # sweeps what a killed run may leave, and only this run's containers (the
-# fixtures label them with LIMITER_TEST_RUN), never another run's on the
+# fixtures label them with RATEWARDEN_TEST_RUN), never another run's on the
 # same machine.
-export LIMITER_TEST_RUN="${LIMITER_TEST_RUN:-$$-$(date +%s)}"
+export RATEWARDEN_TEST_RUN="${RATEWARDEN_TEST_RUN:-$$-$(date +%s)}"
 cleanup() {
     local ids
-    ids=$(docker ps -aq --filter "label=limiter.test.run=$LIMITER_TEST_RUN" 2>/dev/null || true)
+    ids=$(docker ps -aq --filter "label=ratewarden.test.run=$RATEWARDEN_TEST_RUN" 2>/dev/null || true)
     # shellcheck disable=SC2086
     [ -n "${ids// /}" ] && docker rm -f $ids >/dev/null 2>&1 || true
 }

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use limiter::identity::{AddressSource, ClientIdentity};
+use ratewarden::identity::{AddressSource, ClientIdentity};
 
 fuzz_target!(|data: &[u8]| {
     // Layout: [selector, hops, prefix bits, peer kind, 16 peer bytes] then

@@ -9,9 +9,9 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use limiter_conformance::model::{Expected, Model};
-use limiter_core::{Algorithm, Policy, Timestamp};
-use limiter_memory::MemoryStore;
+use ratewarden_conformance::model::{Expected, Model};
+use ratewarden_core::{Algorithm, Policy, Timestamp};
+use ratewarden_memory::MemoryStore;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&cap, rest)) = data.split_first() else {

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use limiter_conformance::model::Model;
-use limiter_core::{Algorithm, Policy, Timestamp, algorithm};
+use ratewarden_conformance::model::Model;
+use ratewarden_core::{Algorithm, Policy, Timestamp, algorithm};
 
 fn u64_at(data: &[u8], at: usize) -> u64 {
     let mut b = [0u8; 8];

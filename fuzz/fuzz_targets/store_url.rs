@@ -1,4 +1,4 @@
-//! Store URLs: `limiter::store::from_url` (memory://, redis://, rediss://,
+//! Store URLs: `ratewarden::store::from_url` (memory://, redis://, rediss://,
 //! redis+cluster://, postgres:// and garbage) and the Redis builder. Never
 //! panics, never contacts anything, and never echoes a password in an
 //! error.
@@ -14,7 +14,7 @@ use libfuzzer_sys::fuzz_target;
 /// compiled in (see Cargo.toml), so the future completes without waiting on
 /// anything.
 fn error_of(url: &str) -> Option<String> {
-    let mut fut = pin!(limiter::store::from_url(url));
+    let mut fut = pin!(ratewarden::store::from_url(url));
     match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(r) => r.err().map(|e| e.to_string()),
         Poll::Pending => panic!("from_url waited on I/O for {url:?}"),
@@ -49,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // The Redis builder directly: it parses and checks without connecting.
-    if let Err(e) = limiter_redis::RedisStore::from_url(url) {
+    if let Err(e) = ratewarden_redis::RedisStore::from_url(url) {
         assert!(!e.to_string().is_empty());
     }
 });

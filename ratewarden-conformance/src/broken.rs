@@ -1,0 +1,725 @@
+//! Test doubles: an honest in-memory store and deliberately broken ones.
+//!
+//! These prove the suite's teeth: [`ReferenceStore`] passes every scenario,
+//! and each [`BrokenStore`] carries one [`Defect`] that real limiters have
+//! shipped, which at least one scenario must catch. They are built on
+//! [`ratewarden_core::algorithm::apply`] with a key cap and least-recently-used
+//! eviction; they are not meant for production (the `ratewarden-memory` crate
+//! is).
+//!
+//! ```
+//! use ratewarden_conformance::broken::{BrokenStore, Defect, ReferenceStore};
+//! use ratewarden_conformance::ratewarden_core::Store;
+//!
+//! let honest = ReferenceStore::new(1_000);
+//! assert_eq!(honest.capabilities().key_capacity, Some(1_000));
+//! let broken = BrokenStore::new(Defect::RefusalsRecorded, 1_000);
+//! assert_eq!(broken.name(), "broken-refusals-recorded");
+//! ```
+//!
+//! About 615 lines before its tests: every defect is a variation of one
+//! reference core, and lives next to the honest code it bends.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use ratewarden_core::algorithm::{self, KeyState, Verdict};
+use ratewarden_core::{
+    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Policy, Store, StoreError, Timestamp,
+};
+
+/// One defect a [`BrokenStore`] has, and the scenario meant to catch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Defect {
+    /// Evicts the key inserted first, however recently it was used
+    /// (`distinct_key_flood`).
+    InsertionOrderEviction,
+    /// Refreshes a key's place in the eviction order only when a request is
+    /// admitted, so an offender that is being refused ages out
+    /// (`distinct_key_flood`).
+    EvictionSkipsRefusals,
+    /// Counts refused requests: appends them to the log, adds them to the
+    /// counters, advances GCRA's arrival time (`refused_hammering`).
+    RefusalsRecorded,
+    /// Restarts a fixed window at every hit, admitted or refused, as a
+    /// `PEXPIRE` on every request would (`window_renewal`).
+    ExpiryRenewedOnEveryHit,
+    /// Reads the state, yields to the runtime, then writes: get-then-set
+    /// without atomicity (`concurrent_exactness`).
+    NonAtomic,
+    /// Truncates keys to 256 bytes (`hostile_keys`).
+    TruncatedKeys,
+    /// Stores keys as lossily decoded UTF-8 (`hostile_keys`).
+    LossyUtf8Keys,
+    /// Forgets a key's state when `now` is earlier than the last time it saw
+    /// (`clock_regression`).
+    ResetOnClockRegression,
+    /// Panics when `now` is earlier than the last time it saw
+    /// (`clock_regression`).
+    PanicOnClockRegression,
+    /// Admits while the count is at most the limit: one unit too many
+    /// (`policy_semantics`, `cost_accounting`).
+    OffByOne,
+    /// Lists only the sliding log and the fixed window, yet its
+    /// `check_policy` accepts everything (`bad_configuration`).
+    AcceptsUnsupportedAlgorithms,
+    /// Hashes keys into 4 buckets that share state (`key_independence`).
+    SharedBuckets,
+    /// Answers every refund with success and changes nothing, as a store
+    /// written before refunds existed would if it stubbed them out
+    /// (`refund_exactness`).
+    RefundIgnored,
+    /// Refunds by taking `cost` units off whatever the key holds now (the
+    /// newest log entries, the current counter, the arrival time), without
+    /// checking that they are the refunded admission's (`refund_exactness`).
+    RefundBlind,
+    /// Declares a key-length bound and stores longer keys anyway
+    /// (`key_length_bound`).
+    UnboundedKeys,
+    /// Answers [`Store::decide_inline`] (the path a `Limiter` takes for an
+    /// in-process store) with a shortcut that counts refused requests, while
+    /// [`Store::decide`] is honest: a fast path that drifted from the
+    /// tested one (`refused_hammering`, which sends every other request
+    /// inline).
+    InlineRecordsRefusals,
+}
+
+impl Defect {
+    /// Every defect.
+    pub const ALL: [Defect; 16] = [
+        Defect::InsertionOrderEviction,
+        Defect::EvictionSkipsRefusals,
+        Defect::RefusalsRecorded,
+        Defect::ExpiryRenewedOnEveryHit,
+        Defect::NonAtomic,
+        Defect::TruncatedKeys,
+        Defect::LossyUtf8Keys,
+        Defect::ResetOnClockRegression,
+        Defect::PanicOnClockRegression,
+        Defect::OffByOne,
+        Defect::AcceptsUnsupportedAlgorithms,
+        Defect::SharedBuckets,
+        Defect::RefundIgnored,
+        Defect::RefundBlind,
+        Defect::UnboundedKeys,
+        Defect::InlineRecordsRefusals,
+    ];
+
+    /// The store name of a [`BrokenStore`] with this defect.
+    pub const fn store_name(self) -> &'static str {
+        match self {
+            Defect::InsertionOrderEviction => "broken-insertion-order-eviction",
+            Defect::EvictionSkipsRefusals => "broken-eviction-skips-refusals",
+            Defect::RefusalsRecorded => "broken-refusals-recorded",
+            Defect::ExpiryRenewedOnEveryHit => "broken-expiry-renewed-on-every-hit",
+            Defect::NonAtomic => "broken-non-atomic",
+            Defect::TruncatedKeys => "broken-truncated-keys",
+            Defect::LossyUtf8Keys => "broken-lossy-utf8-keys",
+            Defect::ResetOnClockRegression => "broken-reset-on-clock-regression",
+            Defect::PanicOnClockRegression => "broken-panic-on-clock-regression",
+            Defect::OffByOne => "broken-off-by-one",
+            Defect::AcceptsUnsupportedAlgorithms => "broken-accepts-unsupported-algorithms",
+            Defect::SharedBuckets => "broken-shared-buckets",
+            Defect::RefundIgnored => "broken-refund-ignored",
+            Defect::RefundBlind => "broken-refund-blind",
+            Defect::UnboundedKeys => "broken-unbounded-keys",
+            Defect::InlineRecordsRefusals => "broken-inline-records-refusals",
+        }
+    }
+}
+
+/// An honest bounded in-memory store: the reference the broken ones are
+/// variations of. It passes every scenario.
+///
+/// State is kept per (algorithm, key) under one mutex; when full it evicts
+/// the least recently touched key, and every request, admitted or refused,
+/// touches its key.
+#[derive(Debug)]
+pub struct ReferenceStore {
+    core: Core,
+}
+
+impl ReferenceStore {
+    /// A store of every algorithm holding at most `capacity` keys (at least
+    /// one).
+    pub fn new(capacity: usize) -> Self {
+        Self::with_algorithms(&Algorithm::ALL, capacity)
+    }
+
+    /// A store implementing only `algorithms`; its `check_policy` refuses
+    /// the others, and `decide` answers them with an `InvalidRequest` error.
+    pub fn with_algorithms(algorithms: &'static [Algorithm], capacity: usize) -> Self {
+        ReferenceStore {
+            core: Core::new("reference", None, algorithms, capacity),
+        }
+    }
+
+    /// The same store accepting keys of at most `bytes` bytes (default
+    /// [`DEFAULT_MAX_KEY_LEN`](ratewarden_core::DEFAULT_MAX_KEY_LEN)).
+    pub fn with_max_key_len(mut self, bytes: usize) -> Self {
+        self.core.max_key_len = bytes;
+        self
+    }
+
+    /// The same store under the name `name`, declaring itself shared
+    /// ([`Capabilities::shared`]): a stand-in for a named shared tier in a
+    /// test of a composition, where the store's name shows in each
+    /// decision's source and sharing turns the refusal cache on by default.
+    pub fn shared_as(mut self, name: &'static str) -> Self {
+        self.core.name = name;
+        self.core.shared = true;
+        self
+    }
+
+    /// How many keys the store holds now.
+    pub fn len(&self) -> usize {
+        self.core.lock().map.len()
+    }
+
+    /// The store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys the store has held at once.
+    pub fn high_water(&self) -> usize {
+        self.core.lock().high_water
+    }
+}
+
+/// A store with one deliberate [`Defect`], otherwise the [`ReferenceStore`].
+#[derive(Debug)]
+pub struct BrokenStore {
+    defect: Defect,
+    core: Core,
+}
+
+impl BrokenStore {
+    /// A store of every algorithm (but see
+    /// [`Defect::AcceptsUnsupportedAlgorithms`]) holding at most `capacity`
+    /// keys, with `defect`.
+    pub fn new(defect: Defect, capacity: usize) -> Self {
+        let algorithms: &'static [Algorithm] = match defect {
+            Defect::AcceptsUnsupportedAlgorithms => {
+                &[Algorithm::SlidingLog, Algorithm::FixedWindow]
+            }
+            _ => &Algorithm::ALL,
+        };
+        BrokenStore {
+            defect,
+            core: Core::new(defect.store_name(), Some(defect), algorithms, capacity),
+        }
+    }
+
+    /// The defect.
+    pub fn defect(&self) -> Defect {
+        self.defect
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    state: Option<KeyState>,
+    tick: u64,
+    last_now: u64,
+}
+
+type MapKey = (Algorithm, Vec<u8>);
+
+#[derive(Debug, Default)]
+struct Keys {
+    map: HashMap<MapKey, Entry>,
+    /// Eviction order: the smallest tick goes first.
+    order: BTreeMap<u64, MapKey>,
+    tick: u64,
+    high_water: usize,
+}
+
+#[derive(Debug)]
+struct Core {
+    name: &'static str,
+    defect: Option<Defect>,
+    algorithms: &'static [Algorithm],
+    capacity: usize,
+    max_key_len: usize,
+    shared: bool,
+    keys: Mutex<Keys>,
+    /// Callers between their read and their write, for
+    /// [`Defect::NonAtomic`].
+    in_window: AtomicUsize,
+}
+
+/// How many times a [`Defect::NonAtomic`] caller yields, at most, waiting
+/// for another caller to read between its own read and write.
+const NON_ATOMIC_WAIT: usize = 100;
+
+impl Core {
+    fn new(
+        name: &'static str,
+        defect: Option<Defect>,
+        algorithms: &'static [Algorithm],
+        capacity: usize,
+    ) -> Self {
+        Core {
+            name,
+            defect,
+            algorithms,
+            capacity: capacity.max(1),
+            max_key_len: ratewarden_core::DEFAULT_MAX_KEY_LEN,
+            shared: false,
+            keys: Mutex::new(Keys::default()),
+            in_window: AtomicUsize::new(0),
+        }
+    }
+
+    fn has(&self, defect: Defect) -> bool {
+        self.defect == Some(defect)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Keys> {
+        // A panicking defect poisons the lock; the state is still usable.
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: self.algorithms,
+            key_capacity: Some(self.capacity),
+            shared: self.shared,
+            server_clock: false,
+        }
+    }
+
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        if self.has(Defect::AcceptsUnsupportedAlgorithms)
+            || self.algorithms.contains(&policy.algorithm())
+        {
+            Ok(())
+        } else {
+            Err(ConfigError::UnsupportedAlgorithm {
+                store: self.name,
+                algorithm: policy.algorithm(),
+            })
+        }
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), StoreError> {
+        if self.has(Defect::UnboundedKeys) {
+            return Ok(());
+        }
+        ratewarden_core::check_key(self.name, key, self.max_key_len)
+    }
+
+    fn map_key(&self, algorithm: Algorithm, key: &[u8]) -> MapKey {
+        let key = match self.defect {
+            Some(Defect::TruncatedKeys) => key[..key.len().min(256)].to_vec(),
+            Some(Defect::LossyUtf8Keys) => String::from_utf8_lossy(key).into_owned().into_bytes(),
+            Some(Defect::SharedBuckets) => {
+                let sum = key.iter().map(|&b| u32::from(b)).sum::<u32>();
+                vec![(sum % 4) as u8]
+            }
+            _ => key.to_vec(),
+        };
+        (algorithm, key)
+    }
+
+    /// The state transition, with this store's defect applied.
+    fn transition(
+        &self,
+        state: &mut Option<KeyState>,
+        last_now: Option<u64>,
+        policy: &Policy,
+        cost: u32,
+        now: u64,
+    ) -> Verdict {
+        if let Some(last) = last_now.filter(|&last| now < last) {
+            if self.has(Defect::ResetOnClockRegression) {
+                *state = None;
+            }
+            if self.has(Defect::PanicOnClockRegression) {
+                panic!("time went backwards: {now} µs < {last} µs");
+            }
+        }
+        let before = self.has(Defect::OffByOne).then(|| state.clone());
+        let mut verdict = algorithm::apply(state, policy, cost, now);
+        if let Some(mut lenient) = before.filter(|_| !verdict.allowed) {
+            // `count + cost <= limit + 1`: the classic `<=` for `<`.
+            let one_more = Policy::new(policy.algorithm(), policy.limit() + 1, policy.window());
+            if let Ok(one_more) = one_more {
+                let v = algorithm::apply(&mut lenient, &one_more, cost, now);
+                if v.allowed {
+                    *state = lenient;
+                    verdict = Verdict {
+                        allowed: true,
+                        remaining: 0,
+                        reset_after_us: v.reset_after_us,
+                        retry_after_us: 0,
+                    };
+                }
+            }
+        }
+        if !verdict.allowed && self.has(Defect::RefusalsRecorded) {
+            record_refusal(state, policy, cost, now);
+        }
+        if self.has(Defect::ExpiryRenewedOnEveryHit)
+            && let Some(KeyState::FixedWindow { start, .. }) = state
+        {
+            *start = now;
+        }
+        verdict
+    }
+
+    /// Writes `state` back and decides whether the key's eviction position
+    /// moves.
+    fn store(
+        &self,
+        keys: &mut Keys,
+        key: MapKey,
+        state: Option<KeyState>,
+        now: u64,
+        allowed: bool,
+    ) {
+        keys.tick += 1;
+        let tick = keys.tick;
+        if let Some(entry) = keys.map.get_mut(&key) {
+            entry.state = state;
+            entry.last_now = now;
+            let touch = match self.defect {
+                Some(Defect::InsertionOrderEviction) => false,
+                Some(Defect::EvictionSkipsRefusals) => allowed,
+                _ => true,
+            };
+            if touch {
+                let old = std::mem::replace(&mut entry.tick, tick);
+                keys.order.remove(&old);
+                keys.order.insert(tick, key);
+            }
+            return;
+        }
+        while keys.map.len() >= self.capacity {
+            match keys.order.pop_first() {
+                Some((_, victim)) => {
+                    keys.map.remove(&victim);
+                }
+                None => break,
+            }
+        }
+        keys.order.insert(tick, key.clone());
+        keys.map.insert(
+            key,
+            Entry {
+                state,
+                tick,
+                last_now: now,
+            },
+        );
+        keys.high_water = keys.high_water.max(keys.map.len());
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        if !self.has(Defect::NonAtomic) {
+            return self.decide_now(key, policy, cost, now, false);
+        }
+        self.check_request(key, policy, cost)?;
+        let now = now.as_micros();
+        let key = self.map_key(policy.algorithm(), key);
+        let verdict = {
+            let (mut state, last_now) = {
+                let keys = self.lock();
+                match keys.map.get(&key) {
+                    Some(e) => (e.state.clone(), Some(e.last_now)),
+                    None => (None, None),
+                }
+            };
+            // The round trip between the read and the write, where other
+            // callers read the same state. Held open until another caller
+            // is in it too (or a bounded number of yields, for a caller
+            // alone): a single yield left the overlap to the scheduler,
+            // and a loaded machine once ran the concurrent scenario's
+            // callers one after the other, losing no update.
+            self.in_window.fetch_add(1, Ordering::SeqCst);
+            for _ in 0..NON_ATOMIC_WAIT {
+                tokio::task::yield_now().await;
+                if self.in_window.load(Ordering::SeqCst) > 1 {
+                    break;
+                }
+            }
+            let verdict = self.transition(&mut state, last_now, policy, cost, now);
+            let mut keys = self.lock();
+            self.store(&mut keys, key, state, now, verdict.allowed);
+            drop(keys);
+            self.in_window.fetch_sub(1, Ordering::SeqCst);
+            verdict
+        };
+        Ok(Decision::from_verdict(verdict, policy, self.name))
+    }
+
+    fn check_request(&self, key: &[u8], policy: &Policy, cost: u32) -> Result<(), StoreError> {
+        policy
+            .check_cost(cost)
+            .map_err(|e| StoreError::invalid_request(self.name, e))?;
+        if let Err(e) = self.check_policy(policy) {
+            return Err(StoreError::invalid_request(self.name, e));
+        }
+        self.check_key(key)?;
+        Ok(())
+    }
+
+    /// The whole decision under the lock, for `decide` and
+    /// `decide_inline` (`inline` says which is asking).
+    fn decide_now(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        inline: bool,
+    ) -> Result<Decision, StoreError> {
+        self.check_request(key, policy, cost)?;
+        let now = now.as_micros();
+        let key = self.map_key(policy.algorithm(), key);
+        let mut keys = self.lock();
+        let (mut state, last_now) = match keys.map.get_mut(&key) {
+            Some(e) => (e.state.take(), Some(e.last_now)),
+            None => (None, None),
+        };
+        let verdict = self.transition(&mut state, last_now, policy, cost, now);
+        if inline && !verdict.allowed && self.has(Defect::InlineRecordsRefusals) {
+            record_refusal(&mut state, policy, cost, now);
+        }
+        self.store(&mut keys, key, state, now, verdict.allowed);
+        Ok(Decision::from_verdict(verdict, policy, self.name))
+    }
+}
+
+impl Core {
+    fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        ratewarden_core::check_refund(self.name, policy, cost, admitted)?;
+        self.check_key(key)?;
+        if self.has(Defect::RefundIgnored) {
+            return Ok(());
+        }
+        let key = self.map_key(policy.algorithm(), key);
+        let mut keys = self.lock();
+        let Some(entry) = keys.map.get_mut(&key) else {
+            return Ok(());
+        };
+        if self.has(Defect::RefundBlind) {
+            refund_blindly(&mut entry.state, policy, cost);
+        } else {
+            let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
+            algorithm::refund(&mut entry.state, policy, cost, now.as_micros(), reset_after);
+        }
+        Ok(())
+    }
+}
+
+/// What a refund that does not locate its admission does.
+fn refund_blindly(state: &mut Option<KeyState>, policy: &Policy, cost: u32) {
+    let c = u64::from(cost);
+    match state {
+        Some(KeyState::SlidingLog(log)) => {
+            for _ in 0..cost {
+                log.pop_back();
+            }
+        }
+        Some(KeyState::FixedWindow { count, .. }) => *count = count.saturating_sub(c),
+        Some(KeyState::SlidingWindow {
+            current, previous, ..
+        }) => {
+            if *current > 0 {
+                *current = current.saturating_sub(c);
+            } else {
+                *previous = previous.saturating_sub(c);
+            }
+        }
+        Some(KeyState::Gcra { tat }) => {
+            *tat = tat.saturating_sub(c * policy.emission_interval_micros());
+        }
+        None => {}
+    }
+}
+
+/// What a limiter that counts refusals writes.
+fn record_refusal(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) {
+    let c = u64::from(cost);
+    match state {
+        Some(KeyState::SlidingLog(log)) => {
+            let t = now.max(log.back().copied().unwrap_or(0));
+            log.extend(std::iter::repeat_n(t, cost as usize));
+            while log.len() > policy.limit() as usize {
+                log.pop_front();
+            }
+        }
+        Some(KeyState::FixedWindow { count, .. }) => *count += c,
+        Some(KeyState::SlidingWindow { current, .. }) => *current += c,
+        Some(KeyState::Gcra { tat }) => {
+            *tat = (*tat).max(now) + c * policy.emission_interval_micros();
+        }
+        None => {}
+    }
+}
+
+macro_rules! impl_store {
+    ($ty:ty) => {
+        #[async_trait]
+        impl Store for $ty {
+            fn name(&self) -> &'static str {
+                self.core.name
+            }
+
+            fn capabilities(&self) -> Capabilities {
+                self.core.capabilities()
+            }
+
+            fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+                self.core.check_policy(policy)
+            }
+
+            fn max_key_len(&self) -> Option<usize> {
+                Some(self.core.max_key_len)
+            }
+
+            async fn decide(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+            ) -> Result<Decision, StoreError> {
+                self.core.decide(key, policy, cost, now).await
+            }
+
+            // In process, so answered inline like the memory store, except
+            // where the defect is a wait between read and write.
+            fn decide_inline(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+            ) -> Option<Result<Decision, StoreError>> {
+                (!self.core.has(Defect::NonAtomic))
+                    .then(|| self.core.decide_now(key, policy, cost, now, true))
+            }
+
+            fn refund_inline(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+                admitted: &Decision,
+            ) -> Option<Result<(), StoreError>> {
+                (!self.core.has(Defect::NonAtomic))
+                    .then(|| self.core.refund(key, policy, cost, now, admitted))
+            }
+
+            async fn refund(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+                admitted: &Decision,
+            ) -> Result<(), StoreError> {
+                self.core.refund(key, policy, cost, now, admitted)
+            }
+        }
+    };
+}
+
+impl_store!(ReferenceStore);
+impl_store!(BrokenStore);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn reference_store_is_bounded_and_evicts_the_least_recently_touched() {
+        let store = ReferenceStore::new(3);
+        let p = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+        let t = Timestamp::from_micros(1_000_000);
+        assert!(store.decide(b"a", &p, 1, t).await.unwrap().allowed);
+        assert!(store.decide(b"b", &p, 1, t).await.unwrap().allowed);
+        assert!(store.decide(b"c", &p, 1, t).await.unwrap().allowed);
+        // A refusal touches "a", so "b" is the oldest now.
+        assert!(!store.decide(b"a", &p, 1, t).await.unwrap().allowed);
+        assert!(store.decide(b"d", &p, 1, t).await.unwrap().allowed);
+        assert_eq!(store.len(), 3);
+        assert!(!store.decide(b"a", &p, 1, t).await.unwrap().allowed);
+        assert!(
+            store.decide(b"b", &p, 1, t).await.unwrap().allowed,
+            "b was evicted"
+        );
+        assert_eq!(store.high_water(), 3);
+    }
+
+    #[tokio::test]
+    async fn invalid_cost_is_an_error() {
+        let store = ReferenceStore::new(3);
+        let p = Policy::gcra(2, Duration::from_secs(1)).unwrap();
+        let err = store
+            .decide(b"k", &p, 3, Timestamp::EPOCH)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ratewarden_core::ErrorKind::InvalidRequest);
+        assert!(store.is_empty());
+    }
+}
+
+/// A store that is down: every call fails at once with
+/// [`ErrorKind::Unavailable`], as a server refusing connections would. For
+/// testing what a [`Limiter`](ratewarden_core::Limiter) does around a dead
+/// store (fallback, breaker, failure policy); it is not a conformance
+/// subject.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unavailable;
+
+#[async_trait]
+impl Store for Unavailable {
+    fn name(&self) -> &'static str {
+        "unavailable"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: None,
+            shared: true,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        Err(StoreError::new(
+            ErrorKind::Unavailable,
+            "unavailable",
+            "connection refused",
+        ))
+    }
+}

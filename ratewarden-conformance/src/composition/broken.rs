@@ -1,0 +1,527 @@
+//! Deliberately broken compositions: each [`BrokenComposer`] builds the
+//! composition a scenario describes with one [`CompositionDefect`] that
+//! real limiters have shipped, and this crate's tests check that the
+//! scenario named beside each defect catches it.
+//!
+//! Defects inside the stores (a refund ignored) are made by wrapping the
+//! stores; defects inside the composition (how it samples, writes abuse
+//! events or runs its breaker) by a small composition written here around a
+//! real [`Limiter`] from which that feature was taken out.
+//!
+//! One file of about 550 lines: each broken composition is small, and a
+//! reader checking what a scenario catches wants them side by side.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ratewarden_core::{
+    AbuseEvent, AbuseSink, BreakerConfig, Clock, ConfigError, Decision, FailurePolicy, Limiter,
+    ManualClock, Policy, Source, Store, StoreError, Timestamp,
+};
+
+use super::{Composer, Composition, EscalationSpec, LimiterComposer, TierSpec};
+
+/// One defect of a composition, and the scenario meant to catch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CompositionDefect {
+    /// Stores never undo an admission, so a request refused by a later tier
+    /// stays counted by earlier ones (`later_tier_refusal_not_charged`,
+    /// `shared_retry_after_honoured`).
+    NoRefunds,
+    /// The fallback is a second tier consulted on every request, as an
+    /// application calling the local limiter after the shared one would
+    /// (`fallback_never_double_counts`).
+    BothConsulted,
+    /// Escalates when a key's count in the local window crosses a multiple
+    /// of `every` (`escalation_rate_independent_of_pace`).
+    PacedSampling,
+    /// Writes one abuse event per refusal (`abuse_writes_bounded`).
+    AbuseEveryRefusal,
+    /// A breaker that never opens (`dead_store_costs_one_timeout`).
+    NoBreaker,
+    /// A cancelled probe re-opens the breaker for a full cool-down
+    /// (`breaker_recovery`).
+    CancelledProbeReopens,
+    /// Asks the store on every refused request
+    /// (`refused_offender_costs_no_round_trip`).
+    NoRefusalCache,
+    /// Leases a batch but has the shared store count one unit of it
+    /// (`leased_fleet_never_over_admits`).
+    LeaseUncounted,
+    /// Keeps spending a batch after the window that counted it ended
+    /// (`leased_fleet_never_over_admits`).
+    LeaseOutlivesWindow,
+    /// Never hands unspent units back (`leased_units_returned`).
+    LeaseNotReleased,
+    /// Grants itself a batch when the shared store fails
+    /// (`leased_dead_store_follows_failure_policy`).
+    LeaseOpenWhenDead,
+}
+
+impl CompositionDefect {
+    /// Every defect.
+    pub const ALL: [CompositionDefect; 11] = [
+        CompositionDefect::NoRefunds,
+        CompositionDefect::BothConsulted,
+        CompositionDefect::PacedSampling,
+        CompositionDefect::AbuseEveryRefusal,
+        CompositionDefect::NoBreaker,
+        CompositionDefect::CancelledProbeReopens,
+        CompositionDefect::NoRefusalCache,
+        CompositionDefect::LeaseUncounted,
+        CompositionDefect::LeaseOutlivesWindow,
+        CompositionDefect::LeaseNotReleased,
+        CompositionDefect::LeaseOpenWhenDead,
+    ];
+}
+
+/// Builds compositions with one [`CompositionDefect`].
+#[derive(Debug, Clone, Copy)]
+pub struct BrokenComposer(pub CompositionDefect);
+
+impl Composer for BrokenComposer {
+    fn compose(
+        &self,
+        mut tiers: Vec<TierSpec>,
+        clock: ManualClock,
+    ) -> Result<Box<dyn Composition>, ConfigError> {
+        match self.0 {
+            CompositionDefect::NoRefunds => {
+                for t in &mut tiers {
+                    t.store = NoRefund::wrap(t.store.clone());
+                    t.fallback = t.fallback.take().map(NoRefund::wrap);
+                    if let Some(e) = &mut t.escalation {
+                        e.store = NoRefund::wrap(e.store.clone());
+                    }
+                }
+                LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::BothConsulted => {
+                let mut out = Vec::new();
+                for mut t in tiers {
+                    let fallback = t.fallback.take();
+                    let policy = t.policy;
+                    out.push(t);
+                    if let Some(store) = fallback {
+                        out.push(TierSpec::new("fallback", store, policy));
+                    }
+                }
+                LimiterComposer.compose(out, clock)
+            }
+            CompositionDefect::NoRefusalCache => {
+                let mut builder = Limiter::builder().clock(clock);
+                for t in &tiers {
+                    builder = builder.rule(t.rule()?.without_refusal_cache());
+                }
+                Ok(Box::new(builder.build()?))
+            }
+            CompositionDefect::NoBreaker => {
+                for t in &mut tiers {
+                    t.breaker = never_opens()?;
+                }
+                LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::PacedSampling => {
+                let escalation = take_escalation(&mut tiers);
+                Ok(Box::new(Paced {
+                    inner: limiter(&tiers, &clock)?,
+                    escalation,
+                    clock,
+                }))
+            }
+            CompositionDefect::AbuseEveryRefusal => {
+                let mut sinks = Vec::new();
+                for t in &mut tiers {
+                    if let Some(e) = &mut t.escalation {
+                        sinks.push((t.name, e.sink.take()));
+                    }
+                }
+                let timeout = tiers.first().map_or(Duration::from_secs(1), |t| t.timeout);
+                Ok(Box::new(EveryRefusal {
+                    inner: limiter(&tiers, &clock)?,
+                    sinks,
+                    timeout,
+                    clock,
+                }))
+            }
+            CompositionDefect::LeaseNotReleased => {
+                Ok(Box::new(Unreleased(LimiterComposer.compose(tiers, clock)?)))
+            }
+            CompositionDefect::LeaseUncounted
+            | CompositionDefect::LeaseOutlivesWindow
+            | CompositionDefect::LeaseOpenWhenDead => {
+                for t in &mut tiers {
+                    if let Some(units) = t.lease.take() {
+                        t.store = Arc::new(BrokenLease {
+                            shared: t.store.clone(),
+                            units,
+                            defect: self.0,
+                            batches: Mutex::default(),
+                        });
+                    }
+                }
+                LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::CancelledProbeReopens => {
+                let first = tiers
+                    .first()
+                    .ok_or_else(|| ConfigError::Invalid("no tiers".into()))?;
+                let config = first.breaker;
+                let (name, on_failure, policy) = (first.name, first.on_failure, first.policy);
+                let store = first.store.name();
+                for t in &mut tiers {
+                    t.breaker = never_opens()?;
+                }
+                Ok(Box::new(Reopening {
+                    inner: limiter(&tiers, &clock)?,
+                    config,
+                    state: Arc::new(Mutex::new(BreakerState::default())),
+                    name,
+                    store,
+                    on_failure,
+                    policy,
+                    clock,
+                }))
+            }
+        }
+    }
+}
+
+/// A composition whose leases are never handed back.
+struct Unreleased(Box<dyn Composition>);
+
+#[async_trait]
+impl Composition for Unreleased {
+    async fn check(&self, key: &[u8]) -> Decision {
+        self.0.check(key).await
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        self.0.flush_abuse_events().await
+    }
+}
+
+/// A lease as first written: batches of a fixed size, with one defect.
+#[derive(Debug)]
+struct BrokenLease {
+    shared: Arc<dyn Store>,
+    units: u32,
+    defect: CompositionDefect,
+    /// Per key: units in hand, and the end of the window that counted them.
+    batches: Mutex<std::collections::HashMap<Vec<u8>, (u32, u64)>>,
+}
+
+impl BrokenLease {
+    fn grant(&self, key: &[u8], cost: u32, until: u64) {
+        let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        batches.insert(key.to_vec(), (self.units - cost, until));
+    }
+}
+
+#[async_trait]
+impl Store for BrokenLease {
+    forward_identity!(shared);
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let t = now.as_micros();
+        {
+            let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((units, until)) = batches.get_mut(key) {
+                let live = t < *until || self.defect == CompositionDefect::LeaseOutlivesWindow;
+                if live && *units >= cost {
+                    *units -= cost;
+                    return Ok(Decision {
+                        allowed: true,
+                        limit: policy.limit(),
+                        remaining: *units,
+                        reset_after: Duration::from_micros(until.saturating_sub(t)),
+                        retry_after: Duration::ZERO,
+                        source: Source::store(self.shared.name()),
+                    });
+                }
+            }
+        }
+        let ask = match self.defect {
+            CompositionDefect::LeaseUncounted => cost,
+            _ => self.units,
+        };
+        let grant = match self.shared.decide(key, policy, ask, now).await {
+            Ok(d) => d,
+            Err(_) if self.defect == CompositionDefect::LeaseOpenWhenDead => {
+                self.grant(key, cost, t + policy.window_micros());
+                return Ok(Decision {
+                    allowed: true,
+                    limit: policy.limit(),
+                    remaining: self.units - cost,
+                    reset_after: policy.window(),
+                    retry_after: Duration::ZERO,
+                    source: Source::store(self.shared.name()),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        if grant.allowed {
+            let until = t + grant.reset_after.as_micros() as u64;
+            self.grant(key, cost, until);
+            return Ok(grant);
+        }
+        if ask == cost {
+            return Ok(grant);
+        }
+        self.shared.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.shared.refund(key, policy, cost, now, admitted).await
+    }
+}
+
+fn never_opens() -> Result<BreakerConfig, ConfigError> {
+    BreakerConfig::new(u32::MAX, Duration::from_secs(1))
+}
+
+fn limiter(tiers: &[TierSpec], clock: &ManualClock) -> Result<Limiter, ConfigError> {
+    let mut builder = Limiter::builder().clock(clock.clone());
+    for t in tiers {
+        builder = builder.rule(t.rule()?);
+    }
+    builder.build()
+}
+
+fn take_escalation(tiers: &mut [TierSpec]) -> Option<(&'static str, EscalationSpec)> {
+    tiers
+        .iter_mut()
+        .find_map(|t| t.escalation.take().map(|e| (t.name, e)))
+}
+
+fn storage_key(rule: &str, key: &[u8]) -> Vec<u8> {
+    let mut k = rule.as_bytes().to_vec();
+    k.push(b':');
+    k.extend_from_slice(key);
+    k
+}
+
+/// A store whose refunds succeed and change nothing.
+#[derive(Debug)]
+struct NoRefund(Arc<dyn Store>);
+
+impl NoRefund {
+    fn wrap(store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(NoRefund(store))
+    }
+}
+
+#[async_trait]
+impl Store for NoRefund {
+    forward_identity!(0);
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.0.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: Timestamp,
+        _: &Decision,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// Escalation sampled by the key's count, as the first version did.
+struct Paced {
+    inner: Limiter,
+    escalation: Option<(&'static str, EscalationSpec)>,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl Composition for Paced {
+    async fn check(&self, key: &[u8]) -> Decision {
+        let mut d = self.inner.check(key).await;
+        let Some((rule, e)) = &self.escalation else {
+            return d;
+        };
+        if !d.allowed || d.source.rule != Some(*rule) {
+            return d;
+        }
+        let after = u64::from(d.limit - d.remaining);
+        let every = u64::from(e.every);
+        if after / every == (after - 1) / every {
+            return d;
+        }
+        let now = self.clock.now();
+        let durable_key = storage_key(rule, key);
+        let call = e.store.decide(&durable_key, &e.policy, 1, now);
+        match tokio::time::timeout(Duration::from_secs(10), call).await {
+            Ok(Ok(mut durable)) if !durable.allowed => {
+                durable.source.escalated = true;
+                durable
+            }
+            _ => {
+                d.source.escalated = true;
+                d
+            }
+        }
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        self.inner.flush_abuse_events().await
+    }
+}
+
+/// Every refusal written to the sink at once.
+struct EveryRefusal {
+    inner: Limiter,
+    sinks: Vec<(&'static str, Option<Arc<dyn AbuseSink>>)>,
+    timeout: Duration,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl Composition for EveryRefusal {
+    async fn check(&self, key: &[u8]) -> Decision {
+        let d = self.inner.check(key).await;
+        if d.allowed {
+            return d;
+        }
+        let sink = self
+            .sinks
+            .iter()
+            .find(|(rule, _)| d.source.rule == Some(*rule))
+            .and_then(|(_, sink)| sink.clone());
+        if let (Some(sink), Some(rule)) = (sink, d.source.rule) {
+            let now = self.clock.now();
+            let event = AbuseEvent {
+                rule: rule.into(),
+                key: key.to_vec(),
+                at: now,
+                since: now,
+                refusals: 1,
+                refused_by: d.source.store,
+            };
+            let _ = tokio::time::timeout(self.timeout, sink.record(event)).await;
+        }
+        d
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        0
+    }
+}
+
+#[derive(Debug, Default)]
+struct BreakerState {
+    failures: u32,
+    open_until: Option<u64>,
+    probing: bool,
+}
+
+/// A breaker around the first tier that re-opens for a full cool-down when
+/// a probe's caller goes away.
+struct Reopening {
+    inner: Limiter,
+    config: BreakerConfig,
+    state: Arc<Mutex<BreakerState>>,
+    name: &'static str,
+    store: &'static str,
+    on_failure: FailurePolicy,
+    policy: Policy,
+    clock: ManualClock,
+}
+
+struct ReopenOnDrop {
+    state: Arc<Mutex<BreakerState>>,
+    until: u64,
+    armed: bool,
+}
+
+impl Drop for ReopenOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.probing = false;
+            s.open_until = Some(self.until);
+        }
+    }
+}
+
+impl Reopening {
+    fn mono(&self) -> u64 {
+        self.clock.monotonic().as_micros() as u64
+    }
+
+    fn cool_down(&self) -> u64 {
+        self.config.cool_down().as_micros() as u64
+    }
+
+    fn skipped(&self) -> Decision {
+        let mut d = Decision::degraded(self.on_failure, &self.policy, self.store);
+        d.source.rule = Some(self.name);
+        d
+    }
+}
+
+#[async_trait]
+impl Composition for Reopening {
+    async fn check(&self, key: &[u8]) -> Decision {
+        let mono = self.mono();
+        let probe = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            match s.open_until {
+                Some(until) if mono < until || s.probing => return self.skipped(),
+                Some(_) => {
+                    s.probing = true;
+                    true
+                }
+                None => false,
+            }
+        };
+        let mut guard = ReopenOnDrop {
+            state: self.state.clone(),
+            until: mono + self.cool_down(),
+            armed: probe,
+        };
+        let d = self.inner.check(key).await;
+        guard.armed = false;
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.probing = false;
+        if d.source.degraded {
+            s.failures += 1;
+            if probe || s.failures >= self.config.failures() {
+                s.open_until = Some(mono + self.cool_down());
+            }
+        } else {
+            *s = BreakerState::default();
+        }
+        d
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        self.inner.flush_abuse_events().await
+    }
+}

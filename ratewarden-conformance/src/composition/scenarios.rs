@@ -1,0 +1,785 @@
+//! The composition scenarios. Each builds its compositions through the
+//! [`Composer`] it is given, with local tiers on the reference store and
+//! shared tiers from the factory, and checks hand-derived numbers.
+//!
+//! One scenario after another, about 800 lines: each is self-contained, with
+//! its hand-derived numbers in its own comments.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratewarden_core::{
+    AbuseSink, Algorithm, BreakerConfig, Decision, FailurePolicy, ManualClock, Policy, Store,
+    Timestamp,
+};
+
+use super::support::{Events, Health, Switch};
+use super::{Composer, Composition, EscalationSpec, TierSpec};
+use crate::broken::ReferenceStore;
+use crate::support::{S, T0, dur, evidence, fail, num, policy};
+use crate::{Failure, ScenarioResult, StoreFactory};
+
+/// A short timeout for tiers whose store is made to hang: what a dead
+/// store costs, once per cool-down.
+const DEAD: Duration = Duration::from_millis(20);
+
+fn local() -> Arc<dyn Store> {
+    Arc::new(ReferenceStore::new(10_000))
+}
+
+/// What a scenario is given: the factory of its shared tiers, the composer
+/// under test, and the manual clock every composition it builds runs on.
+pub(super) struct Setup<'a> {
+    factory: &'a dyn StoreFactory,
+    composer: &'a dyn Composer,
+    clock: ManualClock,
+}
+
+impl<'a> Setup<'a> {
+    pub(super) fn new(factory: &'a dyn StoreFactory, composer: &'a dyn Composer) -> Self {
+        Setup {
+            factory,
+            composer,
+            clock: ManualClock::new(),
+        }
+    }
+
+    async fn shared(&self) -> Result<Arc<dyn Store>, Failure> {
+        let store = self.factory.fresh().await;
+        if store.capabilities().server_clock {
+            return fail(format!(
+                "the {} store decides with its server's clock, so the suite cannot drive time; \
+                 the factory must return a store in client-clock mode",
+                store.name()
+            ));
+        }
+        Ok(store)
+    }
+
+    fn compose(&self, tiers: Vec<TierSpec>) -> Result<Box<dyn Composition>, Failure> {
+        self.composer
+            .compose(tiers, self.clock.clone())
+            .map_err(|e| Failure(format!("scenario bug: the composition was refused: {e}")))
+    }
+
+    fn at(&self, offset_us: u64) {
+        self.clock.set(Timestamp::from_micros(T0 + offset_us));
+    }
+
+    /// An escalation that is there to report refusals to `sink`: it samples
+    /// one admitted request in 10,000 into a shared tier of 10,000 per hour,
+    /// which never refuses here.
+    async fn reporting_to(&self, sink: Arc<dyn AbuseSink>) -> Result<EscalationSpec, Failure> {
+        Ok(EscalationSpec {
+            store: self.shared().await?,
+            policy: log(10_000, 3_600)?,
+            every: 10_000,
+            sink: Some(sink),
+        })
+    }
+
+    /// `n` instances, each a composition of one tier leasing from `store`
+    /// in batches of at most `units`.
+    fn fleet(
+        &self,
+        n: usize,
+        store: &Arc<dyn Store>,
+        p: Policy,
+        units: u32,
+        on_failure: FailurePolicy,
+    ) -> Result<Vec<Box<dyn Composition>>, Failure> {
+        (0..n)
+            .map(|_| {
+                let mut tier = TierSpec::new("quota", store.clone(), p);
+                tier.lease = Some(units);
+                tier.on_failure = on_failure;
+                self.compose(vec![tier])
+            })
+            .collect()
+    }
+}
+
+fn log(limit: u32, window_s: u64) -> Result<Policy, Failure> {
+    policy(Algorithm::SlidingLog, limit, window_s * S)
+}
+
+fn show(d: &Decision) -> String {
+    format!(
+        "{} by rule {:?} (store {}{}{}), remaining {}, retry_after {}",
+        if d.allowed { "admitted" } else { "refused" },
+        d.source.rule.unwrap_or("?"),
+        d.source.store,
+        if d.source.fallback { ", fallback" } else { "" },
+        if d.source.degraded { ", degraded" } else { "" },
+        d.remaining,
+        dur(d.retry_after.as_micros() as u64)
+    )
+}
+
+/// Fails unless `n` requests for `key` through `c` are all admitted;
+/// `request(i)` names the `i`th (from 1) in the failure.
+async fn admit_each(
+    c: &dyn Composition,
+    key: &[u8],
+    n: u32,
+    request: impl Fn(u32) -> String,
+) -> Result<(), Failure> {
+    for i in 1..=n {
+        let d = c.check(key).await;
+        if !d.allowed {
+            return fail(format!("{} must be admitted; got {}", request(i), show(&d)));
+        }
+    }
+    Ok(())
+}
+
+fn breaker(failures: u32, cool_down_s: u64) -> Result<BreakerConfig, Failure> {
+    BreakerConfig::new(failures, Duration::from_secs(cool_down_s))
+        .map_err(|e| Failure(format!("scenario bug: {e}")))
+}
+
+pub(super) async fn later_tier_refusal_not_charged(s: &Setup<'_>) -> ScenarioResult {
+    // Tiers: "day" 12 per day in a local store, then "minute" 10 per minute
+    // in the shared store. 110 requests at t0: the minute tier admits 10 and
+    // refuses 100; if those refusals stayed counted in "day" (10 + 2 before
+    // "day" itself refused), the client would be locked out for a day.
+    let day = policy(Algorithm::FixedWindow, 12, 86_400 * S)?;
+    let c = s.compose(vec![
+        TierSpec::new("day", local(), day),
+        TierSpec::new("minute", s.shared().await?, log(10, 60)?),
+    ])?;
+    s.at(0);
+    let mut admitted = 0;
+    for i in 1..=110 {
+        let d = c.check(b"client").await;
+        if d.allowed {
+            admitted += 1;
+            continue;
+        }
+        if d.source.rule != Some("minute") || d.retry_after != Duration::from_secs(60) {
+            return fail(format!(
+                "request #{i} at t0: must be refused by \"minute\" with retry_after 60 s (its \
+                 10 entries at t0); got {}",
+                show(&d)
+            ));
+        }
+    }
+    if admitted != 10 {
+        return fail(format!(
+            "110 requests at t0: 10 must be admitted, got {admitted}"
+        ));
+    }
+    // At t0+61 s the minute window has passed; "day" has counted 10.
+    s.at(61 * S);
+    for (i, left) in [(1, 1), (2, 0)] {
+        let d = c.check(b"client").await;
+        if !d.allowed || d.source.rule != Some("day") || d.remaining != left {
+            return fail(format!(
+                "request {i} at t0+61 s: \"day\" has counted the 10 served requests only, so it \
+                 must be admitted with {left} left in \"day\"; got {}",
+                show(&d)
+            ));
+        }
+    }
+    let d = c.check(b"client").await;
+    if d.allowed
+        || d.source.rule != Some("day")
+        || d.retry_after != Duration::from_secs(86_400 - 61)
+    {
+        return fail(format!(
+            "the 13th served request: must be refused by \"day\" until its window ends, \
+             retry_after 86,339 s; got {}",
+            show(&d)
+        ));
+    }
+    evidence(vec![
+        "110 requests at t0: 10 admitted, 100 refused by the shared tier and refunded by \"day\""
+            .into(),
+        "at t0+61 s exactly 2 more served before \"day\" (12/day) refused with retry 86,339 s"
+            .into(),
+    ])
+}
+
+pub(super) async fn shared_retry_after_honoured(s: &Setup<'_>) -> ScenarioResult {
+    // Two instances, each a local tier of 10 per minute in front of one
+    // shared tier of 5 per minute. Instance A serves 5 at t0, then refuses 20
+    // at t0+1 s with retry_after 59 s. A client that waits exactly that long
+    // must be served by A and by B: A's local tier must not hold the 20
+    // refused requests.
+    let store = s.shared().await?;
+    let tiers = |store: &Arc<dyn Store>| -> Result<Vec<TierSpec>, Failure> {
+        Ok(vec![
+            TierSpec::new("local", local(), log(10, 60)?),
+            TierSpec::new("shared", store.clone(), log(5, 60)?),
+        ])
+    };
+    let a = s.compose(tiers(&store)?)?;
+    let b = s.compose(tiers(&store)?)?;
+    s.at(0);
+    admit_each(&*a, b"client", 5, |i| format!("request {i} at t0 on A:")).await?;
+    s.at(S);
+    for i in 1..=20 {
+        let d = a.check(b"client").await;
+        if d.allowed || d.source.rule != Some("shared") || d.retry_after != Duration::from_secs(59)
+        {
+            return fail(format!(
+                "refused request {i} at t0+1 s on A: must be refused by \"shared\" with \
+                 retry_after 59 s; got {}",
+                show(&d)
+            ));
+        }
+    }
+    s.at(60 * S);
+    for (name, c, left) in [("A", &a, 4), ("B", &b, 3)] {
+        let d = c.check(b"client").await;
+        if !d.allowed || d.remaining != left {
+            return fail(format!(
+                "at t0+60 s, exactly the Retry-After later, instance {name}: must be admitted \
+                 with {left} left in the shared tier; got {}",
+                show(&d)
+            ));
+        }
+    }
+    evidence(vec![
+        "20 refusals by the shared tier left nothing in A's local tier".into(),
+        "a client waiting the 59 s Retry-After was served by both instances".into(),
+    ])
+}
+
+pub(super) async fn fallback_never_double_counts(s: &Setup<'_>) -> ScenarioResult {
+    // One rule, 5 per minute, on the shared store with a local fallback.
+    // While the shared store answers, the fallback counts nothing; when it
+    // fails, the fallback serves a full quota of its own. (No request is
+    // refused while the store is up: a refusal would stand, through the
+    // rule's refusal cache, until its retry time, outage or not.)
+    let store = Switch::<dyn Store>::new(s.shared().await?);
+    let shared_name = store.name();
+    let mut tier = TierSpec::new("search", store.clone(), log(5, 60)?);
+    tier.fallback = Some(local());
+    tier.on_failure = FailurePolicy::Closed;
+    let c = s.compose(vec![tier])?;
+    s.at(0);
+    for i in 1..=5 {
+        let d = c.check(b"client").await;
+        if !d.allowed || d.source.fallback || d.source.store != shared_name {
+            return fail(format!(
+                "request {i} at t0, shared store up: must be admitted by the {shared_name} store; \
+                 got {}",
+                show(&d)
+            ));
+        }
+    }
+    store.set(Health::Failing);
+    s.at(S);
+    for i in 1..=6 {
+        let d = c.check(b"client").await;
+        let ok = d.allowed == (i <= 5) && d.source.fallback && !d.source.degraded;
+        if !ok {
+            return fail(format!(
+                "request {i} at t0+1 s, shared store failing: must be {} by the fallback, which \
+                 has counted nothing so far; got {}",
+                if i <= 5 { "admitted" } else { "refused" },
+                show(&d)
+            ));
+        }
+    }
+    evidence(vec![
+        "5 served by the shared store, none counted by the fallback".into(),
+        "during the outage the fallback served its own 5 and refused the 6th".into(),
+    ])
+}
+
+pub(super) async fn escalation_rate_independent_of_pace(s: &Setup<'_>) -> ScenarioResult {
+    // A local tier of 60 per minute escalates one admitted request in 10 to
+    // the shared store (10,000 per hour: it never refuses here). A client
+    // pacing itself at 1/s and one bursting 60 at the top of each minute are
+    // each admitted 600 times and must each be sampled exactly 60 times, one
+    // in every run of 10 admitted requests.
+    let durable = Switch::<dyn Store>::new(s.shared().await?);
+    let tier = |durable: Arc<dyn Store>| -> Result<TierSpec, Failure> {
+        let mut t = TierSpec::new("search", local(), log(60, 60)?);
+        t.escalation = Some(EscalationSpec {
+            store: durable,
+            policy: log(10_000, 3_600)?,
+            every: 10,
+            sink: None,
+        });
+        Ok(t)
+    };
+    let c = s.compose(vec![tier(durable.clone())?])?;
+    let mut parts = Vec::new();
+    let mut sampled_positions = Vec::new();
+    for (client, offsets) in [
+        ("paced", (0..600).map(|i| i * S).collect::<Vec<_>>()),
+        (
+            "bursty",
+            (0..600).map(|i| 600 * S + (i / 60) * 60 * S).collect(),
+        ),
+    ] {
+        let before = durable.calls();
+        let mut sampled = Vec::new();
+        for (i, &offset) in offsets.iter().enumerate() {
+            s.at(offset);
+            let d = c.check(client.as_bytes()).await;
+            if !d.allowed {
+                return fail(format!(
+                    "{client} request {} at t0+{}: within the local limit, must be admitted; got {}",
+                    i + 1,
+                    dur(offset),
+                    show(&d)
+                ));
+            }
+            if d.source.escalated {
+                sampled.push(i);
+            }
+        }
+        let calls = durable.calls() - before;
+        if calls != 60 || sampled.len() != 60 {
+            return fail(format!(
+                "{client} client, 600 admitted requests: the durable store must be consulted \
+                 exactly 60 times (one in 10), got {calls} calls and {} escalated decisions",
+                sampled.len()
+            ));
+        }
+        for run in 0..60 {
+            let n = sampled.iter().filter(|&&i| i / 10 == run).count();
+            if n != 1 {
+                return fail(format!(
+                    "{client} client: admitted requests {}..={} must contain exactly one sample, \
+                     got {n}",
+                    run * 10 + 1,
+                    run * 10 + 10
+                ));
+            }
+        }
+        parts.push(format!(
+            "{client}: 60 samples in 600 admitted, one per run of 10"
+        ));
+        sampled_positions.push(sampled.iter().map(|i| i % 10).collect::<Vec<_>>());
+    }
+    // The same traffic through a second composition samples other positions:
+    // a client cannot learn which of its requests will be checked.
+    let durable2 = Switch::<dyn Store>::new(s.shared().await?);
+    let c2 = s.compose(vec![tier(durable2)?])?;
+    let mut again = Vec::new();
+    for i in 0..600 {
+        s.at(7_200 * S + i * S);
+        if c2.check(b"paced-again").await.source.escalated {
+            again.push((i % 10) as usize);
+        }
+    }
+    if again == sampled_positions[0] {
+        return fail(
+            "two compositions sampled the same 60 positions in the same traffic: the sample \
+             is predictable from a client's own count",
+        );
+    }
+    parts.push("a second composition sampled different positions".into());
+    evidence(parts)
+}
+
+pub(super) async fn abuse_writes_bounded(s: &Setup<'_>) -> ScenarioResult {
+    // 20 keys, each 100 requests in each of 3 windows against 5 per minute:
+    // 5,700 refusals. The sink gets one write per key per window (60), each
+    // carrying the refusals held back since the key's last one, and a flush
+    // writes what the last window held (20 more): 5,700 refusals in 80 writes.
+    let sink = Switch::<dyn AbuseSink>::new(Arc::new(Events::default()));
+    let mut tier = TierSpec::new("form", local(), log(5, 60)?);
+    tier.escalation = Some(s.reporting_to(sink.clone()).await?);
+    let c = s.compose(vec![tier])?;
+    for window in 0..3u64 {
+        s.at(window * 60 * S);
+        for k in 0..20 {
+            let key = format!("bot-{k}");
+            let admitted = {
+                let mut n = 0;
+                for _ in 0..100 {
+                    n += u32::from(c.check(key.as_bytes()).await.allowed);
+                }
+                n
+            };
+            if admitted != 5 {
+                return fail(format!(
+                    "{key} in window {window}: 5 of 100 must be admitted, got {admitted}"
+                ));
+            }
+        }
+        let want = 20 * (window + 1);
+        if sink.calls() != want {
+            return fail(format!(
+                "after {} windows of 20 refused keys: the sink must have been written {want} \
+                 times (one per key per window), got {}",
+                window + 1,
+                num(sink.calls())
+            ));
+        }
+    }
+    let flushed = c.flush_abuse_events().await;
+    if flushed != 20 || sink.calls() != 80 || sink.refusals() != 5_700 {
+        return fail(format!(
+            "a flush must write the 20 keys' held-back refusals: 80 writes standing for 5,700 \
+             refusals in all; got {flushed} flushed, {} writes, {} refusals",
+            sink.calls(),
+            num(sink.refusals())
+        ));
+    }
+    evidence(vec![
+        "5,700 refusals from 20 keys over 3 windows: 60 writes, then 20 at the flush".into(),
+        "every refusal counted in the events' totals".into(),
+    ])
+}
+
+pub(super) async fn dead_store_costs_one_timeout(s: &Setup<'_>) -> ScenarioResult {
+    let store = Switch::<dyn Store>::new(s.shared().await?);
+    store.set(Health::Hanging);
+    let mut tier = TierSpec::new("search", store.clone(), log(10, 60)?);
+    tier.timeout = DEAD;
+    tier.breaker = breaker(1, 30)?;
+    let c = s.compose(vec![tier])?;
+    s.at(0);
+    for round in 0..2u64 {
+        for i in 1..=100 {
+            let d = c.check(b"client").await;
+            if !d.allowed || !d.source.degraded {
+                return fail(format!(
+                    "request {i} with the store hanging: must be admitted by the fail-open \
+                     policy; got {}",
+                    show(&d)
+                ));
+            }
+        }
+        if store.calls() != round + 1 {
+            return fail(format!(
+                "{} requests with the store hanging{}: it must be called {} time(s), once per \
+                 cool-down; it was called {}",
+                100 * (round + 1),
+                if round == 0 {
+                    ""
+                } else {
+                    " and one cool-down passed"
+                },
+                round + 1,
+                store.calls()
+            ));
+        }
+        s.clock.advance(Duration::from_secs(30));
+    }
+
+    // A dead abuse sink: 50 keys refused once each cost one sink call, and
+    // nothing is lost: the counts are written once it is back.
+    let sink = Switch::<dyn AbuseSink>::new(Arc::new(Events::default()));
+    sink.set(Health::Hanging);
+    let mut tier = TierSpec::new("form", local(), log(1, 60)?);
+    tier.timeout = DEAD;
+    tier.breaker = breaker(1, 30)?;
+    tier.escalation = Some(s.reporting_to(sink.clone()).await?);
+    let c = s.compose(vec![tier])?;
+    for k in 0..50 {
+        let key = format!("bot-{k}");
+        let first = c.check(key.as_bytes()).await;
+        let second = c.check(key.as_bytes()).await;
+        if !first.allowed || second.allowed {
+            return fail(format!(
+                "{key}: the first request must be admitted and the second refused; got {} then {}",
+                show(&first),
+                show(&second)
+            ));
+        }
+    }
+    if sink.calls() != 1 {
+        return fail(format!(
+            "50 refusals with the abuse sink hanging: it must be called once (then its breaker \
+             opens), it was called {} times",
+            sink.calls()
+        ));
+    }
+    sink.set(Health::Up);
+    s.clock.advance(Duration::from_secs(30));
+    let flushed = c.flush_abuse_events().await;
+    if flushed != 50 || sink.refusals() != 50 {
+        return fail(format!(
+            "with the sink back after its cool-down, a flush must write the 50 held refusals; \
+             wrote {flushed} events standing for {}",
+            sink.refusals()
+        ));
+    }
+    evidence(vec![
+        format!(
+            "a hanging store was called once per 30 s cool-down over 200 requests ({} ms timeout)",
+            DEAD.as_millis()
+        ),
+        "a hanging abuse sink was called once for 50 refusals, all 50 written when it came back"
+            .into(),
+    ])
+}
+
+pub(super) async fn breaker_recovery(s: &Setup<'_>) -> ScenarioResult {
+    let store = Switch::<dyn Store>::new(s.shared().await?);
+    // A timeout no probe below reaches: the breaker is opened by a failing
+    // store, and the probe is cancelled by dropping it, not by a timer, so
+    // nothing here depends on how fast the machine is.
+    let tier = |name: &'static str| -> Result<TierSpec, Failure> {
+        let mut t = TierSpec::new(name, store.clone(), log(10, 60)?);
+        t.timeout = Duration::from_secs(60);
+        t.breaker = breaker(1, 10)?;
+        Ok(t)
+    };
+    s.at(0);
+
+    // A probe whose caller goes away.
+    let c = s.compose(vec![tier("cancelled")?])?;
+    store.set(Health::Failing);
+    c.check(b"client").await;
+    s.clock.advance(Duration::from_secs(10));
+    store.set(Health::Hanging);
+    let calls = store.calls();
+    {
+        let mut probe = Box::pin(c.check(b"client"));
+        // Polled until the probe waits on the hanging store, then dropped:
+        // its caller went away.
+        for _ in 0..1_000 {
+            if futures::poll!(probe.as_mut()).is_ready() {
+                return fail(
+                    "scenario bug: the probe was answered although the store hangs and the \
+                     timeout is a minute away",
+                );
+            }
+            if store.calls() == calls + 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+    if store.calls() != calls + 1 {
+        return fail("scenario bug: the probe never reached the hanging store");
+    }
+    store.set(Health::Up);
+    let d = c.check(b"client").await;
+    if !d.allowed || d.source.degraded || store.calls() != calls + 2 {
+        return fail(format!(
+            "after a cancelled probe, with the store back: the next request must probe the store \
+             at once and be answered by it; got {} ({} store calls after the cancelled one)",
+            show(&d),
+            store.calls() - calls - 1
+        ));
+    }
+
+    // A probe answered with InvalidRequest.
+    let c = s.compose(vec![tier("invalid")?])?;
+    store.set(Health::Failing);
+    c.check(b"client").await;
+    s.clock.advance(Duration::from_secs(10));
+    store.set(Health::Invalid);
+    c.check(b"client").await;
+    store.set(Health::Up);
+    let d = c.check(b"client").await;
+    if !d.allowed || d.source.degraded {
+        return fail(format!(
+            "after a probe answered InvalidRequest, with the store up: the next request must be \
+             answered by the store, the breaker neither half-open for ever nor re-opened; got {}",
+            show(&d)
+        ));
+    }
+    evidence(vec![
+        "a cancelled probe released its slot: the next request probed and closed the breaker"
+            .into(),
+        "a probe answered InvalidRequest left the breaker able to probe again".into(),
+    ])
+}
+
+pub(super) async fn refused_offender_costs_no_round_trip(s: &Setup<'_>) -> ScenarioResult {
+    // A local tier (100/min) in front of a shared tier (5/min) with a
+    // refusal cache. After 5 served at t0, 100 requests at t0+1 s are
+    // refused with retry 59 s: the shared store is asked once, and the local
+    // tier admits-and-refunds once, not 100 times.
+    let store = Switch::<dyn Store>::new(s.shared().await?);
+    let local = Switch::<dyn Store>::new(local());
+    let mut shared_tier = TierSpec::new("shared", store.clone(), log(5, 60)?);
+    shared_tier.refusal_cache = Some(1_000);
+    let c = s.compose(vec![
+        TierSpec::new("local", local.clone(), log(100, 60)?),
+        shared_tier,
+    ])?;
+    s.at(0);
+    for i in 1..=5 {
+        if !c.check(b"offender").await.allowed {
+            return fail(format!("request {i} at t0 must be admitted"));
+        }
+    }
+    s.at(S);
+    let before = store.calls();
+    for i in 1..=100 {
+        let d = c.check(b"offender").await;
+        if d.allowed || d.source.rule != Some("shared") || d.retry_after != Duration::from_secs(59)
+        {
+            return fail(format!(
+                "request {i} at t0+1 s: must be refused by \"shared\" with retry_after 59 s; got {}",
+                show(&d)
+            ));
+        }
+    }
+    let calls = store.calls() - before;
+    if calls != 1 || local.refunds() != 1 {
+        return fail(format!(
+            "100 refused requests cost {calls} shared-store calls and {} refunds in the local              tier; a refusal standing until t0+60 s must cost one of each",
+            local.refunds()
+        ));
+    }
+    s.at(30 * S);
+    let d = c.check(b"offender").await;
+    if d.allowed || d.retry_after != Duration::from_secs(30) || store.calls() - before != 1 {
+        return fail(format!(
+            "at t0+30 s the standing refusal must answer with retry_after 30 s, still without a              store call; got {} after {} calls",
+            show(&d),
+            store.calls() - before
+        ));
+    }
+    s.at(60 * S);
+    let d = c.check(b"offender").await;
+    if !d.allowed || store.calls() - before != 2 {
+        return fail(format!(
+            "at t0+60 s, when the refusal lapses, the store must be asked again and admit; got {}",
+            show(&d)
+        ));
+    }
+    evidence(vec![
+        "101 refused requests over 30 s: 1 shared-store call, 1 local refund".into(),
+        "asked again exactly when the refusal lapsed, and admitted".into(),
+    ])
+}
+
+fn fixed(limit: u32, window_s: u64) -> Result<Policy, Failure> {
+    policy(Algorithm::FixedWindow, limit, window_s * S)
+}
+
+pub(super) async fn leased_fleet_never_over_admits(s: &Setup<'_>) -> ScenarioResult {
+    // Four instances lease from one shared fixed window of 20 per 10 s, in
+    // batches of at most 4. Window 1 (opened at t0 by its first request):
+    // 12 requests, 3 per instance, leave units in hand at its end. Window 2
+    // (opened at t0+10 s): 60 requests, 15 per instance. The shared store
+    // counts every leased unit, and a lease ends with the window that
+    // counted it, so each window admits at most 20; an instance strands at
+    // most 3 units, so window 2 admits at least 20 − 4 × 3 = 8.
+    let store = s.shared().await?;
+    let p = fixed(20, 10)?;
+    let fleet = s.fleet(4, &store, p, 4, FailurePolicy::Closed)?;
+    let mut admitted = [0u32; 2];
+    for (window, requests) in [(0u64, 12u64), (1, 60)] {
+        for r in 0..requests {
+            // Every 100 ms from the window's start: all inside it.
+            s.at(window * 10 * S + r * 100_000);
+            let d = fleet[(r % 4) as usize].check(b"tenant").await;
+            if d.source.degraded {
+                return fail(format!(
+                    "window {}, request {}: the shared store must answer; got {}",
+                    window + 1,
+                    r + 1,
+                    show(&d)
+                ));
+            }
+            admitted[window as usize] += u32::from(d.allowed);
+        }
+    }
+    if admitted[0] != 12 {
+        return fail(format!(
+            "window 1: 12 requests under a limit of 20 must all be admitted; {} were",
+            admitted[0]
+        ));
+    }
+    if admitted[1] > 20 {
+        return fail(format!(
+            "window 2: the fleet admitted {} requests against a limit of 20: leased units were \
+             not counted by the shared store, or were spent after the window that counted them",
+            admitted[1]
+        ));
+    }
+    if admitted[1] < 8 {
+        return fail(format!(
+            "window 2: the fleet admitted only {} of 60 requests; at most 4 × 3 units can be \
+             stranded, so at least 8 must be admitted",
+            admitted[1]
+        ));
+    }
+    evidence(vec![
+        "window 1: 12 of 12 admitted, leaving units in hand".into(),
+        format!(
+            "window 2: {} of 60 admitted, at most the limit of 20",
+            admitted[1]
+        ),
+    ])
+}
+
+pub(super) async fn leased_units_returned(s: &Setup<'_>) -> ScenarioResult {
+    // A shared fixed window of 10 per 10 s; two instances leasing in
+    // batches of at most 4. A serves 4 requests and then stops, holding
+    // units it leased; released, they go back to the shared store, and B,
+    // asking until refused, is admitted every unit A did not spend: 6.
+    let store = s.shared().await?;
+    let p = fixed(10, 10)?;
+    let fleet = s.fleet(2, &store, p, 4, FailurePolicy::Closed)?;
+    s.at(0);
+    admit_each(&*fleet[0], b"tenant", 4, |i| {
+        format!("A's request {i} of 4")
+    })
+    .await?;
+    s.at(S);
+    let released = fleet[0].release_leases().await;
+    if released == 0 {
+        return fail(
+            "A served 4 requests from batches of up to 4 and holds units, but releasing its \
+             leases handed none back",
+        );
+    }
+    let mut b = 0;
+    for _ in 0..20 {
+        if fleet[1].check(b"tenant").await.allowed {
+            b += 1;
+        }
+    }
+    if b != 6 {
+        return fail(format!(
+            "after A (4 admitted) released {released} units, B must be admitted the other 6 of \
+             the window's 10; it was admitted {b}: {} units left stranded",
+            6i64 - i64::from(b)
+        ));
+    }
+    evidence(vec![
+        format!("A admitted 4 and released {released} unspent units"),
+        "B was then admitted exactly the 6 units A did not spend".into(),
+    ])
+}
+
+pub(super) async fn leased_dead_store_follows_failure_policy(s: &Setup<'_>) -> ScenarioResult {
+    // One instance, fail closed, leasing in batches of at most 4 from a
+    // shared fixed window of 1,000 per minute. After 4 requests it holds
+    // units; then the shared store fails. The units in hand were counted
+    // before the outage and may be spent (at most 3); after them every
+    // request is refused by the failure policy.
+    let store = Switch::<dyn Store>::new(s.shared().await?);
+    let shared_store: Arc<dyn Store> = store.clone();
+    let p = fixed(1_000, 60)?;
+    let fleet = s.fleet(1, &shared_store, p, 4, FailurePolicy::Closed)?;
+    s.at(0);
+    admit_each(&*fleet[0], b"tenant", 4, |i| format!("request {i} of 4")).await?;
+    store.set(Health::Failing);
+    s.at(S);
+    let mut from_hand = 0;
+    for i in 1..=10 {
+        let d = fleet[0].check(b"tenant").await;
+        if d.allowed && !d.source.degraded && from_hand < 3 {
+            from_hand += 1;
+            continue;
+        }
+        if d.allowed || !d.source.degraded {
+            return fail(format!(
+                "request {i} with the shared store failing, after {from_hand} paid from units \
+                 in hand (at most 3): must be refused by the failure policy (closed); got {}",
+                show(&d)
+            ));
+        }
+    }
+    evidence(vec![
+        format!("{from_hand} requests paid from units leased before the outage"),
+        "every later request refused by the failure policy, degraded".into(),
+    ])
+}

@@ -1,0 +1,160 @@
+//! Test doubles for compositions: a store and an abuse sink whose health a
+//! scenario switches, counting the calls they get.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use ratewarden_core::{
+    AbuseEvent, AbuseSink, Decision, ErrorKind, Policy, Store, StoreError, Timestamp,
+};
+
+/// How a [`Switch`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// Passes every call to the wrapped store.
+    Up,
+    /// Fails every call at once, as a server refusing connections does.
+    Failing,
+    /// Never answers, as a paused or partitioned server does.
+    Hanging,
+    /// Answers every call with an `InvalidRequest` error.
+    Invalid,
+}
+
+/// A store (or abuse sink) whose health can be switched, counting the calls
+/// that reach it, whatever it then answers.
+pub struct Switch<T: ?Sized> {
+    inner: Arc<T>,
+    health: Mutex<Health>,
+    calls: AtomicU64,
+    refunds: AtomicU64,
+    refusals: AtomicU64,
+}
+
+impl<T: ?Sized> fmt::Debug for Switch<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Switch")
+            .field("health", &self.health())
+            .field("calls", &self.calls())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: ?Sized> Switch<T> {
+    /// Wraps `inner`, healthy.
+    pub fn new(inner: Arc<T>) -> Arc<Self> {
+        Arc::new(Switch {
+            inner,
+            health: Mutex::new(Health::Up),
+            calls: AtomicU64::new(0),
+            refunds: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+        })
+    }
+
+    /// Switches how it answers from now on.
+    pub fn set(&self, health: Health) {
+        *self.health.lock().unwrap_or_else(|p| p.into_inner()) = health;
+    }
+
+    /// How it answers now.
+    pub fn health(&self) -> Health {
+        *self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Calls that reached it (decisions, or abuse writes for a sink).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Refund calls that reached it (a store only).
+    pub fn refunds(&self) -> u64 {
+        self.refunds.load(Ordering::SeqCst)
+    }
+
+    /// For a sink: the refusals the events it stored stand for.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::SeqCst)
+    }
+
+    async fn gate(&self, name: &'static str) -> Result<(), StoreError> {
+        match self.health() {
+            Health::Up => Ok(()),
+            Health::Failing => Err(StoreError::new(
+                ErrorKind::Unavailable,
+                name,
+                "connection refused (switched off by the scenario)",
+            )),
+            Health::Hanging => std::future::pending().await,
+            Health::Invalid => Err(StoreError::new(
+                ErrorKind::InvalidRequest,
+                name,
+                "invalid request (switched by the scenario)",
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for Switch<dyn Store> {
+    forward_identity!(inner);
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.gate(self.inner.name()).await?;
+        self.inner.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.refunds.fetch_add(1, Ordering::SeqCst);
+        self.gate(self.inner.name()).await?;
+        self.inner.refund(key, policy, cost, now, admitted).await
+    }
+}
+
+/// An abuse sink that keeps every event it is given, in order.
+#[derive(Debug, Default)]
+pub struct Events(Mutex<Vec<AbuseEvent>>);
+
+impl Events {
+    /// The events recorded so far, in order.
+    pub fn recorded(&self) -> Vec<AbuseEvent> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[async_trait]
+impl AbuseSink for Events {
+    async fn record(&self, event: AbuseEvent) -> Result<(), StoreError> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl AbuseSink for Switch<dyn AbuseSink> {
+    async fn record(&self, event: AbuseEvent) -> Result<(), StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.gate("abuse sink").await?;
+        let refusals = event.refusals;
+        self.inner.record(event).await?;
+        self.refusals.fetch_add(refusals, Ordering::SeqCst);
+        Ok(())
+    }
+}

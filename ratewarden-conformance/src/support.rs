@@ -1,0 +1,312 @@
+//! What every scenario needs: a store with a manual clock, exact
+//! expectations, and readable numbers in evidence and failures.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use ratewarden_core::{Algorithm, Clock, Decision, ManualClock, Policy, Store, Timestamp};
+
+use crate::{Evidence, Failure, ScenarioResult, StoreFactory};
+
+/// One second, in µs.
+pub(crate) const S: u64 = 1_000_000;
+/// One millisecond, in µs.
+pub(crate) const MS: u64 = 1_000;
+/// Where every scenario's clock starts: day-aligned, so every epoch-aligned
+/// window of whole seconds up to a day opens exactly here.
+pub(crate) const T0: u64 = ManualClock::DEFAULT_START.as_micros();
+
+/// Runs a scenario, turning a panic anywhere below it into a failure: a
+/// store must never panic, and a scorecard must survive one that does.
+///
+/// A payload that is not a message is passed on instead: that is how a
+/// factory that cannot set up its store at all (no Docker for its server)
+/// unwinds with `std::panic::resume_unwind` after printing one line of
+/// what is missing, and the test then fails with that line alone rather
+/// than as a store's panic.
+pub(crate) async fn guarded(fut: impl Future<Output = ScenarioResult>) -> ScenarioResult {
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(result) => result,
+        Err(payload) if !is_message(payload.as_ref()) => std::panic::resume_unwind(payload),
+        Err(payload) => Err(Failure(format!(
+            "the store (or its factory) panicked: {}",
+            panic_message(payload.as_ref())
+        ))),
+    }
+}
+
+fn is_message(payload: &(dyn std::any::Any + Send)) -> bool {
+    payload.is::<&str>() || payload.is::<String>()
+}
+
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(a non-string panic payload)".to_string()
+    }
+}
+
+pub(crate) fn fail<T>(message: impl Into<String>) -> Result<T, Failure> {
+    Err(Failure(message.into()))
+}
+
+pub(crate) fn evidence(parts: Vec<String>) -> ScenarioResult {
+    Ok(Evidence(parts.join("; ")))
+}
+
+/// A policy the scenario knows to be valid.
+pub(crate) fn policy(algorithm: Algorithm, limit: u32, window_us: u64) -> Result<Policy, Failure> {
+    Policy::new(algorithm, limit, Duration::from_micros(window_us))
+        .map_err(|e| Failure(format!("scenario bug: invalid policy: {e}")))
+}
+
+/// A fresh store and the clock that drives it.
+pub(crate) struct Probe {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) clock: ManualClock,
+    /// Requests sent so far by [`hit`](Probe::hit), which alternates
+    /// between the store's two ways of deciding.
+    hits: AtomicU64,
+}
+
+impl Probe {
+    pub(crate) async fn new(factory: &dyn StoreFactory) -> Result<Probe, Failure> {
+        let store = factory.fresh().await;
+        let caps = store.capabilities();
+        if caps.server_clock {
+            return fail(format!(
+                "the {} store decides with its server's clock, so the suite cannot drive time; \
+                 the factory must return a store in client-clock mode",
+                store.name()
+            ));
+        }
+        if caps.algorithms.is_empty() {
+            return fail(format!(
+                "the {} store lists no algorithms in its capabilities: every scenario would \
+                 pass without testing anything",
+                store.name()
+            ));
+        }
+        Ok(Probe {
+            store,
+            clock: ManualClock::new(),
+            hits: AtomicU64::new(0),
+        })
+    }
+
+    /// Sets the clock to `T0 + offset_us`.
+    pub(crate) fn at(&self, offset_us: u64) {
+        self.clock.set(Timestamp::from_micros(T0 + offset_us));
+    }
+
+    /// Sets the clock to an absolute time, which may be before `T0`.
+    pub(crate) fn set(&self, micros: u64) {
+        self.clock.set(Timestamp::from_micros(micros));
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now().as_micros()
+    }
+
+    /// Splits `wanted` into the algorithms the store supports and a note
+    /// naming those it skips (empty if none).
+    pub(crate) fn supported(&self, wanted: &[Algorithm]) -> (Vec<Algorithm>, Option<String>) {
+        let caps = self.store.capabilities();
+        let (yes, no): (Vec<Algorithm>, Vec<Algorithm>) =
+            wanted.iter().partition(|a| caps.algorithms.contains(a));
+        let note = (!no.is_empty()).then(|| {
+            format!(
+                "skipped {} (not supported by the {} store)",
+                list(&no),
+                self.store.name()
+            )
+        });
+        (yes, note)
+    }
+
+    /// One request at the clock's current time; a store error fails the
+    /// scenario, naming the request.
+    ///
+    /// Every other request goes to [`Store::decide_inline`] (when the store
+    /// answers there, as an in-process store does), the rest to
+    /// [`Store::decide`]: a `Limiter` uses the first whenever it answers, so
+    /// both must keep the whole contract, and a difference between them
+    /// shows up as a broken scenario.
+    pub(crate) async fn hit(&self, key: &[u8], p: &Policy, cost: u32) -> Result<Decision, Failure> {
+        let now = self.clock.now();
+        let inline = self.hits.fetch_add(1, Ordering::Relaxed) % 2 == 1;
+        let answer = match inline
+            .then(|| self.store.decide_inline(key, p, cost, now))
+            .flatten()
+        {
+            Some(answer) => answer,
+            None => self.store.decide(key, p, cost, now).await,
+        };
+        answer.map_err(|e| {
+            Failure(format!(
+                "{}: request (key {}, cost {cost}) at {} returned an error: {e}",
+                p.algorithm(),
+                show_key(key),
+                rel(now.as_micros())
+            ))
+        })
+    }
+}
+
+/// What a decision must say, exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Expect {
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u32,
+    pub(crate) reset_us: u64,
+    pub(crate) retry_us: u64,
+}
+
+/// Admitted, with `remaining` left and a reset `reset_us` away.
+pub(crate) const fn admit(remaining: u32, reset_us: u64) -> Expect {
+    Expect {
+        allowed: true,
+        remaining,
+        reset_us,
+        retry_us: 0,
+    }
+}
+
+/// Refused, with `remaining` left, a reset `reset_us` away and a retry
+/// `retry_us` away.
+pub(crate) const fn refuse(remaining: u32, reset_us: u64, retry_us: u64) -> Expect {
+    Expect {
+        allowed: false,
+        remaining,
+        reset_us,
+        retry_us,
+    }
+}
+
+impl std::fmt::Display for Expect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}, remaining {}, reset_after {}, retry_after {}",
+            if self.allowed { "admitted" } else { "refused" },
+            self.remaining,
+            dur(self.reset_us),
+            dur(self.retry_us)
+        )
+    }
+}
+
+pub(crate) fn observed(d: &Decision) -> Expect {
+    Expect {
+        allowed: d.allowed,
+        remaining: d.remaining,
+        reset_us: micros(d.reset_after),
+        retry_us: micros(d.retry_after),
+    }
+}
+
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Fails unless `d` is exactly `want` and carries the policy's limit.
+pub(crate) fn check(d: &Decision, want: Expect, p: &Policy, what: &str) -> Result<(), Failure> {
+    let got = observed(d);
+    if got != want {
+        return fail(format!(
+            "{} ({p}) {what}: must be {want}; the store answered {got}",
+            p.algorithm()
+        ));
+    }
+    if d.limit != p.limit() {
+        return fail(format!(
+            "{} {what}: the decision reports a limit of {}, the policy's is {}",
+            p.algorithm(),
+            d.limit,
+            p.limit()
+        ));
+    }
+    Ok(())
+}
+
+/// `n` with thousands separators: 3,000.
+pub(crate) fn num(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// A duration in µs, in the largest unit that shows it exactly.
+pub(crate) fn dur(us: u64) -> String {
+    if us == u64::MAX {
+        "forever".to_string()
+    } else if us == 0 {
+        "0".to_string()
+    } else if us.is_multiple_of(S) {
+        format!("{} s", num(us / S))
+    } else if us.is_multiple_of(MS) {
+        format!("{} ms", num(us / MS))
+    } else {
+        format!("{} µs", num(us))
+    }
+}
+
+/// A time relative to `T0`: `t0+9 s`, `t0−25 s`.
+pub(crate) fn rel(micros: u64) -> String {
+    if micros == 0 {
+        "the epoch".to_string()
+    } else if micros >= T0 {
+        format!("t0+{}", dur(micros - T0))
+    } else {
+        format!("t0−{}", dur(T0 - micros))
+    }
+}
+
+/// A key as a reader can see it: escaped, and shortened if long.
+pub(crate) fn show_key(key: &[u8]) -> String {
+    let escaped: String = key.escape_ascii().to_string();
+    if escaped.len() > 40 {
+        format!("{:?}… ({} bytes)", &escaped[..32], num(key.len() as u64))
+    } else {
+        format!("{escaped:?}")
+    }
+}
+
+pub(crate) fn list(algorithms: &[Algorithm]) -> String {
+    algorithms
+        .iter()
+        .map(|a| a.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_readable() {
+        assert_eq!(num(0), "0");
+        assert_eq!(num(999), "999");
+        assert_eq!(num(3_000), "3,000");
+        assert_eq!(num(1_234_567), "1,234,567");
+        assert_eq!(dur(9 * S), "9 s");
+        assert_eq!(dur(500 * MS), "500 ms");
+        assert_eq!(dur(2 * S + 1), "2,000,001 µs");
+        assert_eq!(rel(T0 - 25 * S), "t0−25 s");
+        assert_eq!(show_key(b"a\n\0"), "\"a\\\\n\\\\x00\"");
+    }
+}

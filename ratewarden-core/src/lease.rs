@@ -1,0 +1,522 @@
+//! Leased quotas: one round trip to a shared store buys a batch of units
+//! that an instance then admits locally, so a fleet's shared store sees a
+//! fraction of its admitted requests, and the fleet still never admits more
+//! than the limit.
+//!
+//! A [`LeasedStore`] wraps the shared store. When a key has no units in
+//! hand it asks the shared store to admit a batch of `k` units at once (one
+//! [`decide`](Store::decide) of cost `k`): the shared store counts them as
+//! consumed, so the whole fleet's leases plus its direct admissions never
+//! exceed the limit. The instance then admits from its batch without a round
+//! trip until the batch is spent or the window it was counted in ends.
+//!
+//! # Where it is sound
+//!
+//! A leased unit is counted by the shared store when it is leased and spent
+//! later; that is exact only if both happen in the same window of the
+//! algorithm's own accounting. So a lease lives until the end of the window
+//! that counted it:
+//!
+//! * **fixed window** — until the counting window ends (`now + reset_after`
+//!   of the grant): every admission from the lease falls in the window that
+//!   counted it. Sound.
+//! * **sliding window** — until the end of the epoch-aligned window whose
+//!   `current` counter holds the units. Sound.
+//! * **sliding log** and **GCRA** are refused at construction: they count
+//!   each unit at the instant it was admitted, so a unit leased at `t` and
+//!   spent at `t' > t` would let the store free it a window (or an emission
+//!   interval) too early, admitting more than the limit in the window that
+//!   ends at `t' + W`.
+//!
+//! # The price: stranded units
+//!
+//! Units leased by an instance that does not spend them before the window
+//! ends are lost for that window. Per key and window, an instance holds at
+//! most `max_units − 1` unspent units (it leases only when its batch cannot
+//! pay for a request; for requests of cost up to `max_units`), so a fleet of
+//! `N` strands at most `N × (max_units − 1)`. A window's first batch is half
+//! of what the instance spent in its previous window (one unit for a new
+//! key) and batches double while the instance keeps spending them, up to
+//! `max_units` and never above half of the units the shared store said were
+//! left: an idle instance holds little, a busy one makes few round trips,
+//! and the last units of a window are spread rather than hoarded.
+//! [`LeasedStore::release`] hands every unspent unit back (one
+//! [`refund`](Store::refund) per lease): call it at shutdown.
+//!
+//! A request refused after its unit was spent (by a later rule of a
+//! [`Limiter`](crate::Limiter)) gives the unit back to the lease, locally.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use ratewarden_core::lease::{LeaseConfig, LeasedStore};
+//! use ratewarden_core::{Policy, Store, Timestamp};
+//! # use ratewarden_core::{Algorithm, Capabilities, Decision, StoreError, check_key, check_refund, algorithm};
+//! # use std::collections::HashMap; use std::sync::Mutex;
+//! # #[derive(Debug, Default)] struct Shared(Mutex<HashMap<Vec<u8>, Option<algorithm::KeyState>>>);
+//! # #[async_trait::async_trait] impl Store for Shared {
+//! #   fn name(&self) -> &'static str { "shared" }
+//! #   fn capabilities(&self) -> Capabilities { Capabilities { algorithms: &Algorithm::ALL,
+//! #     key_capacity: None, shared: true, server_clock: false } }
+//! #   async fn decide(&self, k: &[u8], p: &Policy, c: u32, now: Timestamp) -> Result<Decision, StoreError> {
+//! #     let mut m = self.0.lock().unwrap(); let s = m.entry(k.to_vec()).or_default();
+//! #     Ok(Decision::from_verdict(algorithm::apply(s, p, c, now.as_micros()), p, "shared")) } }
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let shared: Arc<dyn Store> = Arc::new(Shared::default()); // Redis or Postgres in a fleet
+//! let leased = LeasedStore::new(shared, LeaseConfig::new(16)?);
+//! let policy = Policy::fixed_window(1_000, Duration::from_secs(60))?;
+//! leased.check_policy(&policy)?;
+//! let now = Timestamp::from_micros(1_767_225_600_000_000);
+//! for _ in 0..100 {
+//!     assert!(leased.decide(b"client:42", &policy, 1, now).await?.allowed);
+//! }
+//! // Batches of 1, 2, 4, 8, 16, then 16 at a time: 10 round trips for 100.
+//! assert_eq!(leased.stats().round_trips, 10);
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+//!
+//! About 520 lines in one file, 80 of them these docs: the lease, its
+//! bookkeeping per key and the `Store` impl share one lock and one set of
+//! invariants, which read best side by side.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::counter::{bump, load};
+use crate::decision::{Decision, Source};
+use crate::error::{ConfigError, StoreError};
+use crate::policy::{Algorithm, Policy};
+use crate::store::{Capabilities, Store};
+use crate::time::Timestamp;
+
+/// The algorithms a lease is sound for; see the [module docs](self).
+pub const LEASE_ALGORITHMS: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindow];
+
+/// How large a [`LeasedStore`]'s batches grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConfig {
+    max_units: u32,
+}
+
+impl LeaseConfig {
+    /// Batches of at most `max_units` units. One unit is a lease per
+    /// request: a round trip each, no units stranded. Refuses zero.
+    pub fn new(max_units: u32) -> Result<Self, ConfigError> {
+        if max_units == 0 {
+            return Err(ConfigError::Invalid(
+                "a lease needs at least one unit".into(),
+            ));
+        }
+        Ok(LeaseConfig { max_units })
+    }
+
+    /// The largest batch.
+    pub fn max_units(&self) -> u32 {
+        self.max_units
+    }
+}
+
+/// What a [`LeasedStore`] has done, since it was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// Calls to the shared store (`decide` and `refund`).
+    pub round_trips: u64,
+    /// Batches the shared store granted.
+    pub batches: u64,
+    /// Units the shared store granted in batches.
+    pub leased: u64,
+    /// Requests admitted from a batch in hand, without a round trip.
+    pub local: u64,
+    /// Units spent on admitted requests (from a batch or from the grant
+    /// that started it), less those given back by refunds. Units leased
+    /// and neither spent nor released were stranded, or are still in hand.
+    pub spent: u64,
+    /// Units handed back to the shared store by [`LeasedStore::release`].
+    pub released: u64,
+}
+
+/// One key's batch.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    policy: Policy,
+    /// Units in hand.
+    units: u32,
+    /// The last batch's size, which the next one in the same window doubles.
+    size: u32,
+    /// Units spent in the lease's window so far: the instance's recent rate,
+    /// from which the next window's first batch is sized.
+    spent: u32,
+    /// What the shared store said was left after the last grant.
+    shared_remaining: u32,
+    /// When the last batch was granted, and the grant's `reset_after`: they
+    /// locate the units in the shared store's state for a refund.
+    granted_at: u64,
+    reset_after: u64,
+    /// The end of the window that counted the units: none is spent after.
+    until: u64,
+}
+
+impl Lease {
+    fn live(&self, policy: &Policy, now: u64) -> bool {
+        self.policy == *policy && self.granted_at <= now && now < self.until
+    }
+
+    /// The decision for a request paid from the batch: what the fleet has
+    /// left as far as this instance knows, and the grant's `reset_after`, so
+    /// that a refund of it locates the same window.
+    fn admitted(&self, now: u64, store: &'static str) -> Decision {
+        Decision {
+            allowed: true,
+            limit: self.policy.limit(),
+            remaining: self.shared_remaining.saturating_add(self.units),
+            reset_after: Duration::from_micros(
+                (self.granted_at + self.reset_after).saturating_sub(now),
+            ),
+            retry_after: Duration::ZERO,
+            source: Source::store(store),
+        }
+    }
+}
+
+/// A shared store whose admissions are bought in batches; see the
+/// [module docs](self).
+pub struct LeasedStore {
+    shared: Arc<dyn Store>,
+    config: LeaseConfig,
+    /// Per (algorithm, key). Bounded by the keys that have a live lease: an
+    /// expired lease is replaced by the key's next one and dropped by
+    /// [`LeasedStore::release`]; see `MAX_LEASES`.
+    leases: Mutex<HashMap<(Algorithm, Vec<u8>), Lease>>,
+    round_trips: AtomicU64,
+    batches: AtomicU64,
+    leased: AtomicU64,
+    local: AtomicU64,
+    spent: AtomicU64,
+    released: AtomicU64,
+}
+
+/// The most leases held at once. A new key beyond it drops the spent and
+/// expired leases first, and if that makes no room, is served without a
+/// batch (one round trip per request, like the shared store alone): a flood
+/// of distinct keys can cost round trips, never memory.
+const MAX_LEASES: usize = 100_000;
+
+impl fmt::Debug for LeasedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedStore")
+            .field("shared", &self.shared.name())
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeasedStore {
+    /// Leases from `shared`, in batches configured by `config`.
+    pub fn new(shared: Arc<dyn Store>, config: LeaseConfig) -> Self {
+        LeasedStore {
+            shared,
+            config,
+            leases: Mutex::default(),
+            round_trips: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            leased: AtomicU64::new(0),
+            local: AtomicU64::new(0),
+            spent: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+        }
+    }
+
+    /// What the store has done so far.
+    pub fn stats(&self) -> LeaseStats {
+        LeaseStats {
+            round_trips: load(&self.round_trips),
+            batches: load(&self.batches),
+            leased: load(&self.leased),
+            local: load(&self.local),
+            spent: load(&self.spent),
+            released: load(&self.released),
+        }
+    }
+
+    /// Units in hand for `key` under `policy` at `now`: leased, unspent, and
+    /// still spendable.
+    pub fn units_in_hand(&self, key: &[u8], policy: &Policy, now: Timestamp) -> u32 {
+        self.lock()
+            .get(&(policy.algorithm(), key.to_vec()))
+            .filter(|l| l.live(policy, now.as_micros()))
+            .map_or(0, |l| l.units)
+    }
+
+    /// Hands every unspent unit of a live lease back to the shared store
+    /// (one refund per lease) and forgets every lease. Returns the units
+    /// handed back; a refund that fails leaves its units stranded until the
+    /// window ends, which is the strict side.
+    pub async fn release(&self, now: Timestamp) -> u64 {
+        let leases: Vec<((Algorithm, Vec<u8>), Lease)> = self.lock().drain().collect();
+        let mut released = 0;
+        for ((_, key), lease) in leases {
+            if lease.units == 0 || !lease.live(&lease.policy, now.as_micros()) {
+                continue;
+            }
+            // The grant as the shared store answered it: what locates the
+            // units in its state.
+            let grant = lease.admitted(lease.granted_at, self.shared.name());
+            bump(&self.round_trips);
+            let at = Timestamp::from_micros(lease.granted_at);
+            if self
+                .shared
+                .refund(&key, &lease.policy, lease.units, at, &grant)
+                .await
+                .is_ok()
+            {
+                released += u64::from(lease.units);
+            }
+        }
+        self.released.fetch_add(released, Ordering::Relaxed);
+        released
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<(Algorithm, Vec<u8>), Lease>> {
+        // Plain integers per key: whole after any panic.
+        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn check(&self, policy: &Policy, cost: u32) -> Result<(), StoreError> {
+        self.check_policy(policy)
+            .and_then(|()| policy.check_cost(cost))
+            .map_err(|e| StoreError::invalid_request(self.shared.name(), e))
+    }
+
+    /// Pays `cost` from the key's batch if it holds enough.
+    fn spend(&self, key: &[u8], policy: &Policy, cost: u32, now: u64) -> Option<Decision> {
+        let mut leases = self.lock();
+        let lease = leases.get_mut(&(policy.algorithm(), key.to_vec()))?;
+        if !lease.live(policy, now) || lease.units < cost {
+            return None;
+        }
+        lease.units -= cost;
+        lease.spent = lease.spent.saturating_add(cost);
+        bump(&self.local);
+        self.spent.fetch_add(u64::from(cost), Ordering::Relaxed);
+        Some(lease.admitted(now, self.shared.name()))
+    }
+
+    /// The next batch for a request of `cost`: at a window's first lease,
+    /// half of what the instance spent in its last window (one unit for a
+    /// key it has not seen), then doubling while it keeps spending; capped
+    /// by `max_units` and by half of what the shared store last said was
+    /// left, and never below the cost.
+    fn next_size(&self, key: &[u8], policy: &Policy, cost: u32, now: u64) -> u32 {
+        let mut leases = self.lock();
+        let map_key = (policy.algorithm(), key.to_vec());
+        if leases.len() >= MAX_LEASES && !leases.contains_key(&map_key) {
+            leases.retain(|_, l| now < l.until && l.units > 0);
+            if leases.len() >= MAX_LEASES {
+                // No room to keep a batch: lease exactly the request, so
+                // nothing is stranded.
+                return cost;
+            }
+        }
+        let size = match leases.get(&map_key) {
+            Some(l) if l.live(policy, now) => l
+                .size
+                .saturating_mul(2)
+                .min(self.config.max_units)
+                .min(l.shared_remaining / 2),
+            Some(l) if l.policy == *policy => (l.spent / 2).clamp(1, self.config.max_units),
+            _ => 1,
+        };
+        size.max(cost)
+    }
+
+    /// Records a grant of `size` units of which `cost` are spent now, in
+    /// the store's counters and in the key's lease.
+    fn granted(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        size: u32,
+        cost: u32,
+        now: u64,
+        grant: &Decision,
+    ) {
+        bump(&self.batches);
+        self.leased.fetch_add(u64::from(size), Ordering::Relaxed);
+        self.spent.fetch_add(u64::from(cost), Ordering::Relaxed);
+        let reset_after = u64::try_from(grant.reset_after.as_micros()).unwrap_or(u64::MAX);
+        let w = policy.window_micros();
+        let until = match policy.algorithm() {
+            Algorithm::SlidingWindow => (now - now % w).saturating_add(w),
+            _ => now.saturating_add(reset_after),
+        };
+        let mut leases = self.lock();
+        let map_key = (policy.algorithm(), key.to_vec());
+        // Units still in hand from an earlier batch of the same window stay
+        // spendable; they were counted in the window this one ends with.
+        let (carried, spent) = leases
+            .get(&map_key)
+            .filter(|l| l.live(policy, now) && l.until == until)
+            .map_or((0, 0), |l| (l.units, l.spent));
+        if leases.len() >= MAX_LEASES && !leases.contains_key(&map_key) {
+            // Filled by other keys since `next_size`: the batch beyond this
+            // request is stranded, at most `max_units − 1` as always.
+            return;
+        }
+        leases.insert(
+            map_key,
+            Lease {
+                policy: *policy,
+                units: size - cost + carried,
+                size,
+                spent: spent.saturating_add(cost),
+                shared_remaining: grant.remaining,
+                granted_at: now,
+                reset_after,
+                until,
+            },
+        );
+    }
+}
+
+#[async_trait]
+impl Store for LeasedStore {
+    fn name(&self) -> &'static str {
+        self.shared.name()
+    }
+
+    /// The shared store's, for the algorithms a lease is sound for.
+    fn capabilities(&self) -> Capabilities {
+        let shared = self.shared.capabilities();
+        let both = |a: &Algorithm| shared.algorithms.contains(a);
+        Capabilities {
+            algorithms: match (both(&LEASE_ALGORITHMS[0]), both(&LEASE_ALGORITHMS[1])) {
+                (true, true) => &LEASE_ALGORITHMS,
+                (true, false) => &LEASE_ALGORITHMS[..1],
+                (false, true) => &LEASE_ALGORITHMS[1..],
+                (false, false) => &[],
+            },
+            ..shared
+        }
+    }
+
+    /// Refuses the sliding log and GCRA, naming why (see the
+    /// [module docs](self)), then whatever the shared store refuses.
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        if !LEASE_ALGORITHMS.contains(&policy.algorithm()) {
+            return Err(ConfigError::Invalid(format!(
+                "{} cannot be leased: it counts each unit at the instant it is admitted, so a \
+                 unit leased now and spent later would be freed too early and the fleet could \
+                 exceed its limit; leases work with fixed_window and sliding_window",
+                policy.algorithm()
+            )));
+        }
+        if self.shared.capabilities().server_clock {
+            return Err(ConfigError::Invalid(format!(
+                "the {} store decides with its server's clock, but a lease ends with the window \
+                 that counted it on the limiter's clock: use the store in client-clock mode",
+                self.shared.name()
+            )));
+        }
+        self.shared.check_policy(policy)
+    }
+
+    fn max_key_len(&self) -> Option<usize> {
+        self.shared.max_key_len()
+    }
+
+    /// Answers at once when the key's batch can pay.
+    fn decide_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        if let Err(e) = self.check(policy, cost) {
+            return Some(Err(e));
+        }
+        self.spend(key, policy, cost, now.as_micros()).map(Ok)
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.check(policy, cost)?;
+        let t = now.as_micros();
+        if let Some(d) = self.spend(key, policy, cost, t) {
+            return Ok(d);
+        }
+        let size = self.next_size(key, policy, cost, t);
+        bump(&self.round_trips);
+        let grant = self.shared.decide(key, policy, size, now).await?;
+        if grant.allowed {
+            self.granted(key, policy, size, cost, t, &grant);
+            let mut d = grant;
+            d.remaining = d.remaining.saturating_add(size - cost);
+            return Ok(d);
+        }
+        if size == cost {
+            return Ok(grant);
+        }
+        // The batch did not fit; the request alone may.
+        bump(&self.round_trips);
+        let single = self.shared.decide(key, policy, cost, now).await?;
+        if single.allowed {
+            self.granted(key, policy, cost, cost, t, &single);
+        }
+        Ok(single)
+    }
+
+    /// Gives the units back to the key's batch when the admission was paid
+    /// from it (or from the grant that started it) and the batch is still
+    /// live; otherwise refunds the shared store.
+    fn refund_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Option<Result<(), StoreError>> {
+        if let Err(e) = crate::check_refund(self.shared.name(), policy, cost, admitted) {
+            return Some(Err(e));
+        }
+        let t = now.as_micros();
+        let anchor = t.saturating_add(u64::try_from(admitted.reset_after.as_micros()).ok()?);
+        let mut leases = self.lock();
+        let lease = leases.get_mut(&(policy.algorithm(), key.to_vec()))?;
+        if !lease.live(policy, t) || lease.granted_at + lease.reset_after != anchor {
+            return None;
+        }
+        lease.units = lease.units.saturating_add(cost);
+        self.spent.fetch_sub(u64::from(cost), Ordering::Relaxed);
+        Some(Ok(()))
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        if let Some(done) = self.refund_inline(key, policy, cost, now, admitted) {
+            return done;
+        }
+        self.check(policy, cost)?;
+        bump(&self.round_trips);
+        self.shared.refund(key, policy, cost, now, admitted).await
+    }
+}

@@ -1,0 +1,55 @@
+//! The core of the limiter workspace: the [`Store`] contract every backend
+//! implements, the [`Policy`] and [`algorithm`] semantics they must match,
+//! the [`Decision`] they return, the [`Clock`]s that drive them, and the
+//! [`Limiter`] that composes stores into tiers.
+//!
+//! Backends live in their own crates (`ratewarden-memory`, `ratewarden-redis`,
+//! `ratewarden-postgres`) and prove themselves against `ratewarden-conformance`,
+//! whose scenarios are named in the [`Store`] contract.
+//!
+//! ```
+//! use ratewarden_core::{algorithm, Policy};
+//! use std::time::Duration;
+//!
+//! // 5 feedback posts per hour, exact.
+//! let policy = Policy::sliding_log(5, Duration::from_secs(3600))?;
+//! let mut state = None;
+//! let now = 1_767_225_600_000_000;
+//! for _ in 0..5 {
+//!     assert!(algorithm::apply(&mut state, &policy, 1, now).allowed);
+//! }
+//! let refused = algorithm::apply(&mut state, &policy, 1, now + 1);
+//! assert!(!refused.allowed);
+//! assert_eq!(refused.retry_after_us, 3600 * 1_000_000 - 1);
+//! # Ok::<(), ratewarden_core::ConfigError>(())
+//! ```
+
+mod abuse;
+pub mod algorithm;
+mod breaker;
+mod counter;
+mod decision;
+mod error;
+mod intern;
+pub mod lease;
+mod limiter;
+pub mod policy;
+mod refusal_cache;
+mod store;
+mod time;
+#[cfg(feature = "url")]
+pub mod url;
+
+pub use abuse::{ABUSE_TRACKED_KEYS, AbuseEvent, AbuseSink};
+pub use breaker::{BreakerConfig, BreakerState};
+pub use decision::{Decision, Source};
+pub use error::{ConfigError, ErrorKind, StoreError};
+pub use intern::intern;
+pub use limiter::{
+    DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, Rule, RuleStats,
+};
+pub use policy::parse::ParsePolicyError;
+pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
+pub use refusal_cache::REFUSAL_CACHE_KEYS;
+pub use store::{Capabilities, DEFAULT_MAX_KEY_LEN, Store, check_key, check_refund, check_request};
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};

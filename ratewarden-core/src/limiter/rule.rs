@@ -1,0 +1,523 @@
+//! One tier of a limiter: a [`Rule`], how it is configured, and what it
+//! keeps between a request's rules. How it decides is in `decide.rs`.
+
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::abuse::{AbuseRecorder, AbuseSink};
+use crate::breaker::{Breaker, BreakerConfig, Permit};
+use crate::counter::load;
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::intern::intern;
+use crate::policy::Policy;
+use crate::refusal_cache::{REFUSAL_CACHE_KEYS, RefusalCache};
+use crate::store::Store;
+
+use super::stats::{Counters, RuleStats};
+use super::{DEFAULT_TIMEOUT, FailurePolicy};
+
+mod decide;
+#[cfg(feature = "metrics")]
+mod metric_keys;
+
+/// Picks exactly one admitted request in every run of `every`, at a position
+/// drawn afresh for each run from a keyed hash the clients cannot know.
+///
+/// A count per key (escalate when a key's count crosses a multiple of
+/// `every`) depends on the client's pace: one pacing itself under the local
+/// limit is never sampled, one whose count sits on a multiple is sampled on
+/// every request. A rule-wide counter with a random phase per run is exact
+/// (one in `every` over any run) and tells a client nothing.
+pub(crate) struct Sampler {
+    every: u64,
+    admitted: AtomicU64,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Sampler {
+    fn new(every: u32) -> Self {
+        Sampler {
+            every: u64::from(every),
+            admitted: AtomicU64::new(0),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    fn sample(&self) -> bool {
+        let n = self.admitted.fetch_add(1, Ordering::Relaxed);
+        let run = n / self.every;
+        self.hasher.hash_one(run) % self.every == n % self.every
+    }
+}
+
+/// A durable store consulted by an escalating rule; see
+/// [`Rule::with_escalation`].
+pub(crate) struct Escalation {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) policy: Policy,
+    pub(crate) sampler: Sampler,
+    pub(crate) breaker: Breaker,
+    pub(crate) abuse: Option<AbuseRecorder>,
+}
+
+impl Escalation {
+    /// A copy with fresh breakers, sampler and abuse tracker, for a rule
+    /// reconfigured after it was cloned.
+    fn rebuilt(&self) -> Escalation {
+        let breaker = self.breaker.config();
+        Escalation {
+            store: self.store.clone(),
+            policy: self.policy,
+            sampler: Sampler::new(self.sampler.every as u32),
+            breaker: Breaker::new(breaker),
+            abuse: self.abuse.as_ref().map(|a| a.rebuilt()),
+        }
+    }
+}
+
+/// One tier of a [`Limiter`](crate::Limiter): a store, the policy it applies, and what to do
+/// when it fails.
+///
+/// Clones share the rule's breakers, escalation sampler, abuse tracker and
+/// counters.
+#[derive(Clone)]
+pub struct Rule {
+    pub(crate) name: Arc<str>,
+    /// The same name, interned, for [`Source::rule`](crate::Source::rule).
+    pub(crate) label: &'static str,
+    /// `{name}:`, which leads every storage key of the rule, interned.
+    pub(crate) key_prefix: &'static str,
+    /// The same, padded with zeros to [`KEY_HEAD`] bytes.
+    pub(crate) key_head: [u8; KEY_HEAD],
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) policy: Policy,
+    pub(crate) cost: u32,
+    pub(crate) timeout: Duration,
+    pub(crate) on_failure: FailurePolicy,
+    pub(crate) fallback: Option<Arc<dyn Store>>,
+    pub(crate) breaker: Arc<Breaker>,
+    pub(crate) escalation: Option<Arc<Escalation>>,
+    pub(crate) refusals: Option<Arc<RefusalCache>>,
+    pub(crate) counters: Arc<Counters>,
+    #[cfg(feature = "metrics")]
+    pub(crate) metric_keys: Arc<metric_keys::DecisionKeys>,
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rule")
+            .field("name", &self.name)
+            .field("store", &self.store.name())
+            .field("policy", &self.policy)
+            .field("cost", &self.cost)
+            .field("timeout", &self.timeout)
+            .field("on_failure", &self.on_failure)
+            .field("fallback", &self.fallback.as_ref().map(|s| s.name()))
+            .field(
+                "escalation",
+                &self
+                    .escalation
+                    .as_ref()
+                    .map(|e| (e.store.name(), e.policy, e.sampler.every)),
+            )
+            .finish()
+    }
+}
+
+/// Which of a rule's stores holds an admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    Authoritative,
+    Fallback,
+    Durable,
+}
+
+/// One admission a rule made for a request whose fate is not yet known.
+///
+/// Only what locates the admission is kept ([`Store::refund`] reads
+/// `reset_after`): a whole decision per rule would be copied on every
+/// admitted request for the rare refusal that needs it.
+pub(crate) struct Charge {
+    holder: Holder,
+    reset_after: Duration,
+}
+
+impl Charge {
+    fn of(holder: Holder, d: &Decision) -> Self {
+        Charge {
+            holder,
+            reset_after: d.reset_after,
+        }
+    }
+}
+
+/// What one rule did for one request: its decision, and the admissions to
+/// undo if a later rule refuses.
+pub(crate) struct Applied {
+    pub(crate) decision: Decision,
+    pub(crate) charges: SmallVec<[Charge; 2]>,
+}
+
+/// Undoes a breaker permit whose call never finished: a dropped future
+/// gives the probe slot back instead of leaving the breaker half-open.
+pub(crate) struct ProbeGuard<'a> {
+    breaker: &'a Breaker,
+    permit: Option<Permit>,
+}
+
+impl<'a> ProbeGuard<'a> {
+    pub(crate) fn new(breaker: &'a Breaker, permit: Permit) -> Self {
+        ProbeGuard {
+            breaker,
+            permit: Some(permit),
+        }
+    }
+
+    pub(crate) fn disarm(mut self) {
+        self.permit = None;
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit {
+            self.breaker.release(permit);
+        }
+    }
+}
+
+/// How one guarded call ended.
+pub(crate) enum Called {
+    Answered(Decision),
+    Failed(StoreError),
+    /// The breaker was open: the store was not called.
+    Skipped,
+}
+
+/// A rule's storage key, built on the stack for the keys a limiter usually
+/// sees (a rule name of up to 64 bytes, `:`, a 32-byte client key), so that
+/// a decision allocates nothing for it; a longer key goes to the heap.
+///
+/// Not a `SmallVec`: its two `extend_from_slice` each called `try_reserve`
+/// and `memmove` for a few dozen bytes, a visible share of a one-rule
+/// limiter's decision in a profile of the composition bench. Here the rule's prefix is copied as a
+/// block of [`KEY_HEAD`] bytes and a 32-byte client key as 32, sizes the
+/// compiler knows, so both are a few vector moves (see
+/// [`Rule::fill_storage_key`]).
+pub(crate) struct StorageKey {
+    pub(crate) inline: [u8; INLINE_STORAGE_KEY],
+    pub(crate) heap: Vec<u8>,
+}
+
+/// The longest storage key [`StorageKey`] holds on the stack.
+pub(crate) const INLINE_STORAGE_KEY: usize = 128;
+
+/// The length of a rule's `{name}:` padded with zeros: every prefix fits
+/// (at most [`MAX_RULE_NAME`] + 1 bytes), and a storage key that fits
+/// [`StorageKey`] is at least this long once the prefix is copied whole.
+pub(crate) const KEY_HEAD: usize = 80;
+
+/// The length of the workspace's client keys (32 hex digits).
+pub(crate) const CLIENT_KEY: usize = 32;
+
+impl StorageKey {
+    pub(crate) fn new() -> Self {
+        StorageKey {
+            inline: [0; INLINE_STORAGE_KEY],
+            heap: Vec::new(),
+        }
+    }
+}
+
+// Every prefix, `{name}:`, fits the head it is copied as.
+const _: () = assert!(MAX_RULE_NAME < KEY_HEAD);
+
+/// `prefix` followed by zeros, [`KEY_HEAD`] bytes (`Rule::new` has checked
+/// the name's length).
+fn key_head(prefix: &str) -> [u8; KEY_HEAD] {
+    let mut head = [0u8; KEY_HEAD];
+    let n = prefix.len().min(KEY_HEAD);
+    head[..n].copy_from_slice(&prefix.as_bytes()[..n]);
+    head
+}
+
+impl Rule {
+    /// A rule named `name` applying `policy` in `store`, with cost 1, the
+    /// [`DEFAULT_TIMEOUT`], the default [`BreakerConfig`], no fallback and
+    /// [`FailurePolicy::Open`].
+    ///
+    /// Refuses a policy the store cannot apply, and a name that is not 1 to
+    /// [`MAX_RULE_NAME`] characters of `A–Z a–z 0–9 _ - .`: the name leads
+    /// every storage key (`{rule}:{client key}`), which an operator lists and
+    /// deletes with standard tools, and appears in rate-limit headers.
+    ///
+    /// Each distinct name is kept for the life of the process (at most
+    /// [`MAX_RULE_NAME`] bytes), so that every decision can name its rule as
+    /// a [`Source::rule`](crate::Source::rule) without a reference count: build rule names from
+    /// configuration, not from request data.
+    pub fn new(
+        name: impl Into<Arc<str>>,
+        store: Arc<dyn Store>,
+        policy: Policy,
+    ) -> Result<Self, ConfigError> {
+        let name = name.into();
+        check_rule_name(&name)?;
+        store.check_policy(&policy)?;
+        // A shared store is a round trip away: repeating its refusals saves
+        // one per request of a hammering client. An in-process store answers
+        // as fast as the cache would.
+        let refusals = store
+            .capabilities()
+            .shared
+            .then(|| Arc::new(RefusalCache::new(REFUSAL_CACHE_KEYS)));
+        let key_prefix = intern(&format!("{name}:"));
+        let label = intern(&name);
+        Ok(Rule {
+            #[cfg(feature = "metrics")]
+            metric_keys: Arc::new(metric_keys::DecisionKeys::new(label, store.name())),
+            label,
+            key_prefix,
+            key_head: key_head(key_prefix),
+            name,
+            store,
+            policy,
+            cost: 1,
+            timeout: DEFAULT_TIMEOUT,
+            on_failure: FailurePolicy::default(),
+            fallback: None,
+            breaker: Arc::new(Breaker::new(BreakerConfig::default())),
+            escalation: None,
+            refusals,
+            counters: Arc::default(),
+        })
+    }
+
+    /// Repeats the store's refusal of a key, locally and without a store
+    /// call, until the retry time it gave; holds at most `keys` keys (the
+    /// least recently refused is forgotten first). On by default, for
+    /// [`REFUSAL_CACHE_KEYS`](crate::REFUSAL_CACHE_KEYS) keys, for a rule
+    /// whose store is [`shared`](crate::Capabilities::shared); off for an
+    /// in-process store, which answers as fast.
+    ///
+    /// A cached refusal records nothing and refunds what earlier rules
+    /// admitted, like any refusal; it is marked
+    /// [`Source::cached`](crate::Source::cached). Within a fleet it can only
+    /// be stricter than asking again (another instance's refund could free a
+    /// unit a moment early), never more permissive. Refuses zero keys.
+    pub fn with_refusal_cache(mut self, keys: usize) -> Result<Self, ConfigError> {
+        if keys == 0 {
+            return Err(ConfigError::Invalid(
+                "a refusal cache needs room for at least one key; use without_refusal_cache".into(),
+            ));
+        }
+        self.refusals = Some(Arc::new(RefusalCache::new(keys)));
+        Ok(self)
+    }
+
+    /// Asks the store on every request, refused or not.
+    pub fn without_refusal_cache(mut self) -> Self {
+        self.refusals = None;
+        self
+    }
+
+    /// Charges `cost` units per request instead of 1. Refuses a cost the
+    /// policy (or the escalation policy) could never admit.
+    pub fn with_cost(mut self, cost: u32) -> Result<Self, ConfigError> {
+        self.policy.check_cost(cost)?;
+        if let Some(e) = &self.escalation {
+            e.policy.check_cost(cost)?;
+        }
+        self.cost = cost;
+        Ok(self)
+    }
+
+    /// Bounds every call this rule makes (decision, fallback, escalation,
+    /// refund, abuse write): the time a request can wait on a store. A call
+    /// that takes longer is a failure, answered by the fallback or the
+    /// failure policy. This is the timeout to tune for a request path; a
+    /// store's own timeout (such as `RedisStoreBuilder::timeout` or
+    /// `PostgresStoreBuilder::timeout`) is a transport bound beneath it,
+    /// which frees the store's connection and applies when the store is
+    /// used without a `Limiter`. The shorter of the two ends a call first.
+    /// Refuses a zero timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
+        if timeout.is_zero() {
+            return Err(ConfigError::Invalid("timeout must be positive".into()));
+        }
+        self.timeout = timeout;
+        Ok(self)
+    }
+
+    /// Replaces the default circuit breaker of the rule's stores (the
+    /// authoritative store, the escalation store and the abuse sink each
+    /// get one of this configuration).
+    pub fn with_breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = Arc::new(Breaker::new(config));
+        self.escalation = self.escalation.map(|e| {
+            // Unshared until the rule is built into a limiter; a clone made
+            // before this call keeps the old breakers.
+            let e = Arc::try_unwrap(e).unwrap_or_else(|shared| shared.rebuilt());
+            Arc::new(Escalation {
+                breaker: Breaker::new(config),
+                abuse: e.abuse.map(|a| a.with_breaker(config)),
+                ..e
+            })
+        });
+        self
+    }
+
+    /// What to answer when no store answers.
+    pub fn on_failure(mut self, on_failure: FailurePolicy) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// Answers the same policy from `fallback` (typically an in-process
+    /// store) whenever the rule's store fails, times out or has its breaker
+    /// open. The two are never both consulted for one request: the fallback
+    /// counts as a side effect, so asking both would double-count an honest
+    /// client. Refuses a fallback that cannot apply the policy.
+    pub fn with_fallback(mut self, fallback: Arc<dyn Store>) -> Result<Self, ConfigError> {
+        fallback.check_policy(&self.policy)?;
+        #[cfg(feature = "metrics")]
+        Arc::make_mut(&mut self.metric_keys).set_fallback(fallback.name());
+        self.fallback = Some(fallback);
+        Ok(self)
+    }
+
+    /// Makes the rule's store the authoritative local check and consults
+    /// `durable` with the stricter `policy` on exactly one admitted request
+    /// in every `every` (rule-wide, at a random position in each run of
+    /// `every`, so the rate does not depend on any client's pace and no
+    /// client can predict it). A refusal by the durable store refuses the
+    /// request and refunds its local unit. Durable failures never refuse a
+    /// request: the local store stays authoritative.
+    ///
+    /// Every refusal, local or durable, is counted for `sink` when one is
+    /// given: the first refusal of a key in a window of the rule's policy is
+    /// written at once, later ones ride on the key's next event (see
+    /// [`AbuseEvent::refusals`](crate::AbuseEvent::refusals) and
+    /// [`Limiter::flush_abuse_events`](crate::Limiter::flush_abuse_events)). Refused requests never reach the
+    /// durable store's counter, since a refusal must never be counted.
+    pub fn with_escalation(
+        mut self,
+        durable: Arc<dyn Store>,
+        policy: Policy,
+        every: u32,
+        sink: Option<Arc<dyn AbuseSink>>,
+    ) -> Result<Self, ConfigError> {
+        if every == 0 {
+            return Err(ConfigError::Invalid(
+                "escalation sample interval must be at least 1".into(),
+            ));
+        }
+        durable.check_policy(&policy)?;
+        policy.check_cost(self.cost)?;
+        let breaker = self.breaker.config();
+        self.escalation = Some(Arc::new(Escalation {
+            store: durable,
+            policy,
+            sampler: Sampler::new(every),
+            breaker: Breaker::new(breaker),
+            abuse: sink.map(|sink| {
+                AbuseRecorder::new(self.name.clone(), sink, breaker, self.policy.window())
+            }),
+        }));
+        Ok(self)
+    }
+
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The rule's policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The stricter policy of the rule's escalation store, if it has one: the
+    /// policy a decision with [`Source::escalated`](crate::Source::escalated) and `allowed == false`
+    /// was made under.
+    pub fn escalation_policy(&self) -> Option<&Policy> {
+        self.escalation.as_ref().map(|e| &e.policy)
+    }
+
+    /// The policy `decision` (from this rule) was made under: the escalation
+    /// policy for a durable refusal, the rule's own otherwise. Rate-limit
+    /// headers describe this one, so that a limit and its window always
+    /// belong together.
+    pub fn policy_of(&self, decision: &Decision) -> &Policy {
+        match (
+            &self.escalation,
+            decision.source.escalated && !decision.allowed,
+        ) {
+            (Some(e), true) => &e.policy,
+            _ => &self.policy,
+        }
+    }
+
+    /// The rule's authoritative store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// A snapshot of the rule's counters.
+    pub fn stats(&self) -> RuleStats {
+        let c = &self.counters;
+        RuleStats {
+            rule: self.name.clone(),
+            allowed: c.allowed.load(),
+            refused: c.refused.load(),
+            store_errors: load(&c.store_errors),
+            short_circuited: load(&c.short_circuited),
+            fallbacks: load(&c.fallbacks),
+            degraded: load(&c.degraded),
+            breaker_opened: load(&c.breaker_opened),
+            escalations: load(&c.escalations),
+            abuse_events: load(&c.abuse_events),
+            abuse_dropped: load(&c.abuse_dropped),
+            refunds: load(&c.refunds),
+            refund_failures: load(&c.refund_failures),
+            refusals_cached: load(&c.refusals_cached),
+            breaker: self.breaker.state(),
+        }
+    }
+
+    /// The key this rule stores for a client key: the rule's name, `:`,
+    /// then the client key. Names hold no `:`, so two rules never share
+    /// state, and the key is printable whenever the client key is.
+    pub fn storage_key(&self, key: &[u8]) -> Vec<u8> {
+        let mut buf = StorageKey::new();
+        self.fill_storage_key(&mut buf, key).to_vec()
+    }
+}
+
+/// The longest rule name accepted.
+pub const MAX_RULE_NAME: usize = 64;
+
+fn check_rule_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_RULE_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "rule name {name:?} must be 1 to {MAX_RULE_NAME} characters of A-Z, a-z, 0-9, '_', \
+             '-' and '.'"
+        )))
+    }
+}
+
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}

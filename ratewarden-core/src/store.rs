@@ -1,0 +1,408 @@
+//! The storage contract every backend implements.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::decision::Decision;
+use crate::error::{ConfigError, ErrorKind, StoreError};
+use crate::policy::{Algorithm, Policy};
+use crate::time::Timestamp;
+
+/// What a store can do, declared so that composition and the conformance
+/// suite can adapt to it instead of guessing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The algorithms the store implements.
+    pub algorithms: &'static [Algorithm],
+    /// The most keys the store holds at once, if it is bounded in keys
+    /// (an in-process store); `None` for a store whose keys expire on their
+    /// own (Redis TTLs, Postgres sweeps).
+    pub key_capacity: Option<usize>,
+    /// Several processes share the store's state (Redis, Postgres), so one
+    /// limit holds across a fleet.
+    pub shared: bool,
+    /// The store decides with its own server's clock and ignores the `now`
+    /// passed to it, so that hosts with skewed clocks agree. A store in this
+    /// mode cannot be driven by a manual clock.
+    pub server_clock: bool,
+}
+
+/// A place that holds rate-limit state and applies a [`Policy`] to a key
+/// atomically.
+///
+/// The one operation, [`decide`](Store::decide), runs the whole algorithm
+/// inside the store — under a lock, in one Lua script, in one SQL statement —
+/// never as a read followed by a write from the client. A limiter that makes
+/// several round trips per request multiplies the load it exists to shed.
+///
+/// The trait is object safe and meant to be shared as `Arc<dyn Store>`.
+///
+/// # Implementing a store
+///
+/// A complete, correct store: one map under one lock, every algorithm by
+/// [`algorithm::apply`](crate::algorithm::apply) and
+/// [`algorithm::refund`](crate::algorithm::refund), keys bounded in length.
+/// (It never evicts, so it is unbounded in key count: a real in-process
+/// store caps it, evicting the least recently *touched* key, refusals
+/// included.)
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+/// use ratewarden_core::algorithm::{self, KeyState};
+/// use ratewarden_core::{
+///     Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp,
+///     DEFAULT_MAX_KEY_LEN, check_key, check_refund, check_request,
+/// };
+///
+/// #[derive(Debug, Default)]
+/// struct MapStore(Mutex<HashMap<(Algorithm, Vec<u8>), Option<KeyState>>>);
+///
+/// #[async_trait::async_trait]
+/// impl Store for MapStore {
+///     fn name(&self) -> &'static str { "map" }
+///
+///     fn capabilities(&self) -> Capabilities {
+///         Capabilities { algorithms: &Algorithm::ALL, key_capacity: None, shared: false, server_clock: false }
+///     }
+///
+///     fn max_key_len(&self) -> Option<usize> { Some(DEFAULT_MAX_KEY_LEN) }
+///
+///     async fn decide(&self, key: &[u8], policy: &Policy, cost: u32, now: Timestamp)
+///         -> Result<Decision, StoreError>
+///     {
+///         check_request("map", policy, cost, key, DEFAULT_MAX_KEY_LEN)?;
+///         // The whole algorithm under the lock: never read, then write.
+///         let mut map = self.0.lock().unwrap();
+///         let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
+///         let verdict = algorithm::apply(state, policy, cost, now.as_micros());
+///         Ok(Decision::from_verdict(verdict, policy, "map"))
+///     }
+///
+///     async fn refund(&self, key: &[u8], policy: &Policy, cost: u32, now: Timestamp,
+///         admitted: &Decision) -> Result<(), StoreError>
+///     {
+///         check_refund("map", policy, cost, admitted)?;
+///         check_key("map", key, DEFAULT_MAX_KEY_LEN)?;
+///         if let Some(state) = self.0.lock().unwrap().get_mut(&(policy.algorithm(), key.to_vec())) {
+///             let reset_after = admitted.reset_after.as_micros() as u64;
+///             algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+///
+/// Then two lines in the store crate's `tests/conformance.rs` run every
+/// scenario of the contract below against it, and a third the composition
+/// scenarios with it as a limiter's shared tier (`ratewarden-conformance`):
+///
+/// ```text
+/// async fn store() -> Arc<dyn Store> { Arc::new(MapStore::default()) }
+/// ratewarden_conformance::conformance_tests!(store);
+/// ```
+///
+/// # Contract
+///
+/// Each item is the name of a scenario in `ratewarden-conformance`, which checks
+/// it against any implementation:
+///
+/// * `policy_semantics` — every supported algorithm matches
+///   [`algorithm`](crate::algorithm) at its boundaries: `remaining`,
+///   `reset_after` and `retry_after` are exact, and a request retried after
+///   `retry_after` is admitted while one a microsecond earlier is not.
+/// * `cost_accounting` — a request of cost `c` consumes `c` units, is
+///   admitted only if all `c` fit, and consumes nothing when refused.
+/// * `key_independence` — one key's traffic never changes another's
+///   decisions.
+/// * `refused_hammering` — refused requests are not recorded: a client that
+///   keeps hammering regains access exactly when its admitted requests say,
+///   never later and never earlier.
+/// * `distinct_key_flood` — an offender at its limit stays limited while an
+///   attacker floods fresh keys (three times the store's key capacity, if it
+///   has one); a bounded store evicts least-recently-*touched* keys and a
+///   refusal touches its key. (That a bounded store never holds more than
+///   its capacity is for the backend's own tests: the key count is not
+///   visible through this trait.)
+/// * `window_renewal` — a window's expiry is fixed when it opens; hits inside
+///   it never move it, and the count resets when it ends.
+/// * `concurrent_exactness` — concurrent callers on one key are admitted
+///   exactly `limit` times: no lost updates, no over-admission.
+/// * `hostile_keys` — any byte string is a valid, distinct key: empty, 10 KB,
+///   newlines, quotes, SQL and Lua syntax, invalid UTF-8.
+/// * `clock_regression` — a `now` earlier than one already seen never
+///   panics and never admits more than the limit.
+/// * `bad_configuration` — policies a store cannot represent are refused by
+///   [`check_policy`](Store::check_policy) at construction, and an invalid
+///   cost is an error, never a panic.
+/// * `key_length_bound` — the store declares the longest key it accepts
+///   ([`max_key_len`](Store::max_key_len), at most 1 MiB); a longer key is an
+///   [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error for `decide`
+///   and `refund` and is never stored, and a key of exactly that length is
+///   valid.
+/// * `refund_exactness` — [`refund`](Store::refund) of an admission leaves the
+///   key as if the request had never been admitted, for every algorithm and
+///   cost, and a refund of units that are no longer held (a closed window, a
+///   later GCRA admission) never makes the key more permissive.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// A short, stable name (`"memory"`, `"redis"`, …), reported in every
+    /// [`Decision`] and in metrics.
+    fn name(&self) -> &'static str;
+
+    /// What the store can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Refuses a policy the store cannot apply. Called when a rule is built,
+    /// so a bad combination fails at start-up rather than at the first
+    /// request. The default checks the algorithm against
+    /// [`Capabilities::algorithms`].
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        if self.capabilities().algorithms.contains(&policy.algorithm()) {
+            Ok(())
+        } else {
+            Err(ConfigError::UnsupportedAlgorithm {
+                store: self.name(),
+                algorithm: policy.algorithm(),
+            })
+        }
+    }
+
+    /// Atomically applies `policy` to `key` for a request of `cost` units at
+    /// `now`, counting it only if it is admitted.
+    ///
+    /// State is kept per (algorithm, key): callers that apply several
+    /// policies of one algorithm to the same key must namespace the key (a
+    /// [`Limiter`](crate::Limiter) prefixes it with the rule's name).
+    /// A cost of zero or above the limit is an
+    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError>;
+
+    /// The same answer as [`decide`](Store::decide), given at once without a
+    /// future, by a store that never waits: state in process memory under a
+    /// short lock, no I/O. `None` (the default) means the store must be
+    /// awaited.
+    ///
+    /// A [`Limiter`](crate::Limiter) asks this first and, when it answers,
+    /// spends nothing else on the call: no boxed future, no timeout timer
+    /// and no circuit breaker, which exist for stores that can hang. A store
+    /// that answers here must never block the thread for longer than a lock
+    /// held for one key's update, and must answer exactly as `decide` would
+    /// (the conformance suite sends every other request of its scenarios
+    /// here, so a difference fails them).
+    ///
+    /// # Migration
+    ///
+    /// Added after the first release with a default of `None`: an existing
+    /// store keeps compiling and keeps being awaited.
+    fn decide_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (key, policy, cost, now);
+        None
+    }
+
+    /// The same as [`refund`](Store::refund), given at once by a store that
+    /// answers [`decide_inline`](Store::decide_inline); `None` (the default)
+    /// means the store must be awaited.
+    fn refund_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Option<Result<(), StoreError>> {
+        let _ = (key, policy, cost, now, admitted);
+        None
+    }
+
+    /// The longest key, in bytes, the store accepts; a longer one is an
+    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error (check it
+    /// with [`check_key`]). Bounded memory per key is an invariant: an
+    /// application passing attacker-chosen bytes must not be able to grow a
+    /// store by making keys longer. [`DEFAULT_MAX_KEY_LEN`] is a good
+    /// default.
+    ///
+    /// # Migration
+    ///
+    /// Added after the first release with a default of `None` (no bound
+    /// declared): an existing store keeps compiling, and the conformance
+    /// scenario `key_length_bound` fails until it declares and enforces one.
+    fn max_key_len(&self) -> Option<usize> {
+        None
+    }
+
+    /// Undoes one admission that [`decide`](Store::decide) made: `admitted`
+    /// is the decision it returned for `key`, `policy`, `cost` and `now`, or
+    /// one with the same `allowed` and `reset_after` (what locates the
+    /// admission; a [`Limiter`](crate::Limiter) keeps only those).
+    ///
+    /// A [`Limiter`](crate::Limiter) calls it, once per admission and only on
+    /// the refusal path, when a later rule refuses a request an earlier rule
+    /// admitted, so that a refused request is recorded by no rule. The
+    /// semantics are [`algorithm::refund`](crate::algorithm::refund): the key
+    /// ends exactly as if the request had never been admitted, or stricter
+    /// when other admissions have moved its state since; never more
+    /// permissive. Refunding a refusal is an
+    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
+    ///
+    /// # Migration
+    ///
+    /// Added after the first release with a default that answers
+    /// [`ErrorKind::Unsupported`]: an existing store keeps compiling, a
+    /// `Limiter` keeps the admission (stricter, and counted in
+    /// [`RuleStats::refund_failures`](crate::RuleStats::refund_failures)),
+    /// and the conformance scenario `refund_exactness` fails until the store
+    /// implements it.
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        let _ = (key, policy, cost, now, admitted);
+        Err(StoreError::new(
+            ErrorKind::Unsupported,
+            self.name(),
+            "this store does not implement refund",
+        ))
+    }
+}
+
+/// Checks the arguments every [`Store::decide`] shares: a valid cost, then a
+/// key of at most `max_key_len` bytes (as [`check_key`]). Stores call it
+/// first, so that every backend refuses the same mistakes with the same
+/// error, in the same order.
+pub fn check_request(
+    store: &'static str,
+    policy: &Policy,
+    cost: u32,
+    key: &[u8],
+    max_key_len: usize,
+) -> Result<(), StoreError> {
+    policy
+        .check_cost(cost)
+        .map_err(|e| StoreError::invalid_request(store, e))?;
+    check_key(store, key, max_key_len)
+}
+
+/// Checks the arguments every [`Store::refund`] shares: a valid cost and an
+/// admitted decision. Stores call it first, so that every backend refuses
+/// the same mistakes with the same error.
+pub fn check_refund(
+    store: &'static str,
+    policy: &Policy,
+    cost: u32,
+    admitted: &Decision,
+) -> Result<(), StoreError> {
+    policy
+        .check_cost(cost)
+        .map_err(|e| StoreError::invalid_request(store, e))?;
+    if !admitted.allowed {
+        return Err(StoreError::new(
+            ErrorKind::InvalidRequest,
+            store,
+            "only an admitted decision can be refunded",
+        ));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        (**self).check_policy(policy)
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        (**self).decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        (**self).refund(key, policy, cost, now, admitted).await
+    }
+
+    fn max_key_len(&self) -> Option<usize> {
+        (**self).max_key_len()
+    }
+
+    fn decide_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        (**self).decide_inline(key, policy, cost, now)
+    }
+
+    fn refund_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Option<Result<(), StoreError>> {
+        (**self).refund_inline(key, policy, cost, now, admitted)
+    }
+}
+
+/// The longest key a store accepts unless configured otherwise: 16 KiB.
+/// Room for any rule name and client key a limiter builds (an HMAC client
+/// key is 32 bytes), and for the 10 KB keys of the conformance suite, while
+/// keeping what one key can cost a store small and fixed.
+pub const DEFAULT_MAX_KEY_LEN: usize = 16 * 1024;
+
+/// Refuses a key longer than `max` bytes with an
+/// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error naming both
+/// lengths (never the key, which may be a client's data).
+pub fn check_key(store: &'static str, key: &[u8], max: usize) -> Result<(), StoreError> {
+    if key.len() > max {
+        return Err(StoreError::new(
+            ErrorKind::InvalidRequest,
+            store,
+            format!(
+                "key of {} bytes is longer than the store's limit of {max}",
+                key.len()
+            ),
+        ));
+    }
+    Ok(())
+}

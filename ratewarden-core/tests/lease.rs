@@ -1,0 +1,289 @@
+//! Leased quotas against a shared store: a fleet never admits more than the
+//! limit, batches amortise round trips, unspent units are bounded and handed
+//! back, refunds go back into the batch, and a dead shared store follows the
+//! failure policy once the batch is spent.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratewarden_conformance::broken::ReferenceStore;
+use ratewarden_conformance::composition::{Health, Switch};
+use ratewarden_core::lease::{LeaseConfig, LeaseStats, LeasedStore};
+use ratewarden_core::{
+    Algorithm, Clock, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store, Timestamp,
+};
+
+const S: u64 = 1_000_000;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
+
+/// The fleet's shared store: exact, counting the calls that reach it, and
+/// able to fail.
+fn shared_store() -> Arc<Switch<dyn Store>> {
+    Switch::<dyn Store>::new(Arc::new(ReferenceStore::new(100_000)))
+}
+
+/// One instance's store: batches of at most `max_units` from `shared`.
+fn leased_store(shared: &Arc<Switch<dyn Store>>, max_units: u32) -> LeasedStore {
+    LeasedStore::new(shared.clone(), LeaseConfig::new(max_units).unwrap())
+}
+
+fn fleet(shared: &Arc<Switch<dyn Store>>, n: usize, max_units: u32) -> Vec<LeasedStore> {
+    (0..n).map(|_| leased_store(shared, max_units)).collect()
+}
+
+/// A small deterministic generator: the same schedule on every run.
+fn next(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+/// Four instances (each a `Limiter` with one rule on its own
+/// `LeasedStore`, as deployed), random instance order and pace across six
+/// windows, a demand far above the limit: in every window of the shared
+/// store's own accounting the fleet admits at most the limit, and at
+/// least the limit less what the idle batches can strand
+/// (`N × (max_units − 1)`). With `gap_us` between requests on average
+/// the demand is far above the limit; with a larger one, below it, and
+/// then the shared store grants at most one batch per `per_batch`
+/// admissions.
+async fn fleet_stays_within_the_limit(policy: Policy, gap_us: u64, per_batch: u64) {
+    let shared = shared_store();
+    let (n, max_units) = (4, 8);
+    let clock = ManualClock::new();
+    let stores: Vec<Arc<LeasedStore>> = fleet(&shared, n, max_units)
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let fleet: Vec<Limiter> = stores
+        .iter()
+        .map(|s| {
+            Limiter::builder()
+                .clock(clock.clone())
+                .rule(Rule::new("r", s.clone(), policy).unwrap())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let w = policy.window_micros();
+    let mut admitted_in: HashMap<u64, u64> = HashMap::new();
+    let mut seed = 0x9E37_79B9_7F4A_7C15;
+    let mut now = T0;
+    let end = T0 + 6 * w;
+    while now < end {
+        let instance = &fleet[(next(&mut seed) % n as u64) as usize];
+        clock.set(Timestamp::from_micros(now));
+        let d = instance.check(b"k").await;
+        assert!(!d.source.degraded, "{d:?}");
+        if d.allowed {
+            *admitted_in.entry(now - now % w).or_default() += 1;
+        }
+        now += next(&mut seed) % (2 * gap_us);
+    }
+    let limit = u64::from(policy.limit());
+    let stranded = (n as u64) * u64::from(max_units - 1);
+    assert!(admitted_in.len() >= 5, "{admitted_in:?}");
+    for (window, admitted) in &admitted_in {
+        assert!(
+            *admitted <= limit,
+            "window at +{} s admitted {admitted} > {limit}",
+            (window - T0) / S
+        );
+    }
+    // Aligned windows are the fixed window's own only when they open
+    // on the grid; the lower bound is for the sliding window's.
+    let saturated = w / gap_us > 2 * limit;
+    if saturated && policy.algorithm() == Algorithm::SlidingWindow {
+        for admitted in admitted_in.values() {
+            assert!(*admitted + stranded >= limit, "{admitted_in:?}");
+        }
+    }
+    let stats: Vec<LeaseStats> = stores.iter().map(|s| s.stats()).collect();
+    let admitted: u64 = admitted_in.values().sum();
+    let trips: u64 = stats.iter().map(|s| s.round_trips).sum();
+    assert_eq!(trips, shared.calls() + shared.refunds());
+    let grants = stats.iter().map(|s| s.batches).sum::<u64>();
+    assert!(
+        grants * per_batch <= admitted,
+        "{grants} batches for {admitted} admissions"
+    );
+}
+
+#[tokio::test]
+async fn a_fleet_on_fixed_windows_never_admits_more_than_the_limit() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
+    // About 4,000 requests a window, then about 60.
+    fleet_stays_within_the_limit(policy, 15_000, 2).await;
+    fleet_stays_within_the_limit(policy, 1_000_000, 4).await;
+}
+
+#[tokio::test]
+async fn a_fleet_on_sliding_windows_never_admits_more_than_the_limit() {
+    let policy = Policy::sliding_window(100, Duration::from_secs(60)).unwrap();
+    // Saturated, batches shrink to single units as the window's last
+    // units go: no efficiency is asked of that case.
+    fleet_stays_within_the_limit(policy, 15_000, 1).await;
+    fleet_stays_within_the_limit(policy, 1_000_000, 4).await;
+}
+
+/// A fixed window that opens off the grid: the fleet is measured in the
+/// store's own windows, which open at the first admission.
+#[tokio::test]
+async fn a_fixed_window_fleet_admits_the_limit_per_store_window() {
+    let shared = shared_store();
+    let fleet = fleet(&shared, 3, 16);
+    let policy = Policy::fixed_window(50, Duration::from_secs(10)).unwrap();
+    let mut admitted = 0;
+    for i in 0..600u64 {
+        // All inside the window opened by the first request at T0 + 1 ms.
+        let now = Timestamp::from_micros(T0 + 1_000 + i * 10_000);
+        if fleet[(i % 3) as usize]
+            .decide(b"k", &policy, 1, now)
+            .await
+            .unwrap()
+            .allowed
+        {
+            admitted += 1;
+        }
+    }
+    assert!(admitted <= 50, "{admitted}");
+    assert!(admitted >= 50 - 3 * 15, "{admitted}");
+}
+
+#[tokio::test]
+async fn steady_traffic_costs_one_round_trip_per_batch() {
+    let shared = shared_store();
+    let leased = &fleet(&shared, 1, 32)[0];
+    let policy = Policy::fixed_window(100_000, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    for _ in 0..1_000 {
+        assert!(leased.decide(b"k", &policy, 1, now).await.unwrap().allowed);
+    }
+    let s = leased.stats();
+    // 1 + 2 + 4 + 8 + 16 = 31 units in 5 trips, then 32 per trip.
+    assert_eq!(s.round_trips, 5 + (1_000 - 31usize).div_ceil(32) as u64);
+    assert_eq!(s.local + s.round_trips, 1_000);
+    assert_eq!(s.spent, 1_000);
+    // What is leased and not spent is in hand.
+    let held = leased.units_in_hand(b"k", &policy, now);
+    assert_eq!(s.leased, s.spent + u64::from(held));
+    assert!(s.round_trips * 10 <= 1_000);
+}
+
+/// Decides `k` on `store` at `now` until it is refused: how many were
+/// admitted before.
+async fn admitted_until_refused(store: &LeasedStore, policy: &Policy, now: Timestamp) -> u32 {
+    let mut admitted = 0;
+    while store.decide(b"k", policy, 1, now).await.unwrap().allowed {
+        admitted += 1;
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn unspent_units_are_bounded_and_released() {
+    let shared = shared_store();
+    let fleet = fleet(&shared, 2, 8);
+    let policy = Policy::fixed_window(40, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    for _ in 0..20 {
+        fleet[0].decide(b"k", &policy, 1, now).await.unwrap();
+    }
+    let held = fleet[0].units_in_hand(b"k", &policy, now);
+    assert!(held <= 7, "{held}");
+    assert!(held > 0, "the schedule should leave units in hand");
+    // The other instance gets what is not leased, and no more.
+    let other = admitted_until_refused(&fleet[1], &policy, now).await;
+    assert_eq!(20 + held + other, 40);
+    // Released units are admitted again.
+    assert_eq!(fleet[0].release(now).await, u64::from(held));
+    assert_eq!(fleet[0].units_in_hand(b"k", &policy, now), 0);
+    let again = admitted_until_refused(&fleet[1], &policy, now).await;
+    assert_eq!(again, held);
+}
+
+#[tokio::test]
+async fn a_unit_spent_then_refused_by_a_later_rule_returns_to_the_lease() {
+    let shared = shared_store();
+    let leased = Arc::new(leased_store(&shared, 8));
+    let leased_units = |l: &LeasedStore, p: &Policy, now| l.units_in_hand(b"fleet:k", p, now);
+    let clock = ManualClock::new();
+    let fleet_policy = Policy::fixed_window(1_000, Duration::from_secs(60)).unwrap();
+    let burst = Policy::fixed_window(3, Duration::from_secs(60)).unwrap();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(Rule::new("fleet", leased.clone(), fleet_policy).unwrap())
+        // Asked every time, so every refusal comes after the lease
+        // paid for the request.
+        .rule(
+            Rule::new("burst", shared_store(), burst)
+                .unwrap()
+                .without_refusal_cache(),
+        )
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        assert!(limiter.check(b"k").await.allowed);
+    }
+    let calls = shared.calls() + shared.refunds();
+    for _ in 0..5 {
+        let d = limiter.check(b"k").await;
+        assert!(!d.allowed);
+        assert_eq!(d.source.rule, Some("burst"));
+    }
+    // One batch of 4 for the fourth request; every refused request's unit
+    // went back into it, so the next was paid from it again, with no
+    // call to the shared store.
+    assert_eq!(shared.calls() + shared.refunds(), calls + 1);
+    assert_eq!(limiter.stats()[0].refunds, 5);
+    assert_eq!(limiter.stats()[0].allowed, 8);
+    let now = clock.now();
+    assert_eq!(leased_units(&leased, &fleet_policy, now), 4);
+}
+
+#[tokio::test]
+async fn a_dead_shared_store_follows_the_failure_policy_once_the_batch_is_spent() {
+    let shared = shared_store();
+    let leased = Arc::new(leased_store(&shared, 4));
+    let clock = ManualClock::new();
+    let policy = Policy::fixed_window(1_000, Duration::from_secs(60)).unwrap();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new("fleet", leased.clone(), policy)
+                .unwrap()
+                .on_failure(FailurePolicy::Closed),
+        )
+        .build()
+        .unwrap();
+    // Batches of 1, 2, then 4: three units in hand after 4 requests.
+    for _ in 0..4 {
+        assert!(limiter.check(b"k").await.allowed);
+    }
+    let now = clock.now();
+    // The limiter stores `{rule}:{key}`.
+    assert_eq!(leased.units_in_hand(b"fleet:k", &policy, now), 3);
+    shared.set(Health::Failing);
+    // Units counted before the outage are still sound to spend.
+    for _ in 0..3 {
+        assert!(limiter.check(b"k").await.allowed);
+    }
+    let d = limiter.check(b"k").await;
+    assert!(!d.allowed && d.source.degraded, "{d:?}");
+}
+
+#[test]
+fn algorithms_that_count_each_instant_are_refused() {
+    let shared = shared_store();
+    let leased: Arc<dyn Store> = Arc::new(leased_store(&shared, 8));
+    for policy in [
+        Policy::sliding_log(10, Duration::from_secs(1)).unwrap(),
+        Policy::gcra(10, Duration::from_secs(1)).unwrap(),
+    ] {
+        let err = Rule::new("r", leased.clone(), policy).unwrap_err();
+        assert!(err.to_string().contains("cannot be leased"), "{err}");
+    }
+    assert!(LeaseConfig::new(0).is_err());
+}

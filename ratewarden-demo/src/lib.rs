@@ -1,0 +1,466 @@
+//! The demo server: three public endpoints of a small web site, each limited
+//! per client.
+//!
+//! | endpoint | limit |
+//! |---|---|
+//! | `POST /api/feedback` | 5 per hour |
+//! | `POST /api/contact` | 10 per day |
+//! | `GET /api/search` | 60 per minute |
+//!
+//! The binary (`cargo run -p ratewarden-demo -- --help`) parses its flags with
+//! [`cli`] into a [`Config`] (reading a [`limits_file`] if `--config` names
+//! one) and serves [`app`]. Tests build [`app`] directly with a manual
+//! clock and their own stores.
+
+pub mod limits_file;
+pub mod prometheus;
+pub mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::{MethodRouter, get, post};
+use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use ratewarden::memory::MemoryStore;
+use ratewarden::store::DEFAULT_MEMORY_CAPACITY;
+use ratewarden::{
+    AddressSource, ClientIdentity, Clock, ConfigError, FailurePolicy, Limiter, Policy,
+    RateLimitLayer, Rule, Store,
+};
+
+/// The limits of the three endpoints: a count per window for each, as the
+/// flags give them, unless [`policies`](Limits::policies) gives the route a
+/// policy in full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `POST /api/feedback` requests per hour.
+    pub feedback_per_hour: u32,
+    /// `POST /api/contact` requests per day.
+    pub contact_per_day: u32,
+    /// `GET /api/search` requests per minute.
+    pub search_per_minute: u32,
+    /// Policies in full (any algorithm, window or burst), from a
+    /// [`limits_file`]; a route given one here uses it instead of its
+    /// count above.
+    pub policies: RoutePolicies,
+}
+
+/// A policy for each route that has one of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RoutePolicies {
+    /// `POST /api/feedback`.
+    pub feedback: Option<Policy>,
+    /// `POST /api/contact`.
+    pub contact: Option<Policy>,
+    /// `GET /api/search`.
+    pub search: Option<Policy>,
+}
+
+impl Default for Limits {
+    /// The built-in limits: 5 per hour, 10 per day, 60 per minute.
+    fn default() -> Self {
+        Limits {
+            feedback_per_hour: 5,
+            contact_per_day: 10,
+            search_per_minute: 60,
+            policies: RoutePolicies::default(),
+        }
+    }
+}
+
+/// One limited endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The rule name, shown in the `RateLimit-Policy` header.
+    pub name: &'static str,
+    /// The HTTP method.
+    pub method: &'static str,
+    /// The path.
+    pub path: &'static str,
+    /// Its policy.
+    pub policy: Policy,
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
+const MINUTE: Duration = Duration::from_secs(60);
+
+impl Limits {
+    /// The three endpoints with these limits: a route's own policy, else a
+    /// sliding-window log of its count (exact: no burst at a window's edge).
+    /// Refuses a count the log cannot represent (zero, or above its
+    /// maximum).
+    pub fn endpoints(&self) -> Result<[Endpoint; 3], ConfigError> {
+        let policy = |own: Option<Policy>, count: u32, window: Duration| match own {
+            Some(p) => Ok(p),
+            None => Policy::sliding_log(count, window),
+        };
+        Ok([
+            Endpoint {
+                name: "feedback",
+                method: "POST",
+                path: "/api/feedback",
+                policy: policy(self.policies.feedback, self.feedback_per_hour, HOUR)?,
+            },
+            Endpoint {
+                name: "contact",
+                method: "POST",
+                path: "/api/contact",
+                policy: policy(self.policies.contact, self.contact_per_day, DAY)?,
+            },
+            Endpoint {
+                name: "search",
+                method: "GET",
+                path: "/api/search",
+                policy: policy(self.policies.search, self.search_per_minute, MINUTE)?,
+            },
+        ])
+    }
+}
+
+/// Where the counters live.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// The store every decision goes to (memory by default, or a shared
+    /// Redis/Postgres store).
+    pub primary: Arc<dyn Store>,
+    /// With `--tiered`: an in-process store consulted first. It refuses an
+    /// over-limit client without a network call; only requests it admits
+    /// reach the shared store, which holds the limit across processes.
+    pub local_tier: Option<Arc<dyn Store>>,
+}
+
+/// Everything [`app`] needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Per-endpoint limits.
+    pub limits: Limits,
+    /// The stores.
+    pub stores: Stores,
+    /// How clients are identified.
+    pub identity: ClientIdentity,
+    /// The clock every decision reads (a `ManualClock` in tests).
+    pub clock: Arc<dyn Clock>,
+    /// What a failing store answers.
+    pub on_failure: FailurePolicy,
+}
+
+/// The demo's router: the three endpoints, each with its own rate limit
+/// (one [`RateLimitLayer`] per route), and an unlimited `GET /health`.
+///
+/// Policies are [`Limits::endpoints`]'. Refuses limits they cannot
+/// represent.
+pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
+    let mut router = Router::new().route("/health", get(|| async { "ok\n" }));
+    for endpoint in settings.limits.endpoints()? {
+        let layer = RateLimitLayer::new(limiter(settings, &endpoint)?, settings.identity.clone())?;
+        let handler: MethodRouter = match endpoint.name {
+            "feedback" => post(|| async { json(r#"{"status":"received"}"#) }),
+            "contact" => post(|| async { json(r#"{"status":"sent"}"#) }),
+            _ => get(|| async { json(r#"{"results":[]}"#) }),
+        };
+        // `route_layer`, not `layer`: a request for another method (a GET
+        // of a POST endpoint, a CORS preflight) is answered 405 by the
+        // router and never charged to the client's quota.
+        router = router.route(endpoint.path, handler.route_layer(layer));
+    }
+    Ok(router)
+}
+
+fn json(body: &'static str) -> impl IntoResponse {
+    ([(CONTENT_TYPE, "application/json")], body)
+}
+
+fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigError> {
+    let policy = endpoint.policy;
+    let mut builder = Limiter::builder().shared_clock(settings.clock.clone());
+    if let Some(local) = &settings.stores.local_tier {
+        let name = format!("{}-local", endpoint.name);
+        builder =
+            builder.rule(Rule::new(name, local.clone(), policy)?.on_failure(settings.on_failure));
+    }
+    builder
+        .rule(
+            Rule::new(endpoint.name, settings.stores.primary.clone(), policy)?
+                .on_failure(settings.on_failure),
+        )
+        .build()
+}
+
+/// The command line. Every flag can also come from the environment
+/// variable named in its help.
+///
+/// Limits come, for each route, from the first of: its flag on the command
+/// line, its environment variable, the `--config` file, the built-in
+/// default.
+pub fn cli() -> Command {
+    let defaults = Limits::default();
+    Command::new("ratewarden-demo")
+        .about("Three rate-limited endpoints: POST /api/feedback, POST /api/contact, GET /api/search")
+        .arg(
+            Arg::new("config")
+                .long("config")
+                .env("RATEWARDEN_CONFIG")
+                .value_name("FILE")
+                .value_parser(value_parser!(PathBuf))
+                .help("TOML file of per-route policies ([routes.search] limit = \"60/minute\"); a route's --*-per-* flag overrides it"),
+        )
+        .arg(
+            Arg::new("listen")
+                .long("listen")
+                .env("RATEWARDEN_LISTEN")
+                .value_name("ADDR")
+                .default_value("127.0.0.1:3000")
+                .value_parser(value_parser!(SocketAddr))
+                .help("Address to listen on"),
+        )
+        .arg(
+            Arg::new("store")
+                .long("store")
+                .env("RATEWARDEN_STORE")
+                .value_name("URL")
+                .default_value("memory://")
+                .help("Store URL: memory://[?capacity=N], redis://…, postgres://… (the last two need the demo's redis/postgres features)"),
+        )
+        .arg(
+            Arg::new("tiered")
+                .long("tiered")
+                .env("RATEWARDEN_TIERED")
+                .action(ArgAction::SetTrue)
+                .help("Put an in-process memory tier in front of the shared --store"),
+        )
+        .arg(
+            Arg::new("secret")
+                .long("secret")
+                .env("RATEWARDEN_SECRET")
+                .value_name("SECRET")
+                .hide_env_values(true)
+                .help("Secret for client keys, at least 32 bytes (default: random for this process)"),
+        )
+        .arg(
+            Arg::new("client-address")
+                .long("client-address")
+                .env("RATEWARDEN_CLIENT_ADDRESS")
+                .value_name("SOURCE")
+                .default_value("peer")
+                .help("Where client addresses come from: peer, x-forwarded-for:N, forwarded:N (N trusted proxy hops) or header:NAME"),
+        )
+        .arg(
+            Arg::new("ipv6-prefix")
+                .long("ipv6-prefix")
+                .env("RATEWARDEN_IPV6_PREFIX")
+                .value_name("BITS")
+                .default_value("64")
+                .value_parser(value_parser!(u8))
+                .help("Group IPv6 clients by this prefix length (1-128)"),
+        )
+        .arg(
+            Arg::new("fail-closed")
+                .long("fail-closed")
+                .env("RATEWARDEN_FAIL_CLOSED")
+                .action(ArgAction::SetTrue)
+                .help("Refuse requests when the store fails (default: admit them)"),
+        )
+        .arg(limit_arg("feedback-per-hour", "RATEWARDEN_FEEDBACK_PER_HOUR", defaults.feedback_per_hour))
+        .arg(limit_arg("contact-per-day", "RATEWARDEN_CONTACT_PER_DAY", defaults.contact_per_day))
+        .arg(limit_arg("search-per-minute", "RATEWARDEN_SEARCH_PER_MINUTE", defaults.search_per_minute))
+}
+
+fn limit_arg(name: &'static str, env: &'static str, default: u32) -> Arg {
+    Arg::new(name)
+        .long(name)
+        .env(env)
+        .value_name("N")
+        .value_parser(value_parser!(u32))
+        .help(format!(
+            "Limit: {} [default: {default}]",
+            name.replace('-', " ")
+        ))
+}
+
+/// Turns "needs the `redis` feature of the ratewarden crate" into advice for
+/// this binary, whose own `redis`/`postgres` features turn the limiter's on.
+fn with_feature_hint(error: ConfigError) -> ConfigError {
+    match error {
+        ConfigError::InvalidUrl { url, reason } => {
+            let feature = reason
+                .split_once("needs the `")
+                .and_then(|(_, rest)| rest.split_once('`'))
+                .map(|(feature, _)| feature.to_owned());
+            let reason = match feature {
+                Some(f) => format!("{reason}: cargo run -p ratewarden-demo --features {f} -- …"),
+                None => reason,
+            };
+            ConfigError::InvalidUrl { url, reason }
+        }
+        other => other,
+    }
+}
+
+/// Memory stores by role, for their statistics.
+pub type MemoryStores = Vec<(&'static str, Arc<MemoryStore>)>;
+
+/// The capacity a `memory://` URL that [`ratewarden::store::from_url`]
+/// accepted asks for; `None` for another scheme.
+fn memory_capacity(url: &str) -> Option<usize> {
+    let url = ratewarden::url::Url::parse(url).ok()?;
+    if !ratewarden::store::MEMORY_SCHEMES.contains(&url.scheme()) {
+        return None;
+    }
+    let capacity = url
+        .query_pairs()
+        .find(|(name, _)| name == "capacity")
+        .and_then(|(_, value)| value.parse().ok());
+    Some(capacity.unwrap_or(DEFAULT_MEMORY_CAPACITY))
+}
+
+/// The parsed command line.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The store URL.
+    pub store: String,
+    /// Put memory in front of the store.
+    pub tiered: bool,
+    /// The secret, if one was given.
+    pub secret: Option<String>,
+    /// The client address source.
+    pub address_source: AddressSource,
+    /// The IPv6 grouping prefix.
+    pub ipv6_prefix: u8,
+    /// What a failing store answers.
+    pub on_failure: FailurePolicy,
+    /// The limits.
+    pub limits: Limits,
+    /// The file the route policies were read from, if one was given.
+    pub config_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// Reads parsed arguments, and the `--config` file if one is named.
+    /// Refuses an invalid address source and a bad file (naming it, and the
+    /// offending line).
+    pub fn from_matches(m: &ArgMatches) -> Result<Self, ConfigError> {
+        let get = |name: &str| m.get_one::<String>(name).cloned();
+        let defaults = Limits::default();
+        let limit = |name: &str, default: u32| m.get_one::<u32>(name).copied().unwrap_or(default);
+        let config_file = m.get_one::<PathBuf>("config").cloned();
+        let mut policies = match &config_file {
+            Some(path) => limits_file::load(path)?,
+            None => RoutePolicies::default(),
+        };
+        // A count given as a flag or in the environment overrides the file.
+        let given = |name: &str| m.get_one::<u32>(name).is_some();
+        if given("feedback-per-hour") {
+            policies.feedback = None;
+        }
+        if given("contact-per-day") {
+            policies.contact = None;
+        }
+        if given("search-per-minute") {
+            policies.search = None;
+        }
+        Ok(Config {
+            listen: m
+                .get_one::<SocketAddr>("listen")
+                .copied()
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000))),
+            store: get("store").unwrap_or_else(|| "memory://".into()),
+            tiered: m.get_flag("tiered"),
+            secret: get("secret"),
+            address_source: get("client-address")
+                .unwrap_or_else(|| "peer".into())
+                .parse()?,
+            ipv6_prefix: m.get_one::<u8>("ipv6-prefix").copied().unwrap_or(64),
+            on_failure: if m.get_flag("fail-closed") {
+                FailurePolicy::Closed
+            } else {
+                FailurePolicy::Open
+            },
+            limits: Limits {
+                feedback_per_hour: limit("feedback-per-hour", defaults.feedback_per_hour),
+                contact_per_day: limit("contact-per-day", defaults.contact_per_day),
+                search_per_minute: limit("search-per-minute", defaults.search_per_minute),
+                policies,
+            },
+            config_file,
+        })
+    }
+
+    /// The client identity, with the given secret or
+    /// [`ClientIdentity::random`] when none was given. Refuses a short secret and a bad prefix, and a missing secret
+    /// when `shared` (the store is shared by a fleet): each instance would
+    /// draw its own random secret and derive other keys for the same
+    /// client, so a fleet of N would admit N times the limit.
+    pub fn identity(&self, shared: bool) -> Result<ClientIdentity, ConfigError> {
+        let identity = match &self.secret {
+            Some(s) => ClientIdentity::new(s.as_bytes())?,
+            None if shared => {
+                return Err(ConfigError::Invalid(format!(
+                    "{} is shared by every instance using it, so they must derive the same \
+                     client keys: give the same --secret (or RATEWARDEN_SECRET) of at least 32 \
+                     bytes to each",
+                    ratewarden::store::redact(&self.store)
+                )));
+            }
+            None => ClientIdentity::random()?,
+        };
+        identity
+            .with_source(self.address_source.clone())
+            .with_ipv6_prefix(self.ipv6_prefix)
+    }
+
+    /// Opens the stores: `--store`, and with `--tiered` a memory tier in
+    /// front of it. Refuses `--tiered` over a memory store, which would
+    /// only count every request twice in the same process.
+    pub async fn stores(&self) -> Result<Stores, ConfigError> {
+        Ok(self.open_stores().await?.0)
+    }
+
+    /// [`stores`](Self::stores), with the memory stores among them by role
+    /// (`primary`, `local`), whose key counts and evictions `/metrics`
+    /// reports.
+    pub async fn open_stores(&self) -> Result<(Stores, MemoryStores), ConfigError> {
+        let primary = ratewarden::store::from_url(&self.store)
+            .await
+            .map_err(with_feature_hint)?;
+        let mut memory = MemoryStores::new();
+        // A memory store is opened again, typed, for its statistics, which
+        // `dyn Store` does not expose; the URL was validated above.
+        let primary = match memory_capacity(&self.store) {
+            Some(capacity) => {
+                let store = Arc::new(MemoryStore::new(capacity));
+                memory.push(("primary", store.clone()));
+                store as Arc<dyn Store>
+            }
+            None => primary,
+        };
+        let local_tier = if self.tiered {
+            if !primary.capabilities().shared {
+                return Err(ConfigError::Invalid(format!(
+                    "--tiered puts memory in front of a shared store, but {} is not shared \
+                     (use --store redis://… or postgres://…)",
+                    ratewarden::store::redact(&self.store)
+                )));
+            }
+            let store = Arc::new(MemoryStore::new(DEFAULT_MEMORY_CAPACITY));
+            memory.push(("local", store.clone()));
+            Some(store as Arc<dyn Store>)
+        } else {
+            None
+        };
+        Ok((
+            Stores {
+                primary,
+                local_tier,
+            },
+            memory,
+        ))
+    }
+}

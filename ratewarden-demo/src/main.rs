@@ -1,0 +1,124 @@
+//! Demo server: three rate-limited endpoints on the ratewarden crate.
+//!
+//! `cargo run -p ratewarden-demo -- --help` lists the flags.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use ratewarden::SystemClock;
+use ratewarden_demo::prometheus::Metrics;
+use ratewarden_demo::server::ServerLimits;
+use ratewarden_demo::{Config, Settings, app, cli};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ratewarden-demo: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let config = Config::from_matches(&cli().get_matches())?;
+    // Before any limiter exists, so that every series is recorded.
+    let mut metrics = Metrics::install()?;
+    let (stores, memory) = config.open_stores().await?;
+    for (role, store) in memory {
+        metrics.watch_memory(role, store);
+    }
+    let identity = config.identity(stores.primary.capabilities().shared)?;
+    let settings = Settings {
+        limits: config.limits,
+        stores,
+        identity,
+        clock: Arc::new(SystemClock),
+        on_failure: config.on_failure,
+    };
+    let router = app(&settings)?.merge(metrics.router());
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+
+    println!("ratewarden-demo listening on http://{addr}");
+    let store = ratewarden::store::redact(&config.store);
+    if settings.stores.local_tier.is_some() {
+        println!("  store: memory:// in front of {store}");
+    } else {
+        println!("  store: {store}");
+    }
+    println!("  client address: {}", config.address_source);
+    if let Some(file) = &config.config_file {
+        println!("  limits: {} (flags override)", file.display());
+    }
+    let endpoints = settings.limits.endpoints()?;
+    for e in &endpoints {
+        println!("  {:<5}{:<15}{}", e.method, e.path, e.policy);
+    }
+    if config.secret.is_none() {
+        println!(
+            "  secret: none given (--secret / RATEWARDEN_SECRET), so a random one was drawn for \
+             this process; client keys change on restart"
+        );
+    }
+    let base = format!("http://{}", reachable(addr));
+    println!("Try:");
+    println!(
+        "  for i in $(seq 1 {}); do curl -s -o /dev/null -w '%{{http_code}}\\n' '{base}/api/search?q=rust'; done",
+        endpoints[2].policy.limit().saturating_add(5)
+    );
+    println!("  curl -i '{base}/api/search?q=rust'");
+    println!("  curl '{base}/metrics'");
+    println!("Ctrl-C stops the server.");
+
+    ratewarden_demo::server::serve(listener, router, ServerLimits::default(), async {
+        shutdown_signal().await;
+        println!("shutting down");
+    })
+    .await?;
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (as sent by `docker stop` and service managers).
+/// A signal whose handler cannot be installed is waited on forever, so the
+/// server then runs until killed rather than stopping at once.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// An address a local curl can reach: loopback instead of "any".
+fn reachable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), addr.port())
+        }
+        _ => addr,
+    }
+}

@@ -1,0 +1,325 @@
+//! The demo server over a real socket, driven by a manual clock.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use ratewarden::memory::MemoryStore;
+use ratewarden::{AddressSource, ClientIdentity, FailurePolicy, ManualClock, Store};
+use ratewarden_conformance::broken::Unavailable as Failing;
+use ratewarden_demo::{Config, Limits, Settings, Stores, app, cli};
+use ratewarden_test_support::http::{Reply, TestClient, serve};
+
+const SECRET: &str = "demo test secret of 32+ bytes!!!";
+
+fn settings(clock: &ManualClock) -> Settings {
+    Settings {
+        limits: Limits::default(),
+        stores: Stores {
+            primary: Arc::new(MemoryStore::new(1_000)),
+            local_tier: None,
+        },
+        identity: ClientIdentity::new(SECRET).unwrap(),
+        clock: Arc::new(clock.clone()),
+        on_failure: FailurePolicy::Open,
+    }
+}
+
+async fn start(settings: &Settings) -> std::net::SocketAddr {
+    serve(app(settings).unwrap()).await
+}
+
+async fn post(client: &TestClient, path: &str) -> Reply {
+    client.send(Method::POST, path, &[]).await
+}
+
+#[tokio::test]
+async fn wrong_methods_and_preflights_are_never_charged() {
+    let clock = ManualClock::new();
+    let client = TestClient::new(start(&settings(&clock)).await, None);
+    for _ in 0..10 {
+        let get = client.get("/api/feedback").await;
+        assert_eq!(get.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert!(
+            get.headers.get("x-ratelimit-remaining").is_none(),
+            "a 405 is not limited"
+        );
+        let preflight = client.send(Method::OPTIONS, "/api/feedback", &[]).await;
+        assert_eq!(preflight.status, StatusCode::METHOD_NOT_ALLOWED);
+    }
+    // The full quota of 5 feedback posts is still there.
+    for i in 1..=5u64 {
+        let reply = post(&client, "/api/feedback").await;
+        assert_eq!(reply.status, StatusCode::OK, "post {i}");
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), 5 - i);
+    }
+    assert_eq!(
+        post(&client, "/api/feedback").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn the_61st_search_in_a_minute_is_refused() {
+    let clock = ManualClock::new();
+    let client = TestClient::new(start(&settings(&clock)).await, None);
+    for i in 1..=60u64 {
+        let reply = client.get("/api/search?q=rust").await;
+        assert_eq!(reply.status, StatusCode::OK, "search {i}");
+        assert_eq!(reply.body, r#"{"results":[]}"#);
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), 60 - i);
+        reply.assert_consistent("search", 60);
+        clock.advance(Duration::from_millis(500));
+    }
+    let refused = client.get("/api/search?q=rust").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    // 30 s have passed since the first search.
+    assert_eq!(refused.header_u64("retry-after"), 30);
+    assert_eq!(refused.header("ratelimit-policy"), "\"search\";q=60;w=60");
+    assert_eq!(refused.header("ratelimit"), "\"search\";r=0;t=60");
+    refused.assert_consistent("search", 60);
+    assert!(
+        refused
+            .body
+            .starts_with(r#"{"error":"rate_limited","retry_after":30,"#),
+        "{}",
+        refused.body
+    );
+    // The other endpoints keep their own quotas.
+    let feedback = post(&client, "/api/feedback").await;
+    assert_eq!(feedback.status, StatusCode::OK);
+    assert_eq!(
+        feedback.header("ratelimit-policy"),
+        "\"feedback\";q=5;w=3600"
+    );
+    assert_eq!(client.get("/health").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn retry_after_on_feedback_is_honoured_to_the_second() {
+    let clock = ManualClock::new();
+    let client = TestClient::new(start(&settings(&clock)).await, None);
+    // Five posts, 7 min 30.5 s apart: the first leaves the hour at
+    // 60 min, i.e. 1799.5 s after the last one plus 1 s of waiting.
+    for _ in 0..5 {
+        let reply = post(&client, "/api/feedback").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        clock.advance(Duration::from_millis(450_500));
+    }
+    // Now at 37 min 32.5 s; the first post expires at 60 min.
+    let refused = post(&client, "/api/feedback").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    refused.assert_consistent("feedback", 3600);
+    let retry_after = refused.header_u64("retry-after");
+    assert_eq!(retry_after, 1348); // 1347.5 s, rounded up
+
+    clock.advance(Duration::from_secs(retry_after - 1));
+    let early = post(&client, "/api/feedback").await;
+    assert_eq!(early.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(early.header_u64("retry-after"), 1);
+    clock.advance(Duration::from_secs(1));
+    let admitted = post(&client, "/api/feedback").await;
+    assert_eq!(admitted.status, StatusCode::OK);
+    assert_eq!(admitted.header_u64("x-ratelimit-remaining"), 0);
+}
+
+#[tokio::test]
+async fn clients_at_different_addresses_have_their_own_quota() {
+    let clock = ManualClock::new();
+    let server = start(&settings(&clock)).await;
+    let a = TestClient::new(server, Some(IpAddr::from([127, 0, 0, 1])));
+    let b = TestClient::new(server, Some(IpAddr::from([127, 0, 0, 2])));
+    for _ in 0..10 {
+        assert_eq!(post(&a, "/api/contact").await.status, StatusCode::OK);
+    }
+    let refused = post(&a, "/api/contact").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header_u64("retry-after"), 86_400);
+    let other = post(&b, "/api/contact").await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.header_u64("x-ratelimit-remaining"), 9);
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_clients_are_keyed_by_x_forwarded_for() {
+    let clock = ManualClock::new();
+    let mut settings = settings(&clock);
+    settings.limits.search_per_minute = 2;
+    settings.identity = settings
+        .identity
+        .with_source(AddressSource::x_forwarded_for(1).unwrap());
+    let proxy = TestClient::new(start(&settings).await, None);
+    let search = async |xff: &str| proxy.get_forwarded_for("/api/search", xff).await.status;
+    assert_eq!(search("203.0.113.1").await, StatusCode::OK);
+    assert_eq!(search("203.0.113.1").await, StatusCode::OK);
+    assert_eq!(search("203.0.113.1").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        search("9.9.9.9, 203.0.113.1").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(search("203.0.113.2").await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_dead_shared_store_behind_the_memory_tier_never_yields_500() {
+    for (on_failure, status) in [
+        (FailurePolicy::Open, StatusCode::OK),
+        (FailurePolicy::Closed, StatusCode::TOO_MANY_REQUESTS),
+    ] {
+        let clock = ManualClock::new();
+        let mut settings = settings(&clock);
+        settings.limits.search_per_minute = 3;
+        settings.on_failure = on_failure;
+        settings.stores = Stores {
+            primary: Arc::new(Failing) as Arc<dyn Store>,
+            local_tier: Some(Arc::new(MemoryStore::new(1_000))),
+        };
+        let client = TestClient::new(start(&settings).await, None);
+        for i in 0..3 {
+            let reply = client.get("/api/search").await;
+            assert_eq!(reply.status, status, "{on_failure:?}: {reply:?}");
+            // Fail open: the headers come from the memory tier, the one
+            // store that answered, with its real count. Fail closed: the
+            // failed shared rule refuses, with nothing known to remain.
+            let (shown, remaining) = if on_failure == FailurePolicy::Open {
+                ("search-local", 2 - i)
+            } else {
+                ("search", 0)
+            };
+            assert_eq!(reply.header_u64("x-ratelimit-remaining"), remaining);
+            reply.assert_consistent(shown, 60);
+        }
+        // The memory tier still counts and enforces on its own.
+        let reply = client.get("/api/search").await;
+        if on_failure == FailurePolicy::Open {
+            assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+            // Every policy of the route's limiter is listed; the one that
+            // decided is named by `RateLimit`.
+            assert_eq!(
+                reply.header("ratelimit-policy"),
+                "\"search-local\";q=3;w=60, \"search\";q=3;w=60"
+            );
+            reply.assert_consistent("search-local", 60);
+        } else {
+            assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        }
+    }
+}
+
+#[test]
+fn command_line_defaults_and_overrides() {
+    let config =
+        Config::from_matches(&cli().try_get_matches_from(["ratewarden-demo"]).unwrap()).unwrap();
+    assert_eq!(config.listen.to_string(), "127.0.0.1:3000");
+    assert_eq!(config.store, "memory://");
+    assert!(!config.tiered);
+    assert_eq!(config.limits, Limits::default());
+    assert_eq!(config.on_failure, FailurePolicy::Open);
+
+    let config = Config::from_matches(
+        &cli()
+            .try_get_matches_from([
+                "ratewarden-demo",
+                "--listen",
+                "0.0.0.0:8080",
+                "--search-per-minute",
+                "100",
+                "--client-address",
+                "x-forwarded-for:2",
+                "--fail-closed",
+                "--secret",
+                SECRET,
+            ])
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config.listen.port(), 8080);
+    assert_eq!(config.limits.search_per_minute, 100);
+    assert_eq!(config.limits.feedback_per_hour, 5);
+    assert_eq!(config.address_source.to_string(), "x-forwarded-for:2");
+    assert_eq!(config.on_failure, FailurePolicy::Closed);
+    assert!(config.identity(true).is_ok());
+
+    // A short secret is refused; a missing one draws a random identity.
+    let short = Config::from_matches(
+        &cli()
+            .try_get_matches_from(["ratewarden-demo", "--secret", "too short"])
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        short
+            .identity(false)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 32 bytes")
+    );
+    let none =
+        Config::from_matches(&cli().try_get_matches_from(["ratewarden-demo"]).unwrap()).unwrap();
+    assert!(none.identity(false).unwrap().is_random());
+    // With a shared store, a missing secret is refused, naming the flag.
+    let err = none.identity(true).unwrap_err().to_string();
+    assert!(
+        err.contains("--secret") && err.contains("RATEWARDEN_SECRET"),
+        "{err}"
+    );
+
+    assert!(
+        cli()
+            .try_get_matches_from(["ratewarden-demo", "--listen", "nowhere"])
+            .is_err()
+    );
+    assert!(
+        cli()
+            .try_get_matches_from(["ratewarden-demo", "--search-per-minute", "-1"])
+            .is_err()
+    );
+    let bad_source = cli()
+        .try_get_matches_from(["ratewarden-demo", "--client-address", "xff:0"])
+        .unwrap();
+    assert!(Config::from_matches(&bad_source).is_err());
+}
+
+#[tokio::test]
+async fn tiered_needs_a_shared_store() {
+    let config = Config::from_matches(
+        &cli()
+            .try_get_matches_from(["ratewarden-demo", "--tiered"])
+            .unwrap(),
+    )
+    .unwrap();
+    let err = config.stores().await.unwrap_err().to_string();
+    assert!(err.contains("--tiered"), "{err}");
+    // Whether the limiter was built with Redis depends on feature
+    // unification across the build; either way the demo must say the right
+    // thing.
+    let url = "redis://127.0.0.1:6379";
+    let redis = Config::from_matches(
+        &cli()
+            .try_get_matches_from(["ratewarden-demo", "--store", url])
+            .unwrap(),
+    )
+    .unwrap();
+    match ratewarden::store::from_url(url).await {
+        Err(e) => {
+            assert!(e.to_string().contains("needs the `redis` feature"), "{e}");
+            let err = redis.stores().await.unwrap_err().to_string();
+            assert!(
+                err.contains("cargo run -p ratewarden-demo --features redis"),
+                "{err}"
+            );
+        }
+        Ok(_) => assert!(redis.stores().await.unwrap().primary.capabilities().shared),
+    }
+    let zero = Config::from_matches(
+        &cli()
+            .try_get_matches_from(["ratewarden-demo", "--contact-per-day", "0"])
+            .unwrap(),
+    )
+    .unwrap();
+    let clock = ManualClock::new();
+    let mut s = settings(&clock);
+    s.limits = zero.limits;
+    assert!(app(&s).is_err());
+}

@@ -1,0 +1,710 @@
+//! A bounded, sharded, in-process [`Store`] for the limiter workspace.
+//!
+//! [`MemoryStore`] keeps each key's state in process memory and applies
+//! [`ratewarden_core::algorithm::apply`] to it under a short lock: no I/O, no
+//! `.await` inside, so a decision costs about a hash-map lookup under a
+//! mutex. It implements all four algorithms.
+//!
+//! ```
+//! use std::time::Duration;
+//! use ratewarden_core::{Policy, Store, Timestamp};
+//! use ratewarden_memory::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::builder().capacity(100_000).shards(16).build()?;
+//! let policy = Policy::gcra(5, Duration::from_secs(60))?;
+//! let now = Timestamp::from_micros(1_767_225_600_000_000);
+//!
+//! for _ in 0..5 {
+//!     assert!(store.decide(b"client:42", &policy, 1, now).await?.allowed);
+//! }
+//! let refused = store.decide(b"client:42", &policy, 1, now).await?;
+//! assert!(!refused.allowed);
+//! // GCRA refills one unit every 60 s / 5 = 12 s.
+//! assert_eq!(refused.retry_after, Duration::from_secs(12));
+//! assert_eq!(store.len(), 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Bounds
+//!
+//! The store holds at most [`capacity`](MemoryStore::capacity) keys, ever.
+//! The keys are spread over `N` shards, each a mutex around its own table
+//! and recency order; shard `i` holds at most `cᵢ` keys, where every `cᵢ`
+//! is `⌊capacity / N⌋` or `⌈capacity / N⌉` and the `cᵢ` sum to `capacity`
+//! exactly. When a key that is not held arrives at a full shard, the key
+//! at the front of that shard's order (the least recently moved; see below)
+//! is evicted, in amortised O(1). No decision scans the keys, but for the
+//! table's own upkeep: now and then a full shard's table is rebuilt at its
+//! size, as a growing hash table rehashes. That costs at most 64 keys moved
+//! per eviction, amortised, and 2 at the default store's shards (a rebuild
+//! every few thousand evictions). It is dearest, about 22 moves per
+//! eviction, for a shard cap just under a table's capacity (7 × 2ᵏ keys,
+//! such as 1,750 or 7,000 keys a shard), where the table has little room
+//! beside the keys. A move copies a 64-byte bucket and hashes nothing, so
+//! even there the cost hardly shows: a flood of new keys into a store of
+//! 28,000 keys (16 × 1,750) ran at 1.4 to 1.5 million decisions a second,
+//! against 1.2 to 1.7 million into the default store. Another number of
+//! [`shards`](MemoryStoreBuilder::shards) moves a cap out of that band:
+//! 18 shards give that store 1,555 keys a shard, tables of the same size,
+//! and 1.9 moves per eviction.
+//!
+//! Memory is bounded by the key count, whatever the keys' length. A key is
+//! held as a 16-byte digest (see [Keys](#keys)) in the table's own bucket
+//! with its state: 64 bytes a bucket, one cache line, and a table has 1.14
+//! to 2.3 buckets per key of its cap (1.31 for the default store's
+//! 6,250-key shards). A sliding-log key adds 8 bytes per admitted unit in
+//! its window (at most the policy's limit, itself at most
+//! [`MAX_LOG_LIMIT`](ratewarden_core::MAX_LOG_LIMIT)). The order of moves
+//! takes 16 bytes a record, at most about 2.5 records per key of the cap,
+//! and up to twice that allocated while a compaction pass runs. After a
+//! flood of a million keys, a default store of 100,000 GCRA keys had
+//! added 11.1 to 11.2 MiB to the process, about 117 bytes a key.
+//!
+//! # Keys
+//!
+//! The store keeps no key, only its digest: two 64-bit aHash values of the
+//! key's bytes and its algorithm, under two secret keys that each store
+//! takes from aHash when built (derived from seeds the process draws from
+//! the OS) and never reveals. One value places the key
+//! (its shard, its slot); a decision finds its state where both values
+//! match. So two distinct keys share one state only if both of their
+//! hashes collide: for one pair of keys, 2⁻¹²⁸ if the hash behaves as a
+//! random function of its secret key; a flood of 10¹² distinct keys
+//! through a full default store forms fewer than 2⁵⁷ pairs of keys held at
+//! once, under 2⁻⁷¹ for one collision ever. aHash is not a cryptographic
+//! hash; its authors claim resistance to attackers who choose keys without
+//! knowing the secret, and a caller of this store learns its decisions and
+//! nothing of the hashes, so aiming a key at another's state means
+//! guessing 128 secret-keyed bits blind.
+//!
+//! Why a digest and not the key: held inline, a key of the workspace's
+//! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two
+//! cache lines, and the tables of 10,000 warm keys outgrew a 1 MiB cache
+//! level; a longer key took a heap allocation and one more miss per
+//! decision.
+//!
+//! # Eviction guarantee
+//!
+//! Every [`decide`](Store::decide) touches its key — admitted *or refused*.
+//! Each shard keeps its keys in a list ordered by when each last *moved* to
+//! the back, and evicts from the front; a touch moves its key to the back
+//! unless the key already moved within the shard's last `θ` moves, where
+//! `θ = max(1, ⌊c / 8⌋)` for a shard of capacity `c`. (A hit on a key that
+//! moved recently then writes nothing but its own state, so warm keys read
+//! by several threads do not bounce the list's cache lines between cores.)
+//!
+//! A key `K` in a shard of capacity `c` can only be evicted once `c − θ + 1`
+//! other distinct keys of that shard have been decided since `K`'s last
+//! touch. `K` is evicted only from the front of a full shard, when a new key
+//! arrives: all `c − 1` others moved after `K` last moved; at most `θ − 1` of
+//! those moves came before `K`'s last touch (or that touch would have moved
+//! `K`), so at least `c − θ` distinct keys moved, and so were decided, after
+//! it, and the arriving key is one more. Below 16 keys per shard, `θ = 1`
+//! and this is an exact LRU. In round numbers, a key touched again before
+//! 7/8 of its shard's capacity in distinct other keys have been decided is
+//! never evicted. So:
+//!
+//! * **One shard** (`shards(1)`): a key is never evicted while at most
+//!   `capacity − θ` distinct other keys have been decided since its last
+//!   touch.
+//! * **`N` shards**: with `c = ⌊capacity / N⌋`, a key is never evicted while
+//!   fewer than `7c / 8` distinct other keys have been decided since its
+//!   last touch, whatever the hash does. Beyond that it depends on how many
+//!   of those keys share its shard; the shard is chosen by a hash keyed with
+//!   a secret random per store, so an attacker cannot aim a flood at the
+//!   offender's shard, and `D` flood keys put about `D / N` keys in each
+//!   shard.
+//!
+//! An active offender is one that keeps sending requests, and each of them,
+//! refused or not, renews its place; a flood of distinct keys cannot reset its
+//! count unless it outpaces it by 7/8 of a whole shard's capacity.
+//!
+//! # Conformance
+//!
+//! This crate runs the whole `ratewarden-conformance` suite with two lines in
+//! `tests/conformance.rs`:
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use ratewarden_core::Store;
+//! # use ratewarden_memory::MemoryStore;
+//! async fn store() -> Arc<dyn Store> { Arc::new(MemoryStore::new(1_000)) }
+//! ratewarden_conformance::conformance_tests!(store);
+//! # fn main() {}
+//! ```
+//!
+//! About 530 lines before its tests, 120 of them these docs, which
+//! state the bounds and the eviction guarantee once: the store, its builder
+//! and its `Store` impl are here, its shards and key digests in `shard.rs`.
+
+mod shard;
+
+use std::fmt;
+use std::num::NonZeroUsize;
+
+use async_trait::async_trait;
+use parking_lot::{Mutex, MutexGuard};
+use ratewarden_core::algorithm;
+use ratewarden_core::{
+    Algorithm, Capabilities, ConfigError, Decision, Policy, Store, StoreError, Timestamp,
+};
+use shard::{Digest, KeyHasher, Shard};
+
+/// The name this store reports in decisions and errors.
+pub const NAME: &str = "memory";
+
+/// The key capacity of [`MemoryStore::default`] and of a builder that is
+/// not given one.
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// The most shards a store may have.
+pub const MAX_SHARDS: usize = 1 << 16;
+
+/// When choosing the shard count itself, the store keeps at least this many
+/// keys per shard: many tiny shards would make the per-shard LRU guarantee
+/// (see the crate docs) much weaker than a global one for little gain.
+const MIN_DEFAULT_SHARD_KEYS: usize = 64;
+
+/// A bounded, sharded, in-process [`Store`] implementing every algorithm.
+///
+/// See the [crate docs](crate) for its bounds and eviction guarantee.
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    capacity: usize,
+    max_key_len: usize,
+    /// Makes each key's digest, whose index hash chooses the shard and the
+    /// slot in it. A keyed hash, with keys drawn at random per store, not a
+    /// fixed one: with a predictable hash an
+    /// attacker could compute keys that all land in the offender's shard and
+    /// evict it with a flood of one shard's capacity instead of the whole
+    /// store's, or pile keys into one probe sequence (HashDoS). aHash rather
+    /// than std's SipHash-1-3: with SipHash, hashing was about half the cost
+    /// of a decision on a hot key in the benchmark, and aHash claims
+    /// resistance to these attacks with random keys, which foldhash
+    /// explicitly does not against an attacker who can observe outcomes.
+    hasher: KeyHasher,
+}
+
+/// Builds a [`MemoryStore`]; see [`MemoryStore::builder`].
+#[derive(Debug, Clone)]
+pub struct MemoryStoreBuilder {
+    capacity: usize,
+    shards: Option<usize>,
+    max_key_len: usize,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        MemoryStoreBuilder {
+            capacity: DEFAULT_CAPACITY,
+            shards: None,
+            max_key_len: ratewarden_core::DEFAULT_MAX_KEY_LEN,
+        }
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The most keys the store holds at once (default [`DEFAULT_CAPACITY`]).
+    /// Each (algorithm, key) pair counts as one key.
+    pub fn capacity(mut self, keys: usize) -> Self {
+        self.capacity = keys;
+        self
+    }
+
+    /// The longest key accepted, in bytes (default
+    /// [`DEFAULT_MAX_KEY_LEN`](ratewarden_core::DEFAULT_MAX_KEY_LEN)); a longer
+    /// one is an `InvalidRequest` error. The store holds a fixed-size digest
+    /// of every key, so this bounds the hashing work a decision does, not
+    /// the store's memory. Refused if zero.
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.max_key_len = bytes;
+        self
+    }
+
+    /// The number of shards, each with its own lock, table and recency order. The
+    /// default is the smallest power of two at least twice the available
+    /// parallelism and at least 16, halved while a shard would hold fewer
+    /// than 64 keys.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// Builds the store, refusing a capacity of zero (a store that holds no
+    /// key would forget every offender at once), a shard count of zero or
+    /// above [`MAX_SHARDS`], and more shards than keys (a shard that holds no
+    /// key could limit nobody).
+    ///
+    /// ```
+    /// use ratewarden_memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::builder().capacity(100_000).shards(16).build()?;
+    /// assert_eq!(store.capacity(), 100_000);
+    /// assert_eq!(store.shards(), 16);
+    ///
+    /// let err = MemoryStore::builder().capacity(0).build().unwrap_err();
+    /// assert!(err.to_string().contains("capacity must be at least 1"));
+    /// # Ok::<(), ratewarden_core::ConfigError>(())
+    /// ```
+    pub fn build(self) -> Result<MemoryStore, ConfigError> {
+        let capacity = self.capacity;
+        if self.max_key_len == 0 {
+            return Err(ConfigError::Invalid(
+                "memory store max_key_len must be at least 1 byte".into(),
+            ));
+        }
+        if capacity == 0 {
+            return Err(ConfigError::Invalid(
+                "memory store capacity must be at least 1 key".into(),
+            ));
+        }
+        let shards = match self.shards {
+            Some(0) => {
+                return Err(ConfigError::Invalid(
+                    "memory store needs at least 1 shard".into(),
+                ));
+            }
+            Some(n) if n > MAX_SHARDS => {
+                return Err(ConfigError::Invalid(format!(
+                    "memory store shards must be at most {MAX_SHARDS}, got {n}"
+                )));
+            }
+            Some(n) if n > capacity => {
+                return Err(ConfigError::Invalid(format!(
+                    "memory store has {n} shards but a capacity of only {capacity} keys; \
+                     every shard must hold at least one key"
+                )));
+            }
+            Some(n) => n,
+            None => default_shards(capacity, std::thread::available_parallelism().ok()),
+        };
+        let mut store = MemoryStore::with_shards(capacity, shards);
+        store.max_key_len = self.max_key_len;
+        Ok(store)
+    }
+}
+
+/// The smallest power of two at least twice `parallelism` and at least 16,
+/// halved while a shard would hold fewer than [`MIN_DEFAULT_SHARD_KEYS`].
+fn default_shards(capacity: usize, parallelism: Option<NonZeroUsize>) -> usize {
+    let parallelism = parallelism.map_or(1, NonZeroUsize::get);
+    let mut shards = parallelism
+        .saturating_mul(2)
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_SHARDS)
+        .clamp(16, MAX_SHARDS);
+    while shards > 1 && capacity / shards < MIN_DEFAULT_SHARD_KEYS {
+        shards /= 2;
+    }
+    shards
+}
+
+/// Per-shard capacities that differ by at most one and sum to `capacity`
+/// exactly: the first `capacity % shards` shards take one key more.
+fn shard_capacities(capacity: usize, shards: usize) -> impl Iterator<Item = usize> {
+    let base = capacity / shards;
+    let extra = capacity % shards;
+    (0..shards).map(move |i| base + usize::from(i < extra))
+}
+
+impl MemoryStore {
+    /// A store holding at most `capacity` keys, with the default shard count
+    /// (see [`MemoryStoreBuilder::shards`]).
+    ///
+    /// A capacity of 0 is raised to 1 key, the strictest store there is;
+    /// use [`builder`](Self::builder) to have it refused instead.
+    ///
+    /// ```
+    /// use ratewarden_memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::new(1_000);
+    /// assert_eq!(store.capacity(), 1_000);
+    /// assert!(store.is_empty());
+    /// ```
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        MemoryStore::with_shards(
+            capacity,
+            default_shards(capacity, std::thread::available_parallelism().ok()),
+        )
+    }
+
+    /// A store of `capacity` keys over `shards` shards, both already checked:
+    /// at least 1, and `shards <= capacity`.
+    fn with_shards(capacity: usize, shards: usize) -> Self {
+        MemoryStore {
+            shards: shard_capacities(capacity, shards)
+                .map(|cap| Mutex::new(Shard::new(cap)))
+                .collect(),
+            capacity,
+            max_key_len: ratewarden_core::DEFAULT_MAX_KEY_LEN,
+            hasher: KeyHasher::new(),
+        }
+    }
+
+    /// A builder, to choose the capacity and the number of shards.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// The most keys the store holds at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The number of shards.
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The number of keys held now. Locks each shard in turn, so it is meant
+    /// for monitoring and tests, not the request path.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Whether the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many keys have been evicted to stay within the capacity, since
+    /// the store was built. Locks each shard in turn, as [`len`](Self::len)
+    /// does: each shard counts its own evictions, so that threads flooding
+    /// different shards share no counter.
+    pub fn evictions(&self) -> u64 {
+        self.shards.iter().map(|s| lock(s).evictions()).sum()
+    }
+
+    /// The same as [`Store::decide`], without the future: for synchronous
+    /// callers, which it spares the boxed future of an `async_trait` call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratewarden_core::{ErrorKind, Policy, Timestamp};
+    /// use ratewarden_memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::new(1_000);
+    /// let policy = Policy::fixed_window(2, Duration::from_secs(1))?;
+    /// let now = Timestamp::from_micros(1_000_000);
+    /// assert!(store.decide_sync(b"k", &policy, 2, now).unwrap().allowed);
+    /// assert!(!store.decide_sync(b"k", &policy, 1, now).unwrap().allowed);
+    /// // A cost above the limit could never be admitted: an error, not a refusal.
+    /// let err = store.decide_sync(b"k", &policy, 3, now).unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    /// # Ok::<(), ratewarden_core::ConfigError>(())
+    /// ```
+    pub fn decide_sync(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        ratewarden_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
+        let digest = self.digest(policy, key);
+        let verdict = lock(&self.shards[self.shard_index(digest)]).decide(
+            digest,
+            policy,
+            cost,
+            now.as_micros(),
+        );
+        Ok(Decision::from_verdict(verdict, policy, NAME))
+    }
+
+    /// The same as [`Store::refund`], without the future.
+    pub fn refund_sync(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        ratewarden_core::check_refund(NAME, policy, cost, admitted)?;
+        ratewarden_core::check_key(NAME, key, self.max_key_len)?;
+        let digest = self.digest(policy, key);
+        let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
+        let mut shard = lock(&self.shards[self.shard_index(digest)]);
+        // A key evicted since holds nothing to refund; a refund never
+        // inserts, so it can neither evict nor be used to flood the map.
+        if let Some(state) = shard.state_mut(digest) {
+            algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
+        }
+        Ok(())
+    }
+
+    /// What the store keeps of `key` under `policy`'s algorithm.
+    fn digest(&self, policy: &Policy, key: &[u8]) -> Digest {
+        self.hasher.digest(algorithm_tag(policy.algorithm()), key)
+    }
+
+    /// Maps bits 20..52 of the index hash onto the shards by multiply-shift.
+    /// The shard's table indexes by the low bits and tags slots with the top
+    /// 7, so taking the shard from those would cluster every shard's keys.
+    fn shard_index(&self, digest: Digest) -> usize {
+        let bits = (digest.index >> 20) & 0xFFFF_FFFF;
+        // Shard counts are at most MAX_SHARDS, so the product fits in u64 and
+        // the result is below the shard count.
+        ((bits * self.shards.len() as u64) >> 32) as usize
+    }
+}
+
+impl Default for MemoryStore {
+    /// A store of [`DEFAULT_CAPACITY`] keys with the default shard count.
+    fn default() -> Self {
+        MemoryStore::new(DEFAULT_CAPACITY)
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("capacity", &self.capacity)
+            .field("shards", &self.shards.len())
+            .field("evictions", &self.evictions())
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: Some(self.capacity),
+            shared: false,
+            server_clock: false,
+        }
+    }
+
+    fn max_key_len(&self) -> Option<usize> {
+        Some(self.max_key_len)
+    }
+
+    fn decide_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.decide_sync(key, policy, cost, now))
+    }
+
+    fn refund_inline(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Option<Result<(), StoreError>> {
+        Some(self.refund_sync(key, policy, cost, now, admitted))
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        // Entirely synchronous: the shard lock is taken and released inside,
+        // never held across an await point.
+        self.decide_sync(key, policy, cost, now)
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.refund_sync(key, policy, cost, now, admitted)
+    }
+}
+
+/// A shard's lock. `parking_lot`'s, not the standard library's: with two
+/// threads deciding one hot key (an attacker's, say), the standard mutex's
+/// waiter spins reading the lock's line, so the holder's unlock must take
+/// the line back, which roughly doubled the CPU per decision in the
+/// hot-key bench. Uncontended, the two cost the same.
+///
+/// It does not poison: a panic while the lock is held can only come from
+/// inside `algorithm::apply` on one key's state; the shard's table and move
+/// queue are only changed by hashbrown and `VecDeque` calls that do not
+/// panic (allocation failure aborts), so the table is still consistent and
+/// every other key must keep being limited, which an unpoisoned lock does.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock()
+}
+
+/// The storage key's first byte, so that the same key under two algorithms
+/// holds two independent states (see [`Store::decide`]).
+const fn algorithm_tag(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::SlidingLog => 0,
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::Gcra => 3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratewarden_core::ErrorKind;
+    use std::time::Duration;
+
+    const T0: Timestamp = ratewarden_core::ManualClock::DEFAULT_START;
+
+    #[test]
+    fn shard_capacities_sum_to_capacity_exactly() {
+        for capacity in [1, 2, 7, 15, 16, 17, 1_000, 100_001] {
+            for shards in [1, 2, 3, 7, 16].into_iter().filter(|&s| s <= capacity) {
+                let caps: Vec<usize> = shard_capacities(capacity, shards).collect();
+                assert_eq!(caps.len(), shards);
+                assert_eq!(caps.iter().sum::<usize>(), capacity, "{capacity}/{shards}");
+                let (min, max) = (caps.iter().min().unwrap(), caps.iter().max().unwrap());
+                assert!(max - min <= 1, "{capacity}/{shards}: {caps:?}");
+                assert_eq!(*max, capacity.div_ceil(shards));
+            }
+        }
+    }
+
+    #[test]
+    fn default_shards_follow_parallelism_and_capacity() {
+        let par = NonZeroUsize::new;
+        assert_eq!(default_shards(100_000, par(2)), 16);
+        assert_eq!(default_shards(100_000, par(12)), 32);
+        assert_eq!(default_shards(100_000, None), 16);
+        // 1_000 keys: 16 shards would hold 62 each, so 8 shards of 125.
+        assert_eq!(default_shards(1_000, par(2)), 8);
+        assert_eq!(default_shards(1, par(64)), 1);
+        assert_eq!(default_shards(usize::MAX, par(usize::MAX)), MAX_SHARDS);
+    }
+
+    #[test]
+    fn bad_configuration_is_refused() {
+        let err = |b: MemoryStoreBuilder| b.build().unwrap_err().to_string();
+        assert!(err(MemoryStore::builder().capacity(0)).contains("capacity must be at least 1"));
+        assert!(err(MemoryStore::builder().shards(0)).contains("at least 1 shard"));
+        assert!(err(MemoryStore::builder().max_key_len(0)).contains("max_key_len"));
+        let small = MemoryStore::builder().max_key_len(8).build().unwrap();
+        assert_eq!(Store::max_key_len(&small), Some(8));
+        assert!(err(MemoryStore::builder().shards(MAX_SHARDS + 1)).contains("at most"));
+        assert!(
+            err(MemoryStore::builder().capacity(4).shards(5)).contains("at least one key"),
+            "more shards than keys"
+        );
+        assert_eq!(MemoryStore::new(0).capacity(), 1);
+        let store = MemoryStore::builder()
+            .capacity(5)
+            .shards(5)
+            .build()
+            .unwrap();
+        assert_eq!((store.capacity(), store.shards()), (5, 5));
+    }
+
+    #[test]
+    fn capabilities_declare_everything() {
+        let store = MemoryStore::new(1_234);
+        assert_eq!(
+            store.capabilities(),
+            Capabilities {
+                algorithms: &Algorithm::ALL,
+                key_capacity: Some(1_234),
+                shared: false,
+                server_clock: false,
+            }
+        );
+        assert_eq!(store.name(), "memory");
+        assert_eq!(MemoryStore::default().capacity(), DEFAULT_CAPACITY);
+        for algorithm in Algorithm::ALL {
+            let policy = Policy::new(algorithm, 1, Duration::from_secs(1)).unwrap();
+            assert!(store.check_policy(&policy).is_ok());
+        }
+    }
+
+    #[test]
+    fn invalid_cost_is_an_error_and_records_nothing() {
+        let store = MemoryStore::new(10);
+        let policy = Policy::gcra(3, Duration::from_secs(3)).unwrap();
+        for cost in [0, 4, u32::MAX] {
+            let err = store.decide_sync(b"k", &policy, cost, T0).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "cost {cost}");
+            assert_eq!(err.store(), "memory");
+        }
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn algorithms_on_one_key_do_not_collide() {
+        let store = MemoryStore::builder()
+            .capacity(8)
+            .shards(1)
+            .build()
+            .unwrap();
+        let window = Duration::from_secs(60);
+        for algorithm in Algorithm::ALL {
+            let policy = Policy::new(algorithm, 2, window).unwrap();
+            let first = store.decide_sync(b"same", &policy, 2, T0).unwrap();
+            assert!(
+                first.allowed,
+                "{algorithm}: another algorithm's state leaked"
+            );
+            assert!(!store.decide_sync(b"same", &policy, 1, T0).unwrap().allowed);
+        }
+        assert_eq!(store.len(), 4);
+        // The empty key and a key equal to another key's tagged bytes are
+        // distinct keys too.
+        let policy = Policy::fixed_window(1, window).unwrap();
+        assert!(store.decide_sync(b"", &policy, 1, T0).unwrap().allowed);
+        assert!(store.decide_sync(&[1], &policy, 1, T0).unwrap().allowed);
+        assert!(!store.decide_sync(b"", &policy, 1, T0).unwrap().allowed);
+    }
+
+    #[test]
+    fn a_panic_under_a_shard_lock_leaves_the_shard_limiting() {
+        let store = MemoryStore::builder()
+            .capacity(10)
+            .shards(1)
+            .build()
+            .unwrap();
+        let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+        assert!(
+            store
+                .decide_sync(b"offender", &policy, 1, T0)
+                .unwrap()
+                .allowed
+        );
+        std::thread::scope(|scope| {
+            let poisoner = scope.spawn(|| {
+                let _guard = store.shards[0].lock();
+                panic!("deliberate panic while holding the shard lock");
+            });
+            assert!(poisoner.join().is_err());
+        });
+        // Unwinding released the lock; nothing else was changed.
+        assert!(!store.shards[0].is_locked());
+        // Same state as before the panic: still refused, others still admitted.
+        assert!(
+            !store
+                .decide_sync(b"offender", &policy, 1, T0)
+                .unwrap()
+                .allowed
+        );
+        assert!(store.decide_sync(b"other", &policy, 1, T0).unwrap().allowed);
+        assert_eq!(store.len(), 2);
+    }
+}

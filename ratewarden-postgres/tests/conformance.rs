@@ -1,0 +1,20 @@
+//! The whole conformance suite against PostgreSQL in a container, each
+//! scenario in a schema of its own.
+
+use std::sync::Arc;
+
+use ratewarden_core::Store;
+use ratewarden_test_support::postgres as fixture;
+
+async fn store() -> Arc<dyn Store> {
+    Arc::new(fixture::fresh_store("conformance").await)
+}
+
+ratewarden_conformance::conformance_tests!(store);
+
+/// The composition scenarios with this store as the shared tier.
+mod composition {
+    use super::*;
+
+    ratewarden_conformance::composition_tests!(store);
+}

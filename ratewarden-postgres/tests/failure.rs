@@ -1,0 +1,83 @@
+//! A dead or frozen database is a `StoreError` within the timeout, never a
+//! hang or a panic, and the store recovers when the database does. Runs on a
+//! container of its own, since it freezes it.
+
+use std::time::Duration;
+
+use ratewarden_core::{ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
+use ratewarden_postgres::{PostgresStore, PostgresStoreBuilder};
+use ratewarden_test_support::postgres as fixture;
+
+const T0: Timestamp = ManualClock::DEFAULT_START;
+/// Far above every timeout below: only a hang reaches it.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// A store on `url`'s private server, in `schema`, giving up on a
+/// statement after 300 ms.
+fn builder(url: &str, schema: &str) -> PostgresStoreBuilder {
+    PostgresStore::builder(url)
+        .schema(schema)
+        .timeout(Duration::from_millis(300))
+        .sweep_interval(None)
+}
+
+/// A decision the database cannot answer: an error (a timeout, or the
+/// database unavailable) well before the hang guard.
+async fn cannot_decide(store: &PostgresStore, policy: &Policy, now: Timestamp) -> StoreError {
+    let result = tokio::time::timeout(HANG_GUARD, store.decide(b"k", policy, 1, now))
+        .await
+        .expect("a decision must not hang on a database that cannot answer");
+    let err = result.expect_err("a database that cannot answer cannot decide");
+    assert!(
+        matches!(err.kind(), ErrorKind::Timeout | ErrorKind::Unavailable),
+        "{err}"
+    );
+    err
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_database_is_an_error_within_the_timeout_then_recovers() {
+    let (container, url) = fixture::start_private().await;
+    let store = builder(&url, "failure").pool_size(4).build().await.unwrap();
+    let policy = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
+    assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+
+    container.pause().await.expect("pause the container");
+    // More calls than pooled connections: in-flight statements are
+    // abandoned, later ones wait for a connection; every one is an error.
+    for i in 0..8u64 {
+        let now = Timestamp::from_micros(T0.as_micros() + i);
+        let err = cannot_decide(&store, &policy, now).await;
+        assert!(err.is_transient(), "{err}");
+    }
+    let sweep = tokio::time::timeout(HANG_GUARD, store.sweep(T0, 10))
+        .await
+        .expect("a sweep must not hang either");
+    assert!(sweep.is_err());
+
+    container.unpause().await.expect("unpause the container");
+    let mut recovered = false;
+    for _ in 0..200 {
+        let result = tokio::time::timeout(HANG_GUARD, store.decide(b"k", &policy, 1, T0))
+            .await
+            .expect("no hang after recovery");
+        if result.is_ok() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(recovered, "the store answers again once the database does");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_database_is_an_error_not_a_hang() {
+    let (container, url) = fixture::start_private().await;
+    let store = builder(&url, "stopped").build().await.unwrap();
+    let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+    assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+    container.stop().await.expect("stop the container");
+    for _ in 0..3 {
+        cannot_decide(&store, &policy, T0).await;
+    }
+}

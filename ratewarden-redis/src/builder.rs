@@ -1,0 +1,323 @@
+//! [`RedisStoreBuilder`]: every option of a [`RedisStore`], checked by
+//! [`build`](RedisStoreBuilder::build) and never at the first decision.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratewarden_core::url::redact;
+use ratewarden_core::{ConfigError, DEFAULT_MAX_KEY_LEN};
+use redis::aio::ConnectionManager;
+use tokio::sync::OnceCell;
+
+use crate::url::{self, Endpoint};
+use crate::{DEFAULT_EXPIRY_MARGIN, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner, RedisStore, Target};
+
+/// What the store connects through.
+#[derive(Clone)]
+enum Source {
+    Url(String),
+    Client(Box<redis::Client>),
+    Manager(ConnectionManager),
+}
+
+/// Options of a [`RedisStore`]; every one is checked by
+/// [`build`](RedisStoreBuilder::build).
+///
+/// Made by [`RedisStore::builder`] (from a URL),
+/// [`RedisStore::builder_with_client`] or
+/// [`RedisStore::builder_with_connection_manager`].
+#[derive(Clone)]
+pub struct RedisStoreBuilder {
+    source: Source,
+    prefix: Vec<u8>,
+    timeout: Duration,
+    server_clock: bool,
+    margin: Duration,
+    max_key_len: usize,
+    #[cfg(feature = "tls")]
+    tls_root_ca: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("RedisStoreBuilder");
+        d.field("source", &self.source.display())
+            .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            .field("timeout", &self.timeout)
+            .field("server_clock", &self.server_clock)
+            .field("expiry_margin", &self.margin)
+            .field("max_key_len", &self.max_key_len);
+        #[cfg(feature = "tls")]
+        d.field("tls_root_ca", &self.tls_root_ca.as_ref().map(|_| "<PEM>"));
+        d.finish()
+    }
+}
+
+impl Source {
+    /// What errors and `Debug` output may show: a URL only as redacted, a
+    /// client only by its address (which holds no credentials).
+    fn display(&self) -> String {
+        match self {
+            Source::Url(url) => redact(url),
+            Source::Client(client) => {
+                format!("redis::Client for {}", client.get_connection_info().addr())
+            }
+            Source::Manager(_) => "an existing redis::aio::ConnectionManager".into(),
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    fn new(source: Source) -> Self {
+        RedisStoreBuilder {
+            source,
+            prefix: DEFAULT_PREFIX.as_bytes().to_vec(),
+            timeout: DEFAULT_TIMEOUT,
+            server_clock: false,
+            margin: DEFAULT_EXPIRY_MARGIN,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            #[cfg(feature = "tls")]
+            tls_root_ca: None,
+        }
+    }
+
+    pub(crate) fn from_url(url: String) -> Self {
+        Self::new(Source::Url(url))
+    }
+
+    pub(crate) fn from_client(client: redis::Client) -> Self {
+        Self::new(Source::Client(Box::new(client)))
+    }
+
+    pub(crate) fn from_connection_manager(manager: ConnectionManager) -> Self {
+        Self::new(Source::Manager(manager))
+    }
+
+    /// Prepends `prefix` to every key, so that several applications (or
+    /// tests) share a server without sharing state. Printable ASCII without
+    /// spaces (`!` to `~`), so that keys stay printable, and without `{` or
+    /// `}`, which would break the Redis Cluster hash tag; see the
+    /// [key layout](crate#keys). Default [`DEFAULT_PREFIX`].
+    pub fn key_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// A transport bound: each call on the store's connection, connecting
+    /// included, ends within it as a `Timeout` error. Default
+    /// [`DEFAULT_TIMEOUT`]; must be above zero. Under a `Limiter`, the
+    /// rule's timeout (`Rule::with_timeout`) bounds what a request waits;
+    /// this one applies beneath it and when the store is called directly.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Decides with the Redis server's clock (`TIME` inside the script)
+    /// instead of the `now` passed by the caller.
+    ///
+    /// The trade: hosts whose clocks are skewed agree on every window, since
+    /// only one clock counts; but a manual clock can no longer drive the
+    /// store (tests must use real time), and on Redis Cluster each master's
+    /// clock decides for its own keys. Declared as
+    /// [`Capabilities::server_clock`](ratewarden_core::Capabilities::server_clock).
+    ///
+    /// [`Store::refund`](ratewarden_core::Store::refund) is not available in
+    /// this mode: it locates the admission's units by the time it was
+    /// decided at, which is the server's and unknown to the caller. It
+    /// answers [`ErrorKind::Unsupported`](ratewarden_core::ErrorKind::Unsupported)
+    /// without a round trip, and a [`Limiter`](ratewarden_core::Limiter) then
+    /// keeps the admission (stricter, never more permissive).
+    pub fn server_clock(mut self, enabled: bool) -> Self {
+        self.server_clock = enabled;
+        self
+    }
+
+    /// How long a key outlives its state's last meaningful moment. Default
+    /// [`DEFAULT_EXPIRY_MARGIN`]; at most one hour.
+    pub fn expiry_margin(mut self, margin: Duration) -> Self {
+        self.margin = margin;
+        self
+    }
+
+    /// The longest storage key accepted, in bytes (default
+    /// [`DEFAULT_MAX_KEY_LEN`]); a longer one is an
+    /// [`InvalidRequest`](ratewarden_core::ErrorKind::InvalidRequest) error,
+    /// without a round trip, so that attacker-chosen keys cannot make Redis
+    /// hold more per key. Refused if zero.
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.max_key_len = bytes;
+        self
+    }
+
+    /// Trusts the certificate authorities in `pem` (one or more PEM
+    /// `CERTIFICATE` blocks) for a `rediss://` URL, instead of the system's
+    /// roots: for a server whose certificate a private CA signed. Needs the
+    /// `tls` feature.
+    ///
+    /// [`build`](Self::build) refuses PEM holding no certificate, and this
+    /// option with anything but a `rediss://` URL (an existing client
+    /// carries its own TLS settings).
+    #[cfg(feature = "tls")]
+    pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_ca = Some(pem.into());
+        self
+    }
+
+    /// Checks every option and builds the store. Nothing is contacted yet.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        if self.timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "redis timeout must be above zero".into(),
+            ));
+        }
+        crate::key::check_prefix(&self.prefix)?;
+        if self.max_key_len == 0 {
+            return Err(ConfigError::Invalid(
+                "redis max_key_len must be at least 1 byte".into(),
+            ));
+        }
+        if self.margin > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid(
+                "redis expiry margin must be at most one hour".into(),
+            ));
+        }
+        let (target, display_url) = match &self.source {
+            Source::Url(url) => {
+                let parsed = url::parse(url)?;
+                let target = self.target(parsed.endpoint, &parsed.display)?;
+                (target, parsed.display)
+            }
+            Source::Client(client) => {
+                self.refuse_url_only_options()?;
+                (Target::Single(client.clone()), self.source.display())
+            }
+            Source::Manager(manager) => {
+                self.refuse_url_only_options()?;
+                (Target::Manager(manager.clone()), self.source.display())
+            }
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                target,
+                conn: OnceCell::new(),
+                prefix: self.prefix.into_boxed_slice(),
+                timeout: self.timeout,
+                server_clock: self.server_clock,
+                margin_ms: u64::try_from(self.margin.as_millis()).unwrap_or(u64::MAX),
+                max_key_len: self.max_key_len,
+                display_url,
+            }),
+        })
+    }
+
+    /// Options that only mean something when the store makes its own
+    /// connections from a URL.
+    fn refuse_url_only_options(&self) -> Result<(), ConfigError> {
+        #[cfg(feature = "tls")]
+        if self.tls_root_ca.is_some() {
+            return Err(ConfigError::Invalid(format!(
+                "tls_root_ca applies to a rediss:// URL; {} carries its own TLS settings",
+                self.source.display()
+            )));
+        }
+        Ok(())
+    }
+
+    fn target(&self, endpoint: Endpoint, display: &str) -> Result<Target, ConfigError> {
+        let invalid = |reason: String| ConfigError::InvalidUrl {
+            url: display.to_owned(),
+            reason,
+        };
+        match endpoint {
+            Endpoint::Single(info) => {
+                #[cfg(feature = "tls")]
+                if let Some(client) = self.tls_client(&info).map_err(invalid)? {
+                    return Ok(Target::Single(Box::new(client)));
+                }
+                let client = redis::Client::open(*info).map_err(|e| invalid(e.to_string()))?;
+                Ok(Target::Single(Box::new(client)))
+            }
+            Endpoint::Cluster(nodes) => {
+                #[cfg(feature = "tls")]
+                if self.tls_root_ca.is_some() {
+                    return Err(invalid(
+                        "tls_root_ca needs a rediss:// URL; TLS to a cluster is not supported"
+                            .into(),
+                    ));
+                }
+                let client = redis::cluster::ClusterClientBuilder::new(nodes)
+                    .connection_timeout(self.timeout)
+                    .response_timeout(self.timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| invalid(e.to_string()))?;
+                Ok(Target::Cluster(Box::new(client)))
+            }
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// A client trusting [`tls_root_ca`](Self::tls_root_ca), when one is
+    /// given; `None` lets the redis crate trust the system's roots.
+    #[cfg(feature = "tls")]
+    fn tls_client(&self, info: &redis::ConnectionInfo) -> Result<Option<redis::Client>, String> {
+        let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        if tls {
+            crate::tls::ensure_crypto_provider();
+        }
+        let Some(pem) = &self.tls_root_ca else {
+            return Ok(None);
+        };
+        if !tls {
+            return Err("tls_root_ca needs a rediss:// URL: this one would not use TLS".into());
+        }
+        crate::tls::client_trusting(info.clone(), pem).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_options_are_refused_at_construction() {
+        let b = || RedisStore::builder("redis://127.0.0.1");
+        assert!(b().timeout(Duration::ZERO).build().is_err());
+        assert!(b().key_prefix("a{b").build().is_err());
+        assert!(b().key_prefix("a}b").build().is_err());
+        assert!(b().key_prefix("a b:").build().is_err());
+        assert!(b().key_prefix(&b"\x00:"[..]).build().is_err());
+        assert!(
+            b().expiry_margin(Duration::from_secs(7200))
+                .build()
+                .is_err()
+        );
+        assert!(b().max_key_len(0).build().is_err());
+        assert!(b().key_prefix("t:1:").build().is_ok());
+        assert!(b().key_prefix("").build().is_ok());
+        assert!(RedisStore::from_url("redis+cluster://u:p@a:1,b:2/").is_ok());
+        assert!(RedisStore::from_url("redis+unix:///tmp/redis.sock").is_ok());
+    }
+
+    #[test]
+    fn an_existing_client_is_checked_like_a_url() {
+        let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+        let b = || RedisStore::builder_with_client(client.clone());
+        assert!(b().build().is_ok());
+        assert!(b().timeout(Duration::ZERO).build().is_err());
+        assert!(b().key_prefix("a{b").build().is_err());
+        let debug = format!("{:?}", b().build().unwrap());
+        assert!(debug.contains("127.0.0.1:6379"), "{debug}");
+    }
+
+    #[test]
+    fn urls_are_shown_redacted() {
+        let b = RedisStore::builder("redis+unix:///s.sock?pass=hunter2");
+        let shown = format!("{b:?} {:?}", b.clone().build().unwrap());
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("pass=***"), "{shown}");
+    }
+}

@@ -1,0 +1,455 @@
+//! A Redis store for the limiter workspace: one script call per decision.
+//!
+//! [`RedisStore`] runs each of the four algorithms of
+//! [`ratewarden_core::algorithm`] as a Lua script, so a decision is exactly one
+//! `EVALSHA` round trip (the script is loaded once per server and reloaded
+//! if the server answers `NOSCRIPT`). Nothing is read by the client and
+//! written back: the check and the update are one atomic script.
+//!
+//! * **Time** comes from the caller (`now` in [`Store::decide`]), so a
+//!   [`ManualClock`](ratewarden_core::ManualClock) drives Redis exactly as it
+//!   drives the memory store. A fleet whose hosts' clocks disagree can use
+//!   the server's clock instead ([`RedisStoreBuilder::server_clock`]): every
+//!   host then agrees on time, at the price of tests that cannot move time
+//!   and of the server's clock being the one that matters.
+//! * **Expiry**: every key carries a TTL of the time its state stays
+//!   meaningful plus a margin, so Redis memory is bounded by live windows;
+//!   the TTL is garbage collection, never part of a decision. A fixed or
+//!   sliding window's expiry is set when the window opens and never moved by
+//!   the hits it counts; a log's and GCRA's state lives as long as its last
+//!   *admitted* request says (the newest entry, the theoretical arrival
+//!   time), so only admissions set it. A refusal records nothing and never
+//!   moves an expiry.
+//! * **Failures**: every call is bounded by a timeout (default
+//!   [`DEFAULT_TIMEOUT`]); a dead, paused or misbehaving server becomes a
+//!   [`StoreError`] of kind `Timeout`, `Unavailable` or `Protocol`, never a
+//!   hang or a panic.
+//! * **Refunds** ([`Store::refund`]) are one `EVALSHA` of a refund script
+//!   per algorithm ([`refund_script_source`]), on the decision's own key
+//!   (so the same Redis Cluster slot), under the same timeout. They give
+//!   back exactly the units the admission wrote, or nothing when the key no
+//!   longer holds them; they never create a key and never touch a TTL. A
+//!   store in [server-clock mode](RedisStoreBuilder::server_clock) refuses
+//!   them with [`ErrorKind::Unsupported`]: the admission's time, which
+//!   locates its units, was the server's and is not known to the caller.
+//! * **Connections** are opened lazily by the first decision, on the runtime
+//!   that makes it, and then shared: one multiplexed connection (the redis
+//!   crate's `ConnectionManager`, which reconnects on its own), or a cluster
+//!   connection for `redis+cluster://` URLs. An application that already
+//!   has a [`redis::Client`] or a [`ConnectionManager`] hands it over with
+//!   [`RedisStore::builder_with_client`] or
+//!   [`RedisStore::builder_with_connection_manager`].
+//!
+//! ```no_run
+//! use ratewarden_core::{Policy, Store, Timestamp};
+//! use ratewarden_redis::RedisStore;
+//! use std::time::Duration;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::builder("redis://127.0.0.1:6379")
+//!     .key_prefix("myapp:rl:")
+//!     .timeout(Duration::from_millis(100))
+//!     .build()?;
+//! let policy = Policy::gcra(10, Duration::from_secs(1))?;
+//! let decision = store
+//!     .decide(b"client-42", &policy, 1, Timestamp::now_system())
+//!     .await?;
+//! assert!(decision.allowed);
+//! # Ok(()) }
+//! ```
+//!
+//! # Keys
+//!
+//! The state of one storage key under one algorithm is one Redis key:
+//!
+//! ```text
+//! <prefix>{<16 hex digits>}:<algorithm>:<storage key>
+//! ```
+//!
+//! * `<prefix>` is [`key_prefix`](RedisStoreBuilder::key_prefix),
+//!   [`DEFAULT_PREFIX`] (`ratewarden:`) by default: printable ASCII without
+//!   spaces, `{` or `}` (anything else is refused when the store is built).
+//! * `{<16 hex digits>}` is the FNV-1a 64-bit hash of the storage key, in
+//!   lowercase hex: a Redis Cluster hash tag, so that a decision touches one
+//!   slot, and a `{` or `}` in the storage key cannot move the tag.
+//! * `<algorithm>` is `log` (sliding log, a list), `fw` (fixed window, a
+//!   hash), `sw` (sliding window, a hash) or `gcra` (a string).
+//! * `<storage key>` is the key given to [`Store::decide`], byte for byte
+//!   and last, so none of its bytes can be mistaken for a separator. A
+//!   [`Limiter`](ratewarden_core::Limiter) passes `{rule}:{client key}`, and
+//!   the HTTP layer's client key is 32 hex digits, so the whole Redis key is
+//!   printable ASCII. Bytes outside printable ASCII in a storage key stay as
+//!   they are: they are data, and any byte string of at most
+//!   [`max_key_len`](RedisStoreBuilder::max_key_len) bytes (16 KiB by
+//!   default) is a valid key.
+//!
+//! The client `0123456789abcdef0123456789abcdef` under the rule `search`
+//! (a sliding log) is held, with the default prefix, in
+//!
+//! ```text
+//! ratewarden:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef
+//! ```
+//!
+//! which [`RedisStore::redis_key`] computes:
+//!
+//! ```
+//! use ratewarden_core::Algorithm;
+//! use ratewarden_redis::RedisStore;
+//!
+//! let store = RedisStore::from_url("redis://127.0.0.1:6379")?;
+//! let key = store.redis_key(b"search:0123456789abcdef0123456789abcdef", Algorithm::SlidingLog);
+//! assert_eq!(key, b"ratewarden:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef");
+//! # Ok::<(), ratewarden_core::ConfigError>(())
+//! ```
+//!
+//! An operator lists, inspects and deletes a client's state with
+//! `redis-cli` (in a terminal, `--scan` prints keys in quotes; piped, as
+//! they are):
+//!
+//! ```sh
+//! redis-cli --scan --pattern 'ratewarden:*:search:0123456789abcdef0123456789abcdef'
+//! redis-cli TYPE 'ratewarden:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef'
+//! redis-cli PTTL 'ratewarden:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef'
+//! redis-cli DEL  'ratewarden:{af69f0a632b605e9}:log:search:0123456789abcdef0123456789abcdef'
+//! ```
+//!
+//! After the `DEL`, the store's next decision for that client under that
+//! rule starts a fresh quota.
+//!
+//! # TLS
+//!
+//! With the `tls` feature, `rediss://host[:port][/db]` connects over TLS
+//! (rustls, through the redis crate) and verifies the server's certificate
+//! against the system's roots, or against the CA given to
+//! `RedisStoreBuilder::tls_root_ca`. Verification cannot be turned off:
+//! `#insecure` is refused. If the process has not installed a rustls
+//! crypto provider when such a store is built, ring's is installed. A
+//! server whose certificate the client does not trust fails the decision
+//! with an [`ErrorKind::Unavailable`] error that says why. Without the
+//! feature, `rediss://` is refused when the store is built, with an error
+//! naming the feature; TLS to a Redis Cluster is not supported.
+//!
+//! # One round trip, on the wire
+//!
+//! The crate's tests prove "one round trip per decision" three ways: a TCP
+//! proxy between the store and Redis counts request/answer exchanges (N
+//! decisions are N exchanges, N refunds N exchanges, once the scripts are
+//! loaded); `MONITOR` shows nothing but `EVALSHA` from the store; and the
+//! server's `INFO commandstats` agrees.
+
+mod builder;
+mod error;
+mod key;
+mod script;
+#[cfg(feature = "tls")]
+mod tls;
+mod url;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ratewarden_core::{
+    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, MAX_EXACT, Policy, Store,
+    StoreError, Timestamp,
+};
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::{ScriptInvocation, Value};
+use tokio::sync::OnceCell;
+
+pub use builder::RedisStoreBuilder;
+pub use script::{refund_script_source, script_source};
+pub use url::URL_SCHEMES;
+
+use error::store_error;
+use script::{refund_script, refunded, script, verdict};
+
+/// The name this store reports in decisions and errors.
+pub const NAME: &str = "redis";
+
+/// The former name of [`NAME`], which every backend now uses.
+#[deprecated(note = "renamed to `NAME`, as in every backend")]
+pub const STORE_NAME: &str = NAME;
+
+/// The default transport bound on one call, connection included
+/// ([`RedisStoreBuilder::timeout`]).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "ratewarden:";
+
+/// The default time a key outlives the moment its state becomes
+/// meaningless. It only matters when the caller's clock runs slower than
+/// real time (a manual clock in tests): a key must not vanish while its
+/// window is still open in the caller's time.
+pub const DEFAULT_EXPIRY_MARGIN: Duration = Duration::from_secs(1);
+
+const ALGORITHMS: &[Algorithm] = &Algorithm::ALL;
+
+/// Where the store connects, checked at construction.
+enum Target {
+    Single(Box<redis::Client>),
+    Cluster(Box<redis::cluster::ClusterClient>),
+    /// The application's own, already connected.
+    Manager(ConnectionManager),
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+struct Inner {
+    target: Target,
+    conn: OnceCell<Conn>,
+    prefix: Box<[u8]>,
+    timeout: Duration,
+    server_clock: bool,
+    margin_ms: u64,
+    max_key_len: usize,
+    /// What `Debug` shows of the target: never a password.
+    display_url: String,
+}
+
+/// A [`Store`] backed by Redis or Redis Cluster; cheap to clone (clones
+/// share one connection).
+///
+/// Build it with [`RedisStore::from_url`], [`RedisStore::builder`],
+/// [`RedisStore::builder_with_client`] or
+/// [`RedisStore::builder_with_connection_manager`].
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.display_url)
+            .field("prefix", &String::from_utf8_lossy(&self.inner.prefix))
+            .field("timeout", &self.inner.timeout)
+            .field("server_clock", &self.inner.server_clock)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store for `url` with default options.
+    ///
+    /// Accepted forms ([`URL_SCHEMES`]): `redis://[user:password@]host[:port][/db]`,
+    /// `rediss://…` for TLS (with the `tls` feature; refused without it),
+    /// `redis+unix:///path[?db=N&user=U&pass=P]` or `unix:///path`, and
+    /// `redis+cluster://[user:password@]host1:port1,host2:port2,...` for a
+    /// Redis Cluster (any reachable nodes; the rest are discovered). Nothing
+    /// is contacted here; the connection opens with the first decision.
+    ///
+    /// ```
+    /// use ratewarden_redis::RedisStore;
+    ///
+    /// assert!(RedisStore::from_url("redis://127.0.0.1:6379/0").is_ok());
+    /// assert!(RedisStore::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").is_ok());
+    /// let err = RedisStore::from_url("redis://:secret@host:notaport").unwrap_err();
+    /// assert!(!err.to_string().contains("secret"));
+    /// ```
+    pub fn from_url(url: &str) -> Result<RedisStore, ConfigError> {
+        Self::builder(url).build()
+    }
+
+    /// A builder for a store at `url` (see [`RedisStore::from_url`] for the
+    /// accepted forms).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::from_url(url.into())
+    }
+
+    /// A builder for a store that connects through the application's own
+    /// `client`, whatever its address, credentials and TLS settings: the
+    /// store opens its multiplexed connection from it, lazily, under its
+    /// own timeout. URL-only options (`tls_root_ca`) are refused
+    /// by [`build`](RedisStoreBuilder::build).
+    ///
+    /// ```
+    /// use ratewarden_redis::RedisStore;
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/0")?;
+    /// let store = RedisStore::builder_with_client(client).key_prefix("myapp:rl:").build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder_with_client(client: redis::Client) -> RedisStoreBuilder {
+        RedisStoreBuilder::from_client(client)
+    }
+
+    /// A builder for a store that sends its scripts over the application's
+    /// own, already connected `manager` (which it shares with the
+    /// application; its reconnection and response-timeout settings stay the
+    /// application's). Every call is still bounded by the store's
+    /// [`timeout`](RedisStoreBuilder::timeout). URL-only options are refused
+    /// by [`build`](RedisStoreBuilder::build).
+    pub fn builder_with_connection_manager(manager: ConnectionManager) -> RedisStoreBuilder {
+        RedisStoreBuilder::from_connection_manager(manager)
+    }
+
+    /// The Redis key that holds `key`'s state under `algorithm` (see
+    /// [Keys](crate#keys)).
+    pub fn redis_key(&self, key: &[u8], algorithm: Algorithm) -> Vec<u8> {
+        key::redis_key(&self.inner.prefix, key, algorithm)
+    }
+
+    /// Opens the connection now (and loads nothing else), so that a
+    /// misconfigured address shows at start-up; optional, since the first
+    /// decision connects anyway.
+    pub async fn connect(&self) -> Result<(), StoreError> {
+        self.bounded(async { self.conn().await.map(|_| ()) }).await
+    }
+
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        self.inner
+            .conn
+            .get_or_try_init(|| async {
+                match &self.inner.target {
+                    Target::Single(client) => {
+                        let t = self.inner.timeout;
+                        let config = redis::aio::ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(t))
+                            .set_response_timeout(Some(t))
+                            .set_number_of_retries(2)
+                            .set_min_delay(Duration::from_millis(10))
+                            .set_max_delay(t);
+                        ConnectionManager::new_with_config(redis::Client::clone(client), config)
+                            .await
+                            .map(Conn::Single)
+                    }
+                    Target::Cluster(client) => {
+                        client.get_async_connection().await.map(Conn::Cluster)
+                    }
+                    Target::Manager(manager) => Ok(Conn::Single(manager.clone())),
+                }
+            })
+            .await
+            .cloned()
+            .map_err(store_error)
+    }
+
+    async fn run(
+        &self,
+        key: Vec<u8>,
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Value, StoreError> {
+        let mut invocation = script(policy.algorithm()).key(key);
+        if self.inner.server_clock {
+            invocation.arg("server");
+        } else {
+            invocation.arg(now.as_micros());
+        }
+        invocation
+            .arg(policy.limit())
+            .arg(policy.window_micros())
+            .arg(cost)
+            .arg(self.inner.margin_ms);
+        if policy.algorithm() == Algorithm::Gcra {
+            invocation.arg(policy.emission_interval_micros());
+        }
+        self.invoke(invocation).await
+    }
+
+    /// One `EVALSHA` (plus a `SCRIPT LOAD` the first time a server sees the
+    /// script), on whichever connection the store holds.
+    async fn invoke(&self, invocation: ScriptInvocation<'static>) -> Result<Value, StoreError> {
+        let conn = self.conn().await?;
+        let result = match conn {
+            Conn::Single(mut c) => invocation.invoke_async::<Value>(&mut c).await,
+            Conn::Cluster(mut c) => invocation.invoke_async::<Value>(&mut c).await,
+        };
+        result.map_err(store_error)
+    }
+
+    /// Runs `call` under the store's timeout, connecting included.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let timeout = self.inner.timeout;
+        match tokio::time::timeout(timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::timeout(NAME, timeout)),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: ALGORITHMS,
+            key_capacity: None,
+            shared: true,
+            server_clock: self.inner.server_clock,
+        }
+    }
+
+    fn max_key_len(&self) -> Option<usize> {
+        Some(self.inner.max_key_len)
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
+        let redis_key = self.redis_key(key, policy.algorithm());
+        let value = self.bounded(self.run(redis_key, policy, cost, now)).await?;
+        Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
+    }
+
+    /// One `EVALSHA` of the algorithm's refund script; see the
+    /// [crate documentation](crate). In server-clock mode, an
+    /// [`ErrorKind::Unsupported`] error without contacting the server.
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        ratewarden_core::check_refund(NAME, policy, cost, admitted)?;
+        ratewarden_core::check_key(NAME, key, self.inner.max_key_len)?;
+        if self.inner.server_clock {
+            return Err(StoreError::new(
+                ErrorKind::Unsupported,
+                NAME,
+                "refund needs the time the admission was decided at; a store deciding with \
+                 the Redis server's clock cannot locate it",
+            ));
+        }
+        let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
+        // The scripts hold times exactly only below 2^53: an anchor past it
+        // (or past u64) cannot be compared exactly, and locates no units a
+        // decision could have written.
+        let Some(anchor) = now
+            .as_micros()
+            .checked_add(reset_after)
+            .filter(|a| *a < MAX_EXACT)
+        else {
+            return Ok(());
+        };
+        let mut invocation =
+            refund_script(policy.algorithm()).key(self.redis_key(key, policy.algorithm()));
+        invocation.arg(anchor).arg(policy.window_micros()).arg(cost);
+        if policy.algorithm() == Algorithm::Gcra {
+            invocation.arg(policy.emission_interval_micros());
+        }
+        refunded(self.bounded(self.invoke(invocation)).await?)
+    }
+}

@@ -1,0 +1,699 @@
+//! Redis-specific behaviour the conformance suite cannot see: one round trip
+//! per decision, what a refusal writes, TTLs, the server-clock mode, and
+//! failures (a paused, stopped, silent or misbehaving server).
+//!
+//! About 800 lines: one test per Redis behaviour; most share one container,
+//! the failure tests start their own.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use ratewarden_conformance::model::{algorithm_differential, refund_differential};
+use ratewarden_core::{Algorithm, ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
+use ratewarden_redis::{DEFAULT_EXPIRY_MARGIN, RedisStore, RedisStoreBuilder};
+use ratewarden_test_support::policy;
+use ratewarden_test_support::redis as fixture;
+use ratewarden_test_support::stores::{first_admission, refund_all_and_ghosts};
+use redis::aio::MultiplexedConnection;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const S: u64 = 1_000_000;
+const T0: u64 = ManualClock::DEFAULT_START.as_micros();
+/// Hangs are caught by this, far above any timeout under test; it is a
+/// guard, not a measurement.
+const HANG_GUARD: Duration = Duration::from_secs(20);
+/// The timeout of stores whose tests are about semantics, not failures: a
+/// loaded machine must not turn a slow answer into a failed test.
+const GENEROUS: Duration = Duration::from_secs(10);
+
+/// A store on `url` with a prefix of its own and the [`GENEROUS`] timeout.
+fn builder(url: &str, what: &str) -> RedisStoreBuilder {
+    RedisStore::builder(url)
+        .key_prefix(fixture::unique_prefix(what))
+        .timeout(GENEROUS)
+}
+
+/// A [`builder`] store on the shared server, and a connection for the
+/// test's own commands there.
+async fn on_shared_server(what: &str) -> (RedisStore, MultiplexedConnection) {
+    let url = fixture::shared_url();
+    let store = builder(url, what).build().unwrap();
+    (store, fixture::admin(url).await)
+}
+
+fn policies() -> Vec<Policy> {
+    policy::of_every_algorithm(5, Duration::from_secs(60))
+}
+
+async fn decide_guarded(
+    store: &RedisStore,
+    key: &[u8],
+    policy: &Policy,
+    now: u64,
+) -> Result<ratewarden_core::Decision, StoreError> {
+    tokio::time::timeout(
+        HANG_GUARD,
+        store.decide(key, policy, 1, Timestamp::from_micros(now)),
+    )
+    .await
+    .expect("a decision hung instead of failing within its timeout")
+}
+
+async fn reset_stats(conn: &mut MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+async fn key_ttl(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+async fn key_exists(conn: &mut MultiplexedConnection, key: &[u8]) -> i64 {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// What `key` holds, serialized (`DUMP`), and its TTL in milliseconds.
+async fn key_state(conn: &mut MultiplexedConnection, key: &[u8]) -> (Vec<u8>, i64) {
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap();
+    (dump, key_ttl(conn, key).await)
+}
+
+/// What MONITOR saw between [`Monitor::start`] and [`Monitor::finish`]:
+/// every command with its origin, `[db host:port]` for a client's, `[db
+/// lua]` for those a script runs inside the server.
+struct Monitor {
+    lines: std::pin::Pin<Box<dyn futures::Stream<Item = String> + Send>>,
+    /// The test's own commands come from this address; they are not counted.
+    admin_addr: String,
+}
+
+impl Monitor {
+    async fn start(url: &str, conn: &mut MultiplexedConnection) -> Monitor {
+        let monitor = redis::Client::open(url)
+            .unwrap()
+            .get_async_monitor()
+            .await
+            .unwrap();
+        let lines = Box::pin(monitor.into_on_message::<String>());
+        let me: String = redis::cmd("CLIENT")
+            .arg("INFO")
+            .query_async(conn)
+            .await
+            .unwrap();
+        let admin_addr = me
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("addr="))
+            .map(|a| format!(" {a}"))
+            .expect("CLIENT INFO has addr=");
+        Monitor { lines, admin_addr }
+    }
+
+    /// (commands sent by clients other than the test's own connection, by
+    /// name; commands run by scripts).
+    async fn finish(mut self, conn: &mut MultiplexedConnection) -> (BTreeMap<String, u64>, u64) {
+        let _: String = redis::cmd("ECHO")
+            .arg("ratewarden-monitor-done")
+            .query_async(conn)
+            .await
+            .unwrap();
+        let mut from_clients: BTreeMap<String, u64> = BTreeMap::new();
+        let mut from_scripts = 0u64;
+        loop {
+            let line = tokio::time::timeout(HANG_GUARD, self.lines.next())
+                .await
+                .expect("MONITOR went silent")
+                .expect("MONITOR stream ended");
+            if line.contains("ratewarden-monitor-done") {
+                break;
+            }
+            let origin = line
+                .split('[')
+                .nth(1)
+                .and_then(|r| r.split(']').next())
+                .unwrap_or("");
+            let command = line
+                .split('"')
+                .nth(1)
+                .unwrap_or_default()
+                .to_ascii_uppercase();
+            if origin.ends_with(" lua") {
+                from_scripts += 1;
+            } else if !origin.ends_with(&self.admin_addr) {
+                *from_clients.entry(command).or_default() += 1;
+            }
+        }
+        (from_clients, from_scripts)
+    }
+}
+
+/// Checks that since `monitor` started (and the statistics were reset) the
+/// store sent exactly `n` EVALSHA and nothing else, and that the server's
+/// count agrees: `n` script calls, none failed, no load. Returns how many
+/// commands the scripts ran inside the server.
+async fn assert_only_evalsha(monitor: Monitor, conn: &mut MultiplexedConnection, n: u64) -> u64 {
+    let calls = fixture::command_calls(conn).await;
+    let (from_clients, from_scripts) = monitor.finish(conn).await;
+    let expected = BTreeMap::from([("EVALSHA".to_string(), n)]);
+    assert_eq!(
+        from_clients, expected,
+        "the store sent exactly {n} EVALSHA and nothing else"
+    );
+    assert_eq!(calls.get("evalsha"), Some(&n), "{calls:?}");
+    assert_eq!(calls.get("script|load"), None, "{calls:?}");
+    assert_eq!(calls.get("eval"), None, "{calls:?}");
+    from_scripts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evalsha_per_decision_and_nothing_else() {
+    // A server of its own: nothing else may run commands on it.
+    let (_container, url) = fixture::start_redis().await;
+    let mut conn = fixture::admin(&url).await;
+    let store = builder(&url, "round-trips").build().unwrap();
+    store.connect().await.unwrap();
+
+    // First use of each script: EVALSHA answers NOSCRIPT, the store loads
+    // the script and calls EVALSHA again. That happens once per server.
+    reset_stats(&mut conn).await;
+    for p in policies() {
+        decide_guarded(&store, b"warm-up", &p, T0).await.unwrap();
+    }
+    let first_use = fixture::command_calls(&mut conn).await;
+    let loads = first_use.get("script|load").copied().unwrap_or(0);
+    assert_eq!(loads, 4, "one SCRIPT LOAD per algorithm: {first_use:?}");
+    assert_eq!(first_use.get("evalsha"), Some(&8), "{first_use:?}");
+
+    let monitor = Monitor::start(&url, &mut conn).await;
+    reset_stats(&mut conn).await;
+    let mut n = 0u64;
+    let mut refused = 0;
+    for p in policies() {
+        for i in 0..50u64 {
+            let key = format!("client-{}", i % 3);
+            let d = decide_guarded(&store, key.as_bytes(), &p, T0 + i * 1000)
+                .await
+                .unwrap();
+            refused += u32::from(!d.allowed);
+            n += 1;
+        }
+    }
+    assert!(refused > 0, "the run should include refusals");
+    let from_scripts = assert_only_evalsha(monitor, &mut conn, n).await;
+    assert!(
+        from_scripts > 0,
+        "the scripts' own commands run inside the server"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evalsha_per_refund_and_nothing_else() {
+    // A server of its own: nothing else may run commands on it.
+    let (_container, url) = fixture::start_redis().await;
+    let mut conn = fixture::admin(&url).await;
+    let store = builder(&url, "refund-round-trips").build().unwrap();
+    // Loads the decision and refund scripts: a refund of another key's
+    // admission finds nothing, but its script runs.
+    reset_stats(&mut conn).await;
+    for p in policies() {
+        let d = decide_guarded(&store, b"warm-up", &p, T0).await.unwrap();
+        store
+            .refund(b"warm-up-ghost", &p, 1, Timestamp::from_micros(T0), &d)
+            .await
+            .unwrap();
+    }
+    let first_use = fixture::command_calls(&mut conn).await;
+    assert_eq!(
+        first_use.get("script|load"),
+        Some(&8),
+        "one SCRIPT LOAD per algorithm and operation: {first_use:?}"
+    );
+
+    // Admissions to refund, made before counting.
+    let mut admitted = Vec::new();
+    for p in policies() {
+        for i in 0..3u64 {
+            let now = T0 + i * 1000;
+            let key = format!("client-{i}");
+            let d = decide_guarded(&store, key.as_bytes(), &p, now)
+                .await
+                .unwrap();
+            assert!(d.allowed);
+            admitted.push((p, key, now, d));
+        }
+    }
+    let monitor = Monitor::start(&url, &mut conn).await;
+    reset_stats(&mut conn).await;
+    // A refund on a key that holds nothing is a round trip too, and no more.
+    let n = refund_all_and_ghosts(&store, &admitted, &policies()).await;
+    let from_scripts = assert_only_evalsha(monitor, &mut conn, n).await;
+    assert!(from_scripts > 0, "the refunds ran their scripts");
+    // Each refund gave its unit back: the keys are as they were.
+    for (p, key, now, d) in &admitted {
+        let again = decide_guarded(&store, key.as_bytes(), p, *now)
+            .await
+            .unwrap();
+        assert_eq!(again, *d, "{p}: {key} after its refund");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_write_nothing_and_ttls_are_bounded() {
+    let (store, mut conn) = on_shared_server("writes").await;
+    let margin_ms = DEFAULT_EXPIRY_MARGIN.as_millis() as i64;
+    for p in policies() {
+        let key = store.redis_key(b"k", p.algorithm());
+        let window_ms = (p.window_micros() / 1000) as i64;
+        let bound = match p.algorithm() {
+            Algorithm::SlidingWindow => 2 * window_ms + margin_ms,
+            _ => window_ms + margin_ms,
+        };
+        let mut t = T0;
+        while decide_guarded(&store, b"k", &p, t).await.unwrap().allowed {
+            t += 1000;
+        }
+        let (dump, ttl) = key_state(&mut conn, &key).await;
+        assert!(
+            ttl > 0 && ttl <= bound,
+            "{p}: PTTL {ttl} not in (0, {bound}]"
+        );
+        for i in 0..20 {
+            let d = decide_guarded(&store, b"k", &p, t + i * 1000)
+                .await
+                .unwrap();
+            assert!(!d.allowed, "{p}");
+            assert!(
+                d.reset_after > Duration::ZERO,
+                "{p}: a refusal still answers its reset"
+            );
+        }
+        let (after, ttl_after) = key_state(&mut conn, &key).await;
+        assert_eq!(dump, after, "{p}: a refusal changed the stored state");
+        assert!(
+            ttl_after <= ttl,
+            "{p}: a refusal pushed the expiry from {ttl} to {ttl_after}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_expiry_is_set_when_the_window_opens() {
+    let (store, mut conn) = on_shared_server("expiry").await;
+    let p = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
+    let key = store.redis_key(b"k", Algorithm::FixedWindow);
+    decide_guarded(&store, b"k", &p, T0).await.unwrap();
+    let mut last = key_ttl(&mut conn, &key).await;
+    for i in 1..30u64 {
+        // Hits later in the window (caller's time) must not move the expiry.
+        assert!(
+            decide_guarded(&store, b"k", &p, T0 + i * S)
+                .await
+                .unwrap()
+                .allowed
+        );
+        let ttl = key_ttl(&mut conn, &key).await;
+        assert!(ttl <= last, "hit {i} renewed the expiry: {last} -> {ttl}");
+        last = ttl;
+    }
+    // A new window (caller's time) sets a fresh expiry.
+    decide_guarded(&store, b"k", &p, T0 + 61 * S).await.unwrap();
+    let ttl = key_ttl(&mut conn, &key).await;
+    assert!(
+        ttl > last,
+        "a new window must set its own expiry: {last} -> {ttl}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_is_an_error_not_a_panic() {
+    let (store, mut conn) = on_shared_server("wrongtype").await;
+    for p in policies() {
+        let key = store.redis_key(b"k", p.algorithm());
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // A stream is a type none of the scripts reads or writes.
+        let _: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg("*")
+            .arg("f")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Protocol, "{p}: {err}");
+        assert!(!err.is_transient());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_clock_mode_decides_with_real_time() {
+    // The only test that lets real time pass: the server's clock cannot be
+    // driven. It asserts behaviour only, with generous slack.
+    let store = builder(fixture::shared_url(), "server-clock")
+        .server_clock(true)
+        .build()
+        .unwrap();
+    assert!(store.capabilities().server_clock);
+    for algorithm in Algorithm::ALL {
+        let p = Policy::new(algorithm, 2, Duration::from_millis(200)).unwrap();
+        // The caller's `now` is ignored: the epoch would open a new window
+        // on every call if it were used.
+        let mut admitted = 0;
+        for _ in 0..5 {
+            admitted += u32::from(decide_guarded(&store, b"k", &p, 0).await.unwrap().allowed);
+        }
+        assert!(admitted >= 2, "{algorithm}: {admitted} admitted");
+        assert!(
+            admitted <= 4,
+            "{algorithm}: server time must be used, {admitted} admitted"
+        );
+        let refused = decide_guarded(&store, b"k", &p, 0).await.unwrap();
+        if !refused.allowed {
+            assert!(
+                refused.retry_after <= Duration::from_millis(400),
+                "{algorithm}: {refused:?}"
+            );
+            tokio::time::sleep(refused.retry_after + Duration::from_millis(300)).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(
+            decide_guarded(&store, b"k", &p, 0).await.unwrap().allowed,
+            "{algorithm}: admitted again once the server's window passed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
+    // Nothing listens here: an answer other than Unsupported would mean the
+    // store tried to reach a server.
+    let port = fixture::free_port(false);
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .server_clock(true)
+        .build()
+        .unwrap();
+    for p in policies() {
+        let admitted = first_admission(&p, "redis");
+        let err = tokio::time::timeout(
+            HANG_GUARD,
+            store.refund(b"k", &p, 1, Timestamp::from_micros(T0), &admitted),
+        )
+        .await
+        .expect("a refusal needs no server")
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{p}: {err}");
+        assert!(!err.is_transient(), "{p}: {err}");
+        assert!(err.to_string().contains("clock"), "{p}: {err}");
+    }
+
+    // The same against a live server, on a real admission.
+    let store = builder(fixture::shared_url(), "server-clock-refund")
+        .server_clock(true)
+        .build()
+        .unwrap();
+    let p = Policy::fixed_window(3, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    let d = store.decide(b"k", &p, 1, now).await.unwrap();
+    assert!(d.allowed);
+    let err = store.refund(b"k", &p, 1, now, &d).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let after = store.decide(b"k", &p, 1, now).await.unwrap();
+    assert_eq!(after.remaining, 1, "the admission was kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_create_nothing_and_never_extend_a_ttl() {
+    let (store, mut conn) = on_shared_server("refund-ttl").await;
+    for p in policies() {
+        let now = Timestamp::from_micros(T0);
+        let first = decide_guarded(&store, b"k", &p, T0).await.unwrap();
+        let second = decide_guarded(&store, b"k", &p, T0 + S).await.unwrap();
+        let key = store.redis_key(b"k", p.algorithm());
+        let before = key_ttl(&mut conn, &key).await;
+        assert!(before > 0, "{p}");
+        // Let real time pass, so that a TTL set again would show.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        store
+            .refund(b"k", &p, 1, Timestamp::from_micros(T0 + S), &second)
+            .await
+            .unwrap();
+        let after = key_ttl(&mut conn, &key).await;
+        assert!(
+            after > 0 && after < before,
+            "{p}: PTTL {before} -> {after} over a refund"
+        );
+        // The first admission still holds its unit, or the key is gone with
+        // the log's last entry.
+        store.refund(b"k", &p, 1, now, &first).await.unwrap();
+        let exists = key_exists(&mut conn, &key).await;
+        if p.algorithm() == Algorithm::SlidingLog {
+            assert_eq!(exists, 0, "{p}: an emptied log is deleted");
+        } else {
+            assert!(key_ttl(&mut conn, &key).await <= after, "{p}");
+        }
+        // A key that holds nothing stays absent.
+        let ghost = store.redis_key(b"ghost", p.algorithm());
+        store.refund(b"ghost", &p, 1, now, &first).await.unwrap();
+        let exists = key_exists(&mut conn, &ghost).await;
+        assert_eq!(exists, 0, "{p}: a refund created {ghost:?}");
+    }
+}
+
+/// A store on `url` with a 300 ms timeout, the failure tests' policy, and a
+/// first decision made while the server is up.
+async fn answering(url: &str, what: &str) -> (RedisStore, Policy) {
+    let store = RedisStore::builder(url)
+        .key_prefix(fixture::unique_prefix(what))
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let p = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
+    decide_guarded(&store, b"k", &p, T0).await.unwrap();
+    (store, p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_times_out_then_recovers() {
+    let (container, url) = fixture::start_redis().await;
+    let (store, p) = answering(&url, "pause").await;
+
+    container.pause().await.expect("docker pause");
+    let calls = (0..8).map(|i| {
+        let store = store.clone();
+        async move { decide_guarded(&store, b"k", &p, T0 + i).await }
+    });
+    for result in futures_join(calls).await {
+        let err = result.expect_err("a paused server cannot answer");
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+        assert!(err.is_transient());
+    }
+
+    container.unpause().await.expect("docker unpause");
+    assert_recovers(&store, &p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_server_fails_then_recovers_after_restart() {
+    let (container, url) = fixture::start_redis_on_fixed_port().await;
+    let (store, p) = answering(&url, "stop").await;
+
+    container.stop().await.expect("docker stop");
+    for i in 0..3 {
+        let err = decide_guarded(&store, b"k", &p, T0 + i)
+            .await
+            .expect_err("a stopped server cannot answer");
+        assert!(
+            matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+            "{err}"
+        );
+        assert!(err.is_transient(), "{err}");
+    }
+
+    container.start().await.expect("docker start");
+    assert_recovers(&store, &p).await;
+}
+
+/// Polls until a decision succeeds; the server needs a moment to come back.
+async fn assert_recovers(store: &RedisStore, p: &Policy) {
+    for i in 0..100 {
+        if decide_guarded(store, b"k", p, T0 + S + i).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the store must answer again once the server is back");
+}
+
+async fn futures_join<F: std::future::Future + Send + 'static>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("task panicked"));
+    }
+    out
+}
+
+/// A TCP server that answers every RESP command with `reply`, or never
+/// answers when `reply` is `None`.
+async fn fake_server(reply: Option<&'static [u8]>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = socket.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(len) = resp_command_len(&buf) {
+                        buf.drain(..len);
+                        if let Some(reply) = reply
+                            && socket.write_all(reply).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    format!("redis://127.0.0.1:{port}")
+}
+
+/// The length of the first complete RESP array of bulk strings in `buf`.
+fn resp_command_len(buf: &[u8]) -> Option<usize> {
+    fn line(buf: &[u8], from: usize) -> Option<(i64, usize)> {
+        let end = buf[from..].windows(2).position(|w| w == b"\r\n")? + from;
+        let n = std::str::from_utf8(&buf[from + 1..end])
+            .ok()?
+            .parse()
+            .ok()?;
+        Some((n, end + 2))
+    }
+    let (items, mut at) = line(buf, 0)?;
+    for _ in 0..items {
+        let (len, next) = line(buf, at)?;
+        at = next + usize::try_from(len).ok()? + 2;
+        if at > buf.len() {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+/// What a store with `timeout` answers, under each of [`policies`], from a
+/// [`fake_server`] answering `reply`: an error every time.
+async fn fake_server_errors(reply: Option<&'static [u8]>, timeout: Duration) -> Vec<StoreError> {
+    let url = fake_server(reply).await;
+    let store = RedisStore::builder(&url).timeout(timeout).build().unwrap();
+    let mut errors = Vec::new();
+    for p in policies() {
+        errors.push(decide_guarded(&store, b"k", &p, T0).await.unwrap_err());
+    }
+    errors
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_server_times_out() {
+    for err in fake_server_errors(None, Duration::from_millis(200)).await {
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_of_the_wrong_type_are_protocol_errors() {
+    for reply in [
+        &b":1\r\n"[..],
+        b"+OK\r\n",
+        b"*2\r\n:1\r\n:0\r\n",
+        b"$-1\r\n",
+    ] {
+        for err in fake_server_errors(Some(reply), Duration::from_millis(500)).await {
+            assert_eq!(
+                err.kind(),
+                ErrorKind::Protocol,
+                "{:?}: {err}",
+                String::from_utf8_lossy(reply)
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_is_an_error_not_a_panic_or_a_hang() {
+    let garbage = Some(&b"this is not RESP\r\n"[..]);
+    for err in fake_server_errors(garbage, Duration::from_millis(500)).await {
+        assert!(
+            matches!(
+                err.kind(),
+                ErrorKind::Protocol | ErrorKind::Unavailable | ErrorKind::Timeout
+            ),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_unavailable() {
+    let port = fixture::free_port(false);
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .build()
+        .unwrap();
+    let p = Policy::gcra(1, Duration::from_secs(1)).unwrap();
+    let err = decide_guarded(&store, b"k", &p, T0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_match_the_reference_algorithm_decision_for_decision() {
+    let store = builder(fixture::shared_url(), "differential")
+        .build()
+        .unwrap();
+    let checked = algorithm_differential(&store, 300)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!(checked, 4 * 5 * 300);
+}
+
+/// Decisions interleaved with refunds of earlier admissions (each at most
+/// once, in any order, some long after the fact): the scripts and
+/// `algorithm::refund` leave every key in the same state, as the decisions
+/// that follow show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_match_the_reference_algorithm_decision_for_decision() {
+    let store = builder(fixture::shared_url(), "refund-differential")
+        // Keys expire in real time; the caller's time here runs faster, but
+        // a loaded machine must not lose state the reference still holds.
+        .expiry_margin(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let counts = refund_differential(&store, 200)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
+    assert!(counts.refunds > 500, "{counts:?}");
+    assert!(counts.decisions > 1_000, "{counts:?}");
+}

@@ -1,0 +1,338 @@
+//! Redis servers in containers, shared by address only.
+//!
+//! The image is the locally built `ratewarden-test-redis:7` where this
+//! machine has it (`scripts/build-test-images.sh` builds it from Debian's
+//! packages when no registry is reachable), else the official `redis:7`;
+//! `RATEWARDEN_REDIS_IMAGE` (`name:tag`) names another.
+//! `RATEWARDEN_REDIS_URL` points the shared-server tests at an existing
+//! server instead.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use testcontainers::core::{ExecCommand, IntoContainerPort, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+use crate::WireCounter;
+use crate::containers::{fail, image_from_env, labelled, require_docker};
+pub use crate::containers::{free_port, reap_on_exit, start_shared};
+
+/// The locally built test image, used where this machine has it.
+pub const DEFAULT_IMAGE: &str = "ratewarden-test-redis:7";
+/// The official image, used where the local one was not built.
+pub const OFFICIAL_IMAGE: &str = "redis:7";
+const FIX: &str = "or set RATEWARDEN_REDIS_IMAGE to a Redis image this machine has (tests that \
+                   need no container of their own also take RATEWARDEN_REDIS_URL)";
+
+/// The image to run, as (name, tag): `RATEWARDEN_REDIS_IMAGE`, else
+/// [`DEFAULT_IMAGE`] if built here, else [`OFFICIAL_IMAGE`].
+pub fn image_name() -> (String, String) {
+    static IMAGE: OnceLock<(String, String)> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| image_from_env("RATEWARDEN_REDIS_IMAGE", DEFAULT_IMAGE, OFFICIAL_IMAGE))
+        .clone()
+}
+
+/// The image, waiting for the server to accept connections.
+pub fn image() -> GenericImage {
+    let (name, tag) = image_name();
+    GenericImage::new(name, tag)
+        .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
+}
+
+/// Starts `request`, registering the container for removal at exit; fails
+/// the test with one line saying what to do if it cannot start.
+pub async fn start_request(
+    request: impl Into<testcontainers::ContainerRequest<GenericImage>>,
+    what: &str,
+) -> ContainerAsync<GenericImage> {
+    require_docker(&format!("this {what} test"), "RATEWARDEN_REDIS_URL");
+    let container = match labelled(request).start().await {
+        Ok(container) => container,
+        Err(e) => fail(&format!(
+            "cannot start a {what} container ({e}): {}",
+            image_help()
+        )),
+    };
+    reap_on_exit(container.id());
+    container
+}
+
+/// A Redis container reached through a published port on 127.0.0.1.
+pub async fn start_redis() -> (ContainerAsync<GenericImage>, String) {
+    let container = start_request(image().with_exposed_port(6379.tcp()), "Redis").await;
+    let port = container
+        .get_host_port_ipv4(6379.tcp())
+        .await
+        .unwrap_or_else(|e| panic!("Redis container has no published port: {e}"));
+    (container, format!("redis://127.0.0.1:{port}"))
+}
+
+/// A Redis container on a fixed host port, so that it keeps its address
+/// across a stop and a start.
+pub async fn start_redis_on_fixed_port() -> (ContainerAsync<GenericImage>, String) {
+    let port = free_port(false);
+    let request = image()
+        .with_exposed_port(6379.tcp())
+        .with_mapped_port(port, 6379.tcp());
+    (
+        start_request(request, "Redis").await,
+        format!("redis://127.0.0.1:{port}"),
+    )
+}
+
+/// What to do when an image does not start.
+fn image_help() -> String {
+    let (name, tag) = image_name();
+    format!(
+        "is {name}:{tag} available? Run scripts/build-test-images.sh (it pulls {OFFICIAL_IMAGE} \
+         or builds {DEFAULT_IMAGE} from Debian's packages), {FIX}"
+    )
+}
+
+/// The shared server of this test binary: `RATEWARDEN_REDIS_URL`, or a
+/// container started once. Only the address is shared: connections belong
+/// to the runtime of the test that opens them.
+pub fn shared_url() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    // A failed start is not kept: each test that needs the server then
+    // fails with the same one-line reason, rather than on a poisoned lock.
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("RATEWARDEN_REDIS_URL") {
+            return url;
+        }
+        start_shared("the shared Redis container", start_redis)
+    })
+}
+
+/// A key prefix no other test (in any process) uses.
+pub fn unique_prefix(what: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "test:{what}:{}:{nanos}:{}:",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A connection for a test's own commands (statistics, inspection).
+pub async fn admin(url: &str) -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// `cmdstat_<name>` → calls, from the server's `INFO commandstats`.
+pub async fn command_calls(
+    conn: &mut ::redis::aio::MultiplexedConnection,
+) -> BTreeMap<String, u64> {
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// A [`WireCounter`] in front of the shared server, and the shared
+/// server's URL with its address replaced by the counter's: a client of
+/// that URL is counted on the wire.
+pub async fn shared_through_counter() -> (WireCounter, String) {
+    let wire = WireCounter::start(tcp_addr(shared_url()))
+        .await
+        .unwrap_or_else(|e| panic!("cannot start the counting proxy: {e}"));
+    let url = via(shared_url(), wire.addr());
+    (wire, url)
+}
+
+/// Polls until the server answers PING again after a start.
+pub async fn wait_until_up(url: &str) {
+    for _ in 0..200 {
+        if let Ok(Ok(mut c)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            ::redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection(),
+        )
+        .await
+        {
+            let pong: Result<String, _> = ::redis::cmd("PING").query_async(&mut c).await;
+            if pong.is_ok() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("Redis at {url} did not come back within 20 s");
+}
+
+/// A port for a cluster node on the host network, with its bus port (port +
+/// 10,000) free too. Both are drawn below 32,768, where Linux hands out no
+/// ephemeral ports, so that no client connection of a concurrent test takes
+/// one between this check and the node's bind.
+fn cluster_port(taken: &[u16]) -> u16 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    for _ in 0..1_000 {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as u64)
+            ^ N.fetch_add(0x9E37_79B9, Ordering::Relaxed)
+            ^ u64::from(std::process::id()) << 20;
+        let port = 10_000 + (seed % 12_768) as u16;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if !taken.contains(&port) && free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free cluster port pair below 32,768 on 127.0.0.1");
+}
+
+/// A three-master Redis Cluster on 127.0.0.1 (host networking), returned
+/// with its `redis+cluster://` URL.
+pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
+    let mut ports: Vec<u16> = Vec::new();
+    let mut nodes = Vec::new();
+    let mut failures = Vec::new();
+    while nodes.len() < 3 {
+        let port = cluster_port(&ports);
+        let request = image().with_network("host").with_cmd([
+            "--port".to_string(),
+            port.to_string(),
+            "--cluster-enabled".into(),
+            "yes".into(),
+            "--cluster-announce-ip".into(),
+            "127.0.0.1".into(),
+            "--cluster-node-timeout".into(),
+            "5000".into(),
+        ]);
+        // A port found free can be taken before the node binds it (by any
+        // process on the host): try another rather than fail the test.
+        require_docker("this Redis Cluster test", "RATEWARDEN_REDIS_URL");
+        match labelled(request).start().await {
+            Ok(node) => {
+                reap_on_exit(node.id());
+                ports.push(port);
+                nodes.push(node);
+            }
+            Err(e) if failures.len() < 4 => failures.push(format!("port {port}: {e}")),
+            Err(e) => fail(&format!(
+                "cannot start a Redis cluster node container ({e}; earlier attempts: {}): {}",
+                failures.join("; "),
+                image_help()
+            )),
+        }
+    }
+    let mut create = vec!["redis-cli".to_string(), "--cluster".into(), "create".into()];
+    create.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
+    create.push("--cluster-yes".into());
+    let (code, out, err) = exec(&nodes[0], create).await;
+    assert!(
+        matches!(code, Some(0) | None) && String::from_utf8_lossy(&out).contains("[OK]"),
+        "redis-cli --cluster create failed ({code:?}): {}{}",
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&err)
+    );
+    // Every node must agree the cluster is up before the store connects.
+    for port in &ports {
+        let mut conn = admin(&format!("redis://127.0.0.1:{port}")).await;
+        let mut ok = false;
+        for _ in 0..200 {
+            let info: String = ::redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            if info.contains("cluster_state:ok") {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(ok, "cluster node {port} never reached cluster_state:ok");
+    }
+    let url = format!(
+        "redis+cluster://{}",
+        ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    (nodes, url)
+}
+
+/// Runs `redis-cli` inside `container` against its own server and returns
+/// what it printed; panics, with its error output, if it fails. Without a
+/// terminal, redis-cli prints replies raw: one key per line, no quotes.
+pub async fn redis_cli(container: &ContainerAsync<GenericImage>, args: &[&str]) -> String {
+    let mut command = vec!["redis-cli".to_string()];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let (code, out, err) = exec(container, command).await;
+    assert!(
+        matches!(code, Some(0) | None),
+        "redis-cli {args:?} failed ({code:?}): {}",
+        String::from_utf8_lossy(&err)
+    );
+    String::from_utf8(out).expect("redis-cli printed UTF-8")
+}
+
+/// Runs `command` inside `container`: its exit code (if known), standard
+/// output and standard error.
+async fn exec(
+    container: &ContainerAsync<GenericImage>,
+    command: Vec<String>,
+) -> (Option<i64>, Vec<u8>, Vec<u8>) {
+    let mut result = container
+        .exec(ExecCommand::new(command.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let out = result.stdout_to_vec().await.unwrap_or_default();
+    let err = result.stderr_to_vec().await.unwrap_or_default();
+    (result.exit_code().await.ok().flatten(), out, err)
+}
+
+/// The TCP address of a `redis://` URL.
+pub fn tcp_addr(url: &str) -> SocketAddr {
+    let parsed = ratewarden_core::url::Url::parse(url).expect("a valid Redis URL");
+    let host = parsed.host_str().expect("a TCP Redis URL");
+    let port = parsed.port().unwrap_or(6379);
+    (host.trim_start_matches('[').trim_end_matches(']'), port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("cannot resolve {host}:{port}"))
+}
+
+/// `url` with its host and port replaced by `addr` (a proxy in front of the
+/// server), credentials and database kept.
+pub fn via(url: &str, addr: SocketAddr) -> String {
+    let mut parsed = ratewarden_core::url::Url::parse(url).expect("a valid Redis URL");
+    parsed
+        .set_host(Some(&addr.ip().to_string()))
+        .expect("a URL with a host");
+    parsed
+        .set_port(Some(addr.port()))
+        .expect("a URL with a port");
+    parsed.to_string()
+}

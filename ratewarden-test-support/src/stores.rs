@@ -1,0 +1,189 @@
+//! Small stores for tests: an exact reference and a recording wrapper.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use ratewarden_core::algorithm::{self, KeyState};
+use ratewarden_core::{Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp};
+
+/// An exact, unbounded store applying the normative algorithm under a lock:
+/// the reference behaviour, independent of any backend crate.
+///
+/// Not the conformance crate's `ReferenceStore`, which answers inline as an
+/// in-process store does: this one must be awaited, so the layer and
+/// limiter tests built on it exercise the awaited path (boxed future,
+/// timeout, breaker) that a networked store takes.
+#[derive(Debug, Default)]
+pub struct MapStore {
+    state: Mutex<Table>,
+    shared: bool,
+}
+
+impl MapStore {
+    /// A map store that declares itself shared by other processes
+    /// ([`Capabilities::shared`]), as Redis and Postgres do.
+    pub fn shared() -> Self {
+        MapStore {
+            shared: true,
+            ..MapStore::default()
+        }
+    }
+}
+
+type Table = HashMap<(Algorithm, Vec<u8>), Option<KeyState>>;
+
+#[async_trait]
+impl Store for MapStore {
+    fn name(&self) -> &'static str {
+        "map"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            algorithms: &Algorithm::ALL,
+            key_capacity: None,
+            shared: self.shared,
+            server_clock: false,
+        }
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        policy
+            .check_cost(cost)
+            .map_err(|e| StoreError::invalid_request("map", e))?;
+        let mut map = self.state.lock().unwrap();
+        let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
+        let verdict = algorithm::apply(state, policy, cost, now.as_micros());
+        Ok(Decision::from_verdict(verdict, policy, "map"))
+    }
+}
+
+/// Wraps a store and records the key of every decision that reaches it, so
+/// a test can prove what a store was asked (no raw address) or that an open
+/// breaker or a local refusal asked nothing.
+///
+/// It answers only through [`Store::decide`], never inline, so every
+/// decision is seen here even when the wrapped store could answer inline.
+/// Refunds are passed through, unrecorded.
+#[derive(Debug)]
+pub struct Recording<S> {
+    inner: S,
+    keys: Mutex<Vec<Vec<u8>>>,
+}
+
+impl<S> Recording<S> {
+    /// Wraps `inner`, with nothing recorded yet.
+    pub fn new(inner: S) -> Self {
+        Recording {
+            inner,
+            keys: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The keys decided so far, in order.
+    pub fn keys(&self) -> Vec<Vec<u8>> {
+        self.keys.lock().unwrap().clone()
+    }
+
+    /// How many decisions reached the wrapped store.
+    pub fn calls(&self) -> u64 {
+        self.keys.lock().unwrap().len() as u64
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for Recording<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.keys.lock().unwrap().push(key.to_vec());
+        self.inner.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.inner.refund(key, policy, cost, now, admitted).await
+    }
+}
+
+/// An admission of one unit on a fresh key under `policy`, as `store`
+/// would answer it, without asking any store: for a refund that must be
+/// refused before anything is sent.
+pub fn first_admission(policy: &Policy, store: &'static str) -> Decision {
+    Decision::from_verdict(
+        algorithm::Verdict {
+            allowed: true,
+            remaining: policy.limit() - 1,
+            reset_after_us: policy.window_micros(),
+            retry_after_us: 0,
+        },
+        policy,
+        store,
+    )
+}
+
+/// Decides once on the key `warm` under each of `policies` at `now`, so
+/// that connections are open and statements prepared before a test counts
+/// what reaches the server.
+pub async fn warm_up(store: &dyn Store, policies: &[Policy], now: Timestamp) {
+    for p in policies {
+        store.decide(b"warm", p, 1, now).await.unwrap();
+    }
+}
+
+/// An admission a test made so as to refund it: the policy, the key, the
+/// time (µs) and the decision.
+pub type Admission = (Policy, String, u64, Decision);
+
+/// Refunds each of `admitted` once, then, under each of `policies`, the
+/// first admission's decision on a key that holds nothing: a refund that
+/// finds nothing to give back is a call to the store too. Returns how many
+/// refunds were made.
+pub async fn refund_all_and_ghosts(
+    store: &dyn Store,
+    admitted: &[Admission],
+    policies: &[Policy],
+) -> u64 {
+    let mut refunds = 0;
+    for (p, key, now, d) in admitted {
+        store
+            .refund(key.as_bytes(), p, 1, Timestamp::from_micros(*now), d)
+            .await
+            .unwrap();
+        refunds += 1;
+    }
+    let (_, _, now, d) = &admitted[0];
+    for p in policies {
+        store
+            .refund(b"never-seen", p, 1, Timestamp::from_micros(*now), d)
+            .await
+            .unwrap();
+        refunds += 1;
+    }
+    refunds
+}

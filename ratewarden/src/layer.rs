@@ -1,0 +1,750 @@
+//! A tower [`Layer`] that rate-limits HTTP requests.
+//!
+//! Every request is keyed (by default by its client's address through a
+//! [`ClientIdentity`]; see [`crate::key`] for the others) and decided by a
+//! [`Limiter`]. A refused request gets `429 Too Many Requests` with a JSON
+//! body and never reaches the inner service; every response, admitted or
+//! refused, carries the rate-limit headers ([`RateLimitHeaders`] lists
+//! them; [`HeaderMode`] chooses which).
+//!
+//! A store failure never becomes a 500: [`Limiter::check`] answers it with
+//! the failing rule's [`FailurePolicy`](ratewarden_core::FailurePolicy) (admit
+//! or refuse), so the layer has no error path of its own.
+//!
+//! # The builder
+//!
+//! [`RateLimitLayer::new`] keys by client address and writes every header.
+//! [`RateLimitLayer::builder`] also sets the key, the requests that are not
+//! limited, what a request costs, the refusal and the headers:
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, routing::post};
+//! use http::StatusCode;
+//! use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule};
+//! use ratewarden::key::HeaderKey;
+//! use ratewarden::layer::{HeaderMode, MissingKey};
+//!
+//! # #[cfg(feature = "memory")] {
+//! # fn main() -> Result<(), ratewarden::ConfigError> {
+//! let store = std::sync::Arc::new(ratewarden::memory::MemoryStore::new(10_000));
+//! let uploads = Limiter::builder()
+//!     .rule(Rule::new("upload", store, Policy::gcra(100, Duration::from_secs(60))?)?)
+//!     .build()?;
+//! let identity = ClientIdentity::new(b"0123456789abcdef0123456789abcdef")?;
+//! let layer = RateLimitLayer::builder(uploads, identity.clone())
+//!     // One quota per API key (hashed, never stored) ...
+//!     .key(HeaderKey::new(&identity, "x-api-key")?)
+//!     // ... and none without one.
+//!     .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+//!     // Internal callers are not limited, charged or told about limits.
+//!     .skip(|request| request.headers.contains_key("x-internal-token"))
+//!     // A batch of n items costs n units.
+//!     .cost(|request| {
+//!         request.headers.get("x-batch-size")
+//!             .and_then(|v| v.to_str().ok()?.parse().ok())
+//!             .unwrap_or(1)
+//!     })
+//!     .headers(HeaderMode::Draft11)
+//!     .build()?;
+//! let app: Router = Router::new().route("/api/upload", post(|| async { "stored" }).layer(layer));
+//! # let _ = app; Ok(()) }
+//! # main().unwrap(); }
+//! ```
+//!
+//! # Per-route limits
+//!
+//! A layer applies one limiter. For different limits on different routes,
+//! give each route its own layer — in axum, layer the route's
+//! `MethodRouter` (or use `Router::route_layer` on a sub-router):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use axum::{Router, routing::{get, post}};
+//! use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule, Store};
+//! # #[derive(Debug)] struct Mem;
+//! # #[async_trait::async_trait] impl Store for Mem {
+//! #   fn name(&self) -> &'static str { "mem" }
+//! #   fn capabilities(&self) -> ratewarden::Capabilities { ratewarden::Capabilities {
+//! #     algorithms: &ratewarden::Algorithm::ALL, key_capacity: None, shared: false, server_clock: false } }
+//! #   async fn decide(&self, _: &[u8], p: &Policy, c: u32, n: ratewarden::Timestamp)
+//! #     -> Result<ratewarden::Decision, ratewarden::StoreError> {
+//! #     let mut s = None; let v = ratewarden::algorithm::apply(&mut s, p, c, n.as_micros());
+//! #     Ok(ratewarden::Decision::from_verdict(v, p, "mem")) } }
+//! # fn main() -> Result<(), ratewarden::ConfigError> {
+//! let store: Arc<dyn Store> = Arc::new(Mem);
+//! let identity = ClientIdentity::new(b"a secret of at least 32 bytes!!!")?;
+//! let per = |name: &str, limit, secs| -> Result<RateLimitLayer, ratewarden::ConfigError> {
+//!     let policy = Policy::sliding_log(limit, Duration::from_secs(secs))?;
+//!     let limiter = Limiter::builder().rule(Rule::new(name, store.clone(), policy)?).build()?;
+//!     RateLimitLayer::new(limiter, identity.clone())
+//! };
+//! let app: Router = Router::new()
+//!     .route("/api/search", get(|| async { "results" }).layer(per("search", 60, 60)?))
+//!     .route("/api/feedback", post(|| async { "thanks" }).layer(per("feedback", 5, 3600)?))
+//!     .route("/health", get(|| async { "ok" })); // not limited
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! A layer wrapped around a whole router limits all its routes together,
+//! under one quota per key. Layers can be stacked; the outermost one's
+//! headers are the ones the client sees. To check several policies on one
+//! route, put them as rules in one [`Limiter`]: `RateLimit-Policy` lists
+//! them all, and the other headers describe the tightest.
+//!
+//! The decision is also inserted into the request's extensions, so a
+//! handler can read it (`Extension<Decision>` in axum).
+//!
+//! About 580 lines in one file: the layer, its builder and its service are
+//! one request path, read top to bottom.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use ratewarden_core::{ConfigError, Decision, Limiter};
+use tower::{Layer, Service};
+
+use crate::identity::{ClientIdentity, ClientKey};
+use crate::key::{ClientAddress, KeyExtractor};
+
+mod headers;
+
+use headers::HeaderWriter;
+pub use headers::{
+    HeaderMode, RATELIMIT, RATELIMIT_POLICY, RateLimitHeaders, Refusal, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+
+type SkipFn = dyn Fn(&Parts) -> bool + Send + Sync;
+type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// A custom refusal, its body collected: `None` if the body failed.
+type RefusalFn = dyn Fn(&Decision) -> BoxFuture<Option<Response<Bytes>>> + Send + Sync;
+
+/// What the layer does with a request whose key the [`KeyExtractor`] cannot
+/// read (no API key header, no user id extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Limit it by its client address, as [`RateLimitLayer::new`] limits
+    /// every request. The default: a request is never unlimited for
+    /// lacking a key, and telling a client it is unauthenticated is the
+    /// authentication layer's business, not the limiter's. Address keys
+    /// live in a namespace of their own, so they never share a quota with
+    /// an extracted key.
+    #[default]
+    ClientAddress,
+    /// Answer with this status (a client error, 400 to 499) and a JSON body
+    /// `{"error":"missing_key"}`, without consulting the limiter and without
+    /// rate-limit headers. A `401` should carry `WWW-Authenticate`; add it
+    /// in an outer layer if your clients need it.
+    Reject(StatusCode),
+}
+
+/// Rate-limits every request of the wrapped service.
+///
+/// Cheap to clone: one layer can wrap any number of services, and they share
+/// its limiter.
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    limiter: Limiter,
+    identity: ClientIdentity,
+    key: Box<dyn KeyExtractor>,
+    /// `key` is the default [`ClientAddress`]: a request it has no key for
+    /// has no address at all, whatever `reject` says.
+    by_address: bool,
+    /// The key of a request without one, when [`MissingKey::ClientAddress`].
+    fallback: Option<ClientAddress>,
+    /// Whether the missing-address error has been logged: once per layer,
+    /// since every such request gets a 500 anyway.
+    no_address_logged: AtomicBool,
+    reject: Option<StatusCode>,
+    skip: Option<Box<SkipFn>>,
+    cost: Option<Box<CostFn>>,
+    refusal: Option<Box<RefusalFn>>,
+    headers: RateLimitHeaders,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.limiter)
+            .field("identity", &self.identity)
+            .field("key", &self.key)
+            .field("on_missing_key", &self.reject)
+            .field("skip", &self.skip.is_some())
+            .field("cost", &self.cost.is_some())
+            .field("custom_refusal", &self.refusal.is_some())
+            .field("headers", &self.headers.mode())
+            .finish()
+    }
+}
+
+impl RateLimitLayer {
+    /// A layer deciding with `limiter`, keying requests by client address
+    /// through `identity`, writing every rate-limit header.
+    ///
+    /// Refuses what [`build`](RateLimitLayerBuilder::build) refuses: a
+    /// [random identity](ClientIdentity::random) in front of a store that
+    /// other processes share.
+    pub fn new(limiter: Limiter, identity: ClientIdentity) -> Result<Self, ConfigError> {
+        RateLimitLayer::builder(limiter, identity).build()
+    }
+
+    /// A builder of a layer deciding with `limiter`. `identity` holds the
+    /// secret every key is hashed with, and keys requests by client address
+    /// unless [`key`](RateLimitLayerBuilder::key) says otherwise.
+    pub fn builder(limiter: Limiter, identity: ClientIdentity) -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            limiter,
+            identity,
+            key: None,
+            on_missing_key: MissingKey::default(),
+            skip: None,
+            cost: None,
+            refusal: None,
+            mode: HeaderMode::default(),
+        }
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &Limiter {
+        &self.shared.limiter
+    }
+
+    /// The client identity.
+    pub fn identity(&self) -> &ClientIdentity {
+        &self.shared.identity
+    }
+
+    /// The headers the layer writes, for a middleware of its own that
+    /// answers as the layer does.
+    pub fn headers(&self) -> &RateLimitHeaders {
+        &self.shared.headers
+    }
+}
+
+/// Builds a [`RateLimitLayer`]; see [`RateLimitLayer::builder`].
+pub struct RateLimitLayerBuilder {
+    limiter: Limiter,
+    identity: ClientIdentity,
+    key: Option<Box<dyn KeyExtractor>>,
+    on_missing_key: MissingKey,
+    skip: Option<Box<SkipFn>>,
+    cost: Option<Box<CostFn>>,
+    refusal: Option<Box<RefusalFn>>,
+    mode: HeaderMode,
+}
+
+impl fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("limiter", &self.limiter)
+            .field("key", &self.key)
+            .field("on_missing_key", &self.on_missing_key)
+            .field("headers", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// Keys requests with `extractor` instead of by client address (see
+    /// [`crate::key`]).
+    pub fn key(mut self, extractor: impl KeyExtractor) -> Self {
+        self.key = Some(Box::new(extractor));
+        self
+    }
+
+    /// What to do with a request whose key cannot be extracted;
+    /// [`MissingKey::ClientAddress`] unless set.
+    pub fn on_missing_key(mut self, on_missing_key: MissingKey) -> Self {
+        self.on_missing_key = on_missing_key;
+        self
+    }
+
+    /// Passes the requests for which `skip` is true straight to the inner
+    /// service: not charged, not refused, and without rate-limit headers
+    /// (health checks, internal callers). Runs before the key is extracted.
+    ///
+    /// Whatever the predicate reads must be something a client cannot
+    /// forge, or every client will send it.
+    pub fn skip(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.skip = Some(Box::new(skip));
+        self
+    }
+
+    /// Charges each request what `cost` says instead of 1, in every rule
+    /// (times the rule's own [`Rule::with_cost`](ratewarden_core::Rule::with_cost));
+    /// see [`Limiter::check_cost`]. A cost of 0 is charged as 1: a request
+    /// is never free (skip it instead). A request costing more than some
+    /// rule could ever admit is answered `413 Content Too Large`, charged
+    /// nothing: no wait would let it through, so a 429 would send its
+    /// client into a retry loop.
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Box::new(cost));
+        self
+    }
+
+    /// Builds refusals with `refusal` instead of the default JSON body. The
+    /// rate-limit headers and `Retry-After` are written over the response
+    /// it returns, whatever its status. Its body is read whole before it is
+    /// sent; should reading fail, the default refusal is sent instead.
+    ///
+    /// ```
+    /// # #[cfg(feature = "axum")] {
+    /// use axum::response::IntoResponse;
+    /// use http::StatusCode;
+    /// # fn f(b: ratewarden::layer::RateLimitLayerBuilder) -> ratewarden::layer::RateLimitLayerBuilder {
+    /// b.refusal(|decision| {
+    ///     let wait = decision.retry_after_secs();
+    ///     (StatusCode::TOO_MANY_REQUESTS, format!("Slow down: try again in {wait} s.\n"))
+    ///         .into_response()
+    /// })
+    /// # }
+    /// # }
+    /// ```
+    pub fn refusal<F, B>(mut self, refusal: F) -> Self
+    where
+        F: Fn(&Decision) -> Response<B> + Send + Sync + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: fmt::Display,
+    {
+        self.refusal = Some(Box::new(move |decision| {
+            let (parts, body) = refusal(decision).into_parts();
+            Box::pin(async move {
+                match body.collect().await {
+                    Ok(body) => Some(Response::from_parts(parts, body.to_bytes())),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "custom refusal body failed; default sent");
+                        None
+                    }
+                }
+            })
+        }));
+        self
+    }
+
+    /// Which rate-limit headers responses carry; [`HeaderMode::Both`]
+    /// unless set.
+    pub fn headers(mut self, mode: HeaderMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Builds the layer. Refuses a [`MissingKey::Reject`] status that is not
+    /// a client error (400 to 499), and a [random
+    /// identity](ClientIdentity::random) with a rule whose store other
+    /// processes share: each process would key a client differently, so a
+    /// fleet of `N` would admit `N` times the limit.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        if self.identity.is_random()
+            && let Some(rule) = self
+                .limiter
+                .rules()
+                .iter()
+                .find(|rule| rule.store().capabilities().shared)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "rule {:?} counts in a store other processes share, so every process must \
+                 derive the same client keys: give each the same secret with \
+                 ClientIdentity::new instead of ClientIdentity::random",
+                rule.name()
+            )));
+        }
+        if let MissingKey::Reject(status) = self.on_missing_key
+            && !status.is_client_error()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "a request without a key must be refused with a client error (400 to 499), \
+                 not {status}"
+            )));
+        }
+        Ok(self.finish())
+    }
+
+    fn finish(self) -> RateLimitLayer {
+        let headers = RateLimitHeaders::new(&self.limiter, self.mode);
+        let (fallback, reject) = match self.on_missing_key {
+            MissingKey::ClientAddress => (Some(ClientAddress::new(self.identity.clone())), None),
+            MissingKey::Reject(status) => (None, Some(status)),
+        };
+        let by_address = self.key.is_none();
+        let key = self
+            .key
+            .unwrap_or_else(|| Box::new(ClientAddress::new(self.identity.clone())));
+        RateLimitLayer {
+            shared: Arc::new(Shared {
+                limiter: self.limiter,
+                identity: self.identity,
+                key,
+                by_address,
+                fallback,
+                no_address_logged: AtomicBool::new(false),
+                reject,
+                skip: self.skip,
+                cost: self.cost,
+                refusal: self.refusal,
+                headers,
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service a [`RateLimitLayer`] wraps around another.
+#[derive(Debug, Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+/// What the layer does with one request, decided before its future is built.
+enum Plan {
+    Skip,
+    Reject(StatusCode),
+    /// Keyed by address, with none to be had: the server's mistake.
+    NoAddress,
+    Check(ClientKey, u32),
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // Moving the head out and back is two moves, and gives the
+        // extractor and the closures one type to read, whatever the body.
+        let (parts, body) = request.into_parts();
+        let plan = self.shared.plan(&parts);
+        let mut request = Request::from_parts(parts, body);
+        // A limiter answering at once (one rule on a memory store) is asked
+        // here, so that the request is decided without a boxed future, a
+        // clone of the inner service or a count on the shared layer state.
+        if let Plan::Check(key, 1) = &plan
+            && let Some(decision) = self.shared.limiter.check_inline(key.as_bytes())
+        {
+            if decision.allowed {
+                let headers = self.shared.headers.writer(&decision);
+                request.extensions_mut().insert(decision.clone());
+                return ResponseFuture::inner(self.inner.call(request), decision, headers);
+            }
+            if self.shared.refusal.is_none() {
+                return ResponseFuture::ready(self.shared.default_refusal(&decision));
+            }
+            let shared = self.shared.clone();
+            return ResponseFuture::boxed(async move { Ok(shared.refusal(&decision).await) });
+        }
+        let shared = self.shared.clone();
+        // The inner service was driven to readiness in poll_ready; take that
+        // one and leave a clone in its place (tower's usual pattern).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::boxed(async move {
+            let (key, cost) = match plan {
+                Plan::Check(key, cost) => (key, cost),
+                Plan::Skip => {
+                    let response = inner.call(request).await?;
+                    return Ok(response.map(RateLimitBody::inner));
+                }
+                Plan::Reject(status) => return Ok(error_response(status, MISSING_KEY_BODY)),
+                Plan::NoAddress => {
+                    return Ok(error_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        NO_ADDRESS_BODY,
+                    ));
+                }
+            };
+            let decision = if cost == 1 {
+                shared.limiter.check(key.as_bytes()).await
+            } else {
+                match shared.limiter.check_cost(key.as_bytes(), cost).await {
+                    Ok(decision) => decision,
+                    Err(_) => {
+                        return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, COST_BODY));
+                    }
+                }
+            };
+            if !decision.allowed {
+                return Ok(shared.refusal(&decision).await);
+            }
+            request.extensions_mut().insert(decision.clone());
+            let mut response = inner.call(request).await?;
+            shared.headers.write(&decision, response.headers_mut());
+            Ok(response.map(RateLimitBody::inner))
+        })
+    }
+}
+
+type BoxResponseFuture<B, E> = BoxFuture<Result<Response<RateLimitBody<B>>, E>>;
+
+pin_project_lite::pin_project! {
+    /// The future of a [`RateLimit`] service's response.
+    ///
+    /// A request decided at once (see
+    /// [`Limiter::check_inline`](ratewarden_core::Limiter::check_inline)) is
+    /// the inner service's future and the decision's headers, written when
+    /// the response comes; a refusal is a ready response; anything that
+    /// waits on a store is boxed.
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        state: State<F, B, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    enum State<F, B, E> {
+        Inner {
+            #[pin]
+            future: F,
+            decision: Decision,
+            headers: HeaderWriter,
+        },
+        Ready { response: Option<Response<RateLimitBody<B>>> },
+        Boxed { future: BoxResponseFuture<B, E> },
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    fn inner(future: F, decision: Decision, headers: HeaderWriter) -> Self {
+        ResponseFuture {
+            state: State::Inner {
+                future,
+                decision,
+                headers,
+            },
+        }
+    }
+
+    fn ready(response: Response<RateLimitBody<B>>) -> Self {
+        ResponseFuture {
+            state: State::Ready {
+                response: Some(response),
+            },
+        }
+    }
+
+    fn boxed(
+        future: impl Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send + 'static,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Boxed {
+                future: Box::pin(future),
+            },
+        }
+    }
+}
+
+impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Inner { .. } => "inner",
+            State::Ready { .. } => "ready",
+            State::Boxed { .. } => "boxed",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<RateLimitBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner {
+                future,
+                decision,
+                headers,
+            } => {
+                let mut response = std::task::ready!(future.poll(cx))?;
+                headers.write(decision, response.headers_mut());
+                Poll::Ready(Ok(response.map(RateLimitBody::inner)))
+            }
+            StateProj::Ready { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("a ResponseFuture is not polled after it is ready"))),
+            StateProj::Boxed { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+const MISSING_KEY_BODY: &[u8] = b"{\"error\":\"missing_key\",\
+    \"message\":\"This request carries no rate-limit key.\"}";
+const NO_ADDRESS_BODY: &[u8] = b"{\"error\":\"no_client_address\",\
+    \"message\":\"The server cannot see the client's address to rate-limit this request.\"}";
+const COST_BODY: &[u8] = b"{\"error\":\"cost_exceeds_limit\",\
+    \"message\":\"This request costs more than the rate limit ever admits.\"}";
+
+fn error_response<B>(status: StatusCode, body: &'static [u8]) -> Response<RateLimitBody<B>> {
+    let mut response = Response::new(RateLimitBody::full(Bytes::from_static(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+impl Shared {
+    fn plan(&self, parts: &Parts) -> Plan {
+        if self.skip.as_ref().is_some_and(|skip| skip(parts)) {
+            return Plan::Skip;
+        }
+        let key = match (self.key.extract(parts), &self.fallback) {
+            (Some(key), _) => key,
+            (None, _) if self.by_address => return self.no_address(),
+            (None, Some(address)) => match address.extract(parts) {
+                Some(key) => key,
+                None => return self.no_address(),
+            },
+            (None, None) => return Plan::Reject(self.reject.unwrap_or(StatusCode::BAD_REQUEST)),
+        };
+        let cost = self.cost.as_ref().map_or(1, |cost| cost(parts).max(1));
+        Plan::Check(key, cost)
+    }
+
+    /// A request keyed by address has none: no peer address in its
+    /// extensions and no trusted forwarding header. Limiting it under one
+    /// key shared by every such request would throttle the whole site
+    /// together, so it fails loudly instead, pointing at the fix.
+    fn no_address(&self) -> Plan {
+        if !self.no_address_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "rate-limit layer: a request without a client address (no peer address in its \
+                 extensions, no trusted forwarding header); answering 500. Serve axum with \
+                 `into_make_service_with_connect_info::<SocketAddr>()`, or insert each \
+                 connection's `SocketAddr` into its requests' extensions"
+            );
+        }
+        Plan::NoAddress
+    }
+
+    fn default_refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
+        self.headers
+            .refusal(decision)
+            .into_http()
+            .map(RateLimitBody::full)
+    }
+
+    async fn refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
+        let custom = match &self.refusal {
+            Some(refusal) => refusal(decision).await,
+            None => None,
+        };
+        let Some(mut response) = custom else {
+            return self.default_refusal(decision);
+        };
+        self.headers.write(decision, response.headers_mut());
+        response.map(RateLimitBody::full)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The body of a rate-limited service's response: the inner service's
+    /// body, or the JSON body of a 429.
+    #[derive(Debug)]
+    pub struct RateLimitBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    #[derive(Debug)]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> RateLimitBody<B> {
+    /// Wraps the inner service's body.
+    pub fn inner(body: B) -> Self {
+        RateLimitBody {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    /// A body of `data` in one frame.
+    pub fn full(data: Bytes) -> Self {
+        RateLimitBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+}
+
+impl<B> Body for RateLimitBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}

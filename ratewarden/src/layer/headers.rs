@@ -1,0 +1,568 @@
+//! Rate-limit headers and the 429 response, for the layer and for
+//! hand-written middleware.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use ratewarden_core::{Decision, Limiter, Policy};
+
+/// `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
+
+/// Which rate-limit headers responses carry. `Retry-After` is written on
+/// every refusal whatever the mode: it is plain HTTP (RFC 9110), not a
+/// rate-limit header, and clients that know nothing else honour it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderMode {
+    /// `RateLimit-Policy` and `RateLimit` and the `X-RateLimit-*` trio.
+    #[default]
+    Both,
+    /// `RateLimit-Policy` and `RateLimit` only
+    /// (draft-ietf-httpapi-ratelimit-headers-11).
+    Draft11,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
+    /// only, as GitHub and many clients read them.
+    XRateLimit,
+    /// No rate-limit headers.
+    None,
+}
+
+impl HeaderMode {
+    fn draft(self) -> bool {
+        matches!(self, HeaderMode::Both | HeaderMode::Draft11)
+    }
+
+    fn legacy(self) -> bool {
+        matches!(self, HeaderMode::Both | HeaderMode::XRateLimit)
+    }
+}
+
+/// One policy of a limiter as the headers name it.
+#[derive(Debug, Clone)]
+struct Described {
+    /// The list member's name: the rule's name, `/durable` after it for an
+    /// escalating rule's durable policy (rule names hold no `/`, so it never
+    /// equals another rule's).
+    name: String,
+    /// The policy's window in whole seconds, rounded up.
+    window: u64,
+    /// What a response's headers take from the policy.
+    values: PolicyValues,
+}
+
+/// The header values of one policy that do not depend on a decision, as
+/// `'static` text ([`ratewarden_core::intern`]: they come from configuration),
+/// so that copying them into a response costs neither an allocation nor a
+/// reference count on a line every request would share.
+#[derive(Debug, Clone, Copy)]
+struct PolicyValues {
+    /// The policy's limit, and as an `X-RateLimit-Limit` value.
+    limit: u32,
+    limit_value: &'static str,
+    /// `"name";r=`, the start of the `RateLimit` value.
+    ratelimit_prefix: &'static str,
+}
+
+impl Described {
+    fn new(name: String, policy: &Policy) -> Self {
+        let ratelimit_prefix = format!("{};r=", sf_string(&name));
+        Described {
+            name,
+            window: ceil_secs(policy.window()),
+            values: PolicyValues {
+                limit: policy.limit(),
+                limit_value: ratewarden_core::intern(&policy.limit().to_string()),
+                ratelimit_prefix: ratewarden_core::intern(&ratelimit_prefix),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RuleHeaders {
+    rule: String,
+    own: Described,
+    durable: Option<Described>,
+}
+
+/// The rate-limit headers of one [`Limiter`], built once and written on
+/// every response: what can be prepared without a decision (the
+/// `RateLimit-Policy` value, each policy's name and window) is.
+///
+/// | header | value |
+/// |---|---|
+/// | `Retry-After` | (refusals only) seconds to wait, rounded up |
+/// | `X-RateLimit-Limit` | the limit of the deciding policy |
+/// | `X-RateLimit-Remaining` | units still admitted now |
+/// | `X-RateLimit-Reset` | seconds until the full quota is back, rounded up |
+/// | `RateLimit-Policy` | every policy of the limiter: `"burst";q=12;w=300, "hourly";q=40;w=3600` |
+/// | `RateLimit` | the deciding policy: `"burst";r=0;t=42` |
+///
+/// The last two are the structured fields of
+/// draft-ietf-httpapi-ratelimit-headers-11: `RateLimit-Policy` lists one
+/// member per policy (a rule's, and an escalating rule's durable policy as
+/// `"rule/durable"`), `RateLimit` names the policy that decided: the
+/// refusing one, or the admitting one with the least remaining.
+///
+/// A hand-written middleware writes the same headers as the layer:
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use std::net::SocketAddr;
+/// use axum::extract::{ConnectInfo, Request, State};
+/// use axum::middleware::{self, Next};
+/// use axum::response::{IntoResponse, Response};
+/// use axum::{Router, routing::get};
+/// use ratewarden::{ClientIdentity, Limiter};
+/// use ratewarden::layer::{HeaderMode, RateLimitHeaders};
+///
+/// #[derive(Clone)]
+/// struct Limits { limiter: Limiter, identity: ClientIdentity, headers: std::sync::Arc<RateLimitHeaders> }
+///
+/// async fn limit(State(l): State<Limits>, ConnectInfo(peer): ConnectInfo<SocketAddr>,
+///                request: Request, next: Next) -> Response {
+///     let key = l.identity.key(request.headers(), Some(peer.ip()));
+///     let decision = l.limiter.check(key.as_bytes()).await;
+///     if !decision.allowed {
+///         return l.headers.refusal(&decision).into_response();
+///     }
+///     let mut response = next.run(request).await;
+///     l.headers.write(&decision, response.headers_mut());
+///     response
+/// }
+///
+/// # fn app(limiter: Limiter, identity: ClientIdentity) -> Router {
+/// let headers = std::sync::Arc::new(RateLimitHeaders::new(&limiter, HeaderMode::Both));
+/// let limits = Limits { limiter, identity, headers };
+/// Router::new()
+///     .route("/api/search", get(|| async { "results" }))
+///     .layer(middleware::from_fn_with_state(limits, limit))
+/// # }
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RateLimitHeaders {
+    mode: HeaderMode,
+    rules: Vec<RuleHeaders>,
+    /// The whole `RateLimit-Policy` value: it depends on the limiter only.
+    policy: Option<&'static str>,
+}
+
+/// Everything [`RateLimitHeaders::write`] needs for one decision, held by
+/// value: a response future of the layer carries it instead of a reference
+/// to the layer, whose count every request would write.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeaderWriter {
+    mode: HeaderMode,
+    values: Option<PolicyValues>,
+    policy: Option<&'static str>,
+}
+
+impl RateLimitHeaders {
+    /// The headers of `limiter`'s decisions, in `mode`.
+    pub fn new(limiter: &Limiter, mode: HeaderMode) -> Self {
+        let rules: Vec<RuleHeaders> = limiter
+            .rules()
+            .iter()
+            .map(|rule| RuleHeaders {
+                rule: rule.name().to_owned(),
+                own: Described::new(rule.name().to_owned(), rule.policy()),
+                durable: rule
+                    .escalation_policy()
+                    .map(|p| Described::new(format!("{}/durable", rule.name()), p)),
+            })
+            .collect();
+        let mut members = Vec::new();
+        for rule in &rules {
+            for described in std::iter::once(&rule.own).chain(&rule.durable) {
+                members.push(format!(
+                    "{};q={};w={}",
+                    sf_string(&described.name),
+                    described.values.limit,
+                    described.window
+                ));
+            }
+        }
+        // sf_string output is printable ASCII: always a valid value, checked
+        // here all the same, since `HeaderValue::from_static` would panic
+        // on any other.
+        let policy = members.join(", ");
+        let policy = HeaderValue::from_str(&policy)
+            .is_ok()
+            .then(|| ratewarden_core::intern(&policy));
+        RateLimitHeaders {
+            mode,
+            rules,
+            policy,
+        }
+    }
+
+    /// The header mode.
+    pub fn mode(&self) -> HeaderMode {
+        self.mode
+    }
+
+    /// The policy that made `decision`: an escalating rule's durable refusal
+    /// carries the durable policy's limit, so it names that policy and its
+    /// window too.
+    fn described(&self, decision: &Decision) -> Option<&Described> {
+        let name = decision.source.rule?;
+        let rule = self.rules.iter().find(|r| r.rule == name)?;
+        let durable = decision.source.escalated && !decision.allowed;
+        Some(match (&rule.durable, durable) {
+            (Some(d), true) => d,
+            _ => &rule.own,
+        })
+    }
+
+    /// Writes the headers of `decision` into `headers`, replacing any of the
+    /// same names: the rate-limit headers of the mode, and `Retry-After` if
+    /// `decision` is a refusal.
+    pub fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
+        self.writer(decision).write(decision, headers);
+    }
+
+    /// What writing `decision`'s headers takes from these.
+    pub(crate) fn writer(&self, decision: &Decision) -> HeaderWriter {
+        HeaderWriter {
+            mode: self.mode,
+            values: self.described(decision).map(|d| d.values),
+            policy: self.policy,
+        }
+    }
+
+    /// The `429 Too Many Requests` response to `decision`: the headers of
+    /// [`write`](Self::write) and a JSON body.
+    ///
+    /// ```json
+    /// {"error":"rate_limited","retry_after":57,"limit":60,"remaining":0,"reset":60,
+    ///  "policy":"search","window":60,"message":"Too many requests. Retry in 57 s."}
+    /// ```
+    pub fn refusal(&self, decision: &Decision) -> Refusal {
+        let mut response = Response::new(self.refusal_body(decision));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let headers = response.headers_mut();
+        // Sized for all of them at once: a map grown from empty allocates
+        // its table twice (six headers, then seven), and with the default
+        // mode a refusal carries seven.
+        *headers = HeaderMap::with_capacity(self.refusal_headers());
+        headers.insert(CONTENT_TYPE, APPLICATION_JSON);
+        self.write(decision, headers);
+        Refusal { response }
+    }
+
+    /// How many headers [`refusal`](Self::refusal) writes: `Content-Type`,
+    /// the mode's and `Retry-After`.
+    fn refusal_headers(&self) -> usize {
+        2 + 3 * usize::from(self.mode.legacy()) + 2 * usize::from(self.mode.draft())
+    }
+
+    fn refusal_body(&self, decision: &Decision) -> Bytes {
+        let retry_after = decision.retry_after_secs();
+        let (name, window) = self
+            .described(decision)
+            .map_or(("default", 0), |d| (d.name.as_str(), d.window));
+        // Written by hand rather than through serde: a handful of integers
+        // and one name that needs no escaping (rule names are
+        // `A-Z a-z 0-9 _ - .`, with `/durable` at most), in the documented
+        // field order. On the stack, then copied once: a `Vec` with room to
+        // spare would cost `Bytes` a second allocation for its shared header.
+        let mut body = StackBuf::<{ MAX_REFUSAL_BODY }>::new();
+        body.push(b"{\"error\":\"rate_limited\",\"retry_after\":");
+        body.push_u64(retry_after);
+        body.push(b",\"limit\":");
+        body.push_u64(u64::from(decision.limit));
+        body.push(b",\"remaining\":");
+        body.push_u64(u64::from(decision.remaining));
+        body.push(b",\"reset\":");
+        body.push_u64(decision.reset_after_secs());
+        body.push(b",\"policy\":\"");
+        body.push(json_safe(name).as_bytes());
+        body.push(b"\",\"window\":");
+        body.push_u64(window);
+        body.push(b",\"message\":\"Too many requests. Retry in ");
+        body.push_u64(retry_after);
+        body.push(b" s.\"}");
+        Bytes::copy_from_slice(body.as_bytes())
+    }
+}
+
+impl HeaderWriter {
+    /// [`RateLimitHeaders::write`].
+    pub(crate) fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
+        let reset = decision.reset_after_secs();
+        if self.mode.legacy() {
+            let limit = match self.values {
+                Some(v) if v.limit == decision.limit => HeaderValue::from_static(v.limit_value),
+                _ => number(u64::from(decision.limit)),
+            };
+            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_REMAINING, number(u64::from(decision.remaining)));
+            headers.insert(X_RATELIMIT_RESET, number(reset));
+        }
+        if self.mode.draft() {
+            if let Some(policy) = self.policy {
+                headers.insert(RATELIMIT_POLICY, HeaderValue::from_static(policy));
+            }
+            if let Some(values) = self.values {
+                let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
+                buf.push(values.ratelimit_prefix.as_bytes());
+                buf.push_u64(u64::from(decision.remaining));
+                buf.push(b";t=");
+                buf.push_u64(reset);
+                if let Ok(value) = HeaderValue::from_bytes(buf.as_bytes()) {
+                    headers.insert(RATELIMIT, value);
+                }
+            }
+        }
+        if !decision.allowed {
+            headers.insert(RETRY_AFTER, number(decision.retry_after_secs()));
+        }
+    }
+}
+
+/// A `429 Too Many Requests` response, from [`RateLimitHeaders::refusal`].
+///
+/// With the `axum` feature it is an `IntoResponse`; otherwise
+/// [`into_http`](Self::into_http) gives the response.
+#[derive(Debug)]
+pub struct Refusal {
+    response: Response<Bytes>,
+}
+
+impl Refusal {
+    /// The response.
+    pub fn into_http(self) -> Response<Bytes> {
+        self.response
+    }
+}
+
+impl From<Refusal> for Response<Bytes> {
+    fn from(refusal: Refusal) -> Self {
+        refusal.response
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for Refusal {
+    fn into_response(self) -> axum::response::Response {
+        self.response.map(axum::body::Body::from)
+    }
+}
+
+/// Rule names are validated by `ratewarden-core`; this keeps a body valid JSON
+/// even if that rule were ever relaxed.
+fn json_safe(name: &str) -> &str {
+    if name
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    {
+        name
+    } else {
+        "default"
+    }
+}
+
+/// Numbers below this have their header value copied from [`DIGITS`].
+const STATIC_NUMBERS: u64 = 10_000;
+
+/// For each width of 1 to 5 digits, the first number of that width and
+/// where its text starts in [`DIGITS`]: after every shorter number's (10 of
+/// one digit, 90 of two, 900 of three, 9,000 of four). The fifth is where
+/// the text ends.
+const WIDTHS: [(u64, usize); 5] = {
+    let mut out = [(0u64, 0usize); 5];
+    let mut width = 1;
+    while width < 5 {
+        let (first, start) = out[width - 1];
+        let next = if first == 0 { 10 } else { first * 10 };
+        out[width] = (next, start + (next - first) as usize * width);
+        width += 1;
+    }
+    out
+};
+
+const _: () = assert!(WIDTHS[4].0 == STATIC_NUMBERS);
+
+/// Bytes of the decimal text of 0 to 9,999, one after another.
+const DIGITS_LEN: usize = WIDTHS[4].1;
+
+/// The text of every number below [`STATIC_NUMBERS`], built at compile
+/// time. `HeaderValue::from(u32)` allocates the bytes of its text, and a
+/// response's remaining units and seconds to reset are nearly always small:
+/// a value sliced from static text is written with no allocation and
+/// dropped with no free. Written by hand: no crate offers static decimal
+/// text, and `itoa` (used for the larger numbers) formats into a buffer
+/// that a `HeaderValue` must then copy.
+static DIGITS: &str = match std::str::from_utf8(&DIGIT_BYTES) {
+    Ok(text) => text,
+    Err(_) => panic!("decimal digits are ASCII"),
+};
+
+/// The bytes of [`DIGITS`].
+static DIGIT_BYTES: [u8; DIGITS_LEN] = {
+    let mut out = [0u8; DIGITS_LEN];
+    let (mut n, mut at) = (0, 0);
+    while n < STATIC_NUMBERS {
+        let width = number_width(n);
+        let (mut i, mut rest) = (width, n);
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        at += width;
+        n += 1;
+    }
+    out
+};
+
+/// The number of decimal digits of `n`, for `n` below [`STATIC_NUMBERS`].
+const fn number_width(n: u64) -> usize {
+    match n {
+        0..10 => 1,
+        10..100 => 2,
+        100..1_000 => 3,
+        _ => 4,
+    }
+}
+
+/// `n` as a header value: sliced from [`DIGITS`] below [`STATIC_NUMBERS`],
+/// formatted (one allocation) above.
+fn number(n: u64) -> HeaderValue {
+    if n >= STATIC_NUMBERS {
+        return HeaderValue::from(n);
+    }
+    let width = number_width(n);
+    let (first, start) = WIDTHS[width - 1];
+    // Below 10,000: the offsets are below DIGITS_LEN, far from overflow.
+    let at = start + (n - first) as usize * width;
+    match DIGITS.get(at..at + width) {
+        Some(text) => HeaderValue::from_static(text),
+        None => HeaderValue::from(n),
+    }
+}
+
+/// The longest `RateLimit` value: a name of at most 64 characters and
+/// `/durable` (escaped: at most twice as long, and quotes), then two
+/// integers of at most 20 digits.
+const MAX_RATELIMIT_LEN: usize = 2 * 72 + 2 + 3 + 20 + 3 + 20;
+
+/// The longest refusal body: its fixed text (136 bytes), a policy name of
+/// at most [`MAX_RULE_NAME`](ratewarden_core::MAX_RULE_NAME) and `/durable`,
+/// two `u32`s (at most 10 digits) and four `u64`s (20).
+const MAX_REFUSAL_BODY: usize = 136 + ratewarden_core::MAX_RULE_NAME + 8 + 2 * 10 + 4 * 20;
+
+/// A byte buffer on the stack, so a header value costs no allocation
+/// before the one `HeaderValue` makes. Written by hand: the one crate doing
+/// this (`arrayvec`) would be a dependency for six lines.
+struct StackBuf<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackBuf<N> {
+    fn new() -> Self {
+        StackBuf {
+            buf: [0; N],
+            len: 0,
+        }
+    }
+
+    /// Appends what fits; a value longer than `N` is cut, and a cut value
+    /// is still ASCII.
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(N - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+
+    fn push_u64(&mut self, n: u64) {
+        self.push(itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// `name` as a structured-field string (RFC 9651 §3.3.3): printable ASCII,
+/// with `"` and `\` escaped. Other characters cannot be represented and
+/// become `_`, so any name yields a valid header.
+fn sf_string(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn ceil_secs(d: std::time::Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn sf_strings_escape_and_replace() {
+        assert_eq!(sf_string("search"), "\"search\"");
+        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(sf_string("tab\there é"), "\"tab_here _\"");
+    }
+
+    #[test]
+    fn windows_round_up_to_seconds() {
+        assert_eq!(ceil_secs(Duration::from_secs(60)), 60);
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+    }
+
+    #[test]
+    fn the_longest_ratelimit_value_fits() {
+        let name = "x".repeat(ratewarden_core::MAX_RULE_NAME) + "/durable";
+        let policy = Policy::fixed_window(1, Duration::from_secs(1)).unwrap();
+        let prefix = Described::new(name, &policy).values.ratelimit_prefix;
+        let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
+        buf.push(prefix.as_bytes());
+        buf.push_u64(u64::MAX);
+        buf.push(b";t=");
+        buf.push_u64(u64::MAX);
+        assert!(buf.as_bytes().ends_with(u64::MAX.to_string().as_bytes()));
+    }
+
+    #[test]
+    fn static_numbers_are_the_numbers() {
+        let around_the_edge = [STATIC_NUMBERS, STATIC_NUMBERS + 1, u64::MAX];
+        for n in (0..STATIC_NUMBERS + 50).chain(around_the_edge) {
+            assert_eq!(number(n), HeaderValue::from(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn json_names_stay_json() {
+        assert_eq!(json_safe("search.v2-x_y/durable"), "search.v2-x_y/durable");
+        assert_eq!(json_safe("a\"b"), "default");
+    }
+}

@@ -1,0 +1,492 @@
+//! The layer over a real socket: axum serving on 127.0.0.1, a hyper client.
+//!
+//! About 510 lines: one test per behaviour of the layer over a socket.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use http::{Method, StatusCode};
+use ratewarden::{
+    AddressSource, ClientIdentity, FailurePolicy, Limiter, ManualClock, Policy, RateLimitLayer,
+    Rule, Store,
+};
+use ratewarden_conformance::broken::Unavailable as Failing;
+use ratewarden_test_support::http::{TestClient, serve};
+use ratewarden_test_support::stores::{MapStore, Recording};
+
+const SECRET: &[u8; 32] = b"test secret, thirty-two bytes!!!";
+
+fn identity() -> ClientIdentity {
+    ClientIdentity::new(SECRET).unwrap()
+}
+
+fn limiter(
+    name: &str,
+    store: Arc<dyn Store>,
+    policy: Policy,
+    clock: &ManualClock,
+    on_failure: FailurePolicy,
+) -> Limiter {
+    Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new(name, store, policy)
+                .unwrap()
+                .on_failure(on_failure),
+        )
+        .build()
+        .unwrap()
+}
+
+/// A limiter whose one rule, `name`, decides on an exact store of its own
+/// and fails open.
+fn exact(name: &str, policy: Policy, clock: &ManualClock) -> Limiter {
+    limiter(
+        name,
+        Arc::new(MapStore::default()),
+        policy,
+        clock,
+        FailurePolicy::Open,
+    )
+}
+
+/// Serves [`app`] with `search` behind `identity` on a fresh port: the
+/// server's address, and the count of requests that reached the handler.
+async fn serve_search(search: Limiter, identity: ClientIdentity) -> (SocketAddr, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let server = serve(app(
+        RateLimitLayer::new(search, identity).unwrap(),
+        hits.clone(),
+    ))
+    .await;
+    (server, hits)
+}
+
+/// A router whose `/api/search` is limited by `layer` and counts the
+/// requests that reach the handler.
+fn app(layer: RateLimitLayer, hits: Arc<AtomicUsize>) -> Router {
+    Router::new()
+        .route(
+            "/api/search",
+            get(move || {
+                let hits = hits.clone();
+                async move {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    "results"
+                }
+            })
+            .layer(layer),
+        )
+        .route("/health", get(|| async { "ok" }))
+}
+
+/// A client of [`app`] with an [`exact`] `search` limiter of `policy` on
+/// `clock`, and the count of requests that reached the handler.
+async fn search_client(policy: Policy, clock: &ManualClock) -> (TestClient, Arc<AtomicUsize>) {
+    let (server, hits) = serve_search(exact("search", policy, clock), identity()).await;
+    (TestClient::new(server, None), hits)
+}
+
+#[tokio::test]
+async fn the_61st_search_in_a_minute_is_refused_with_headers_and_json() {
+    let clock = ManualClock::new();
+    let policy = Policy::sliding_log(60, Duration::from_secs(60)).unwrap();
+    let (client, hits) = search_client(policy, &clock).await;
+
+    for i in 1..=60u64 {
+        let reply = client.get("/api/search?q=rust").await;
+        assert_eq!(reply.status, StatusCode::OK, "request {i}: {reply:?}");
+        assert_eq!(reply.body, "results");
+        assert_eq!(reply.header_u64("x-ratelimit-limit"), 60);
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), 60 - i);
+        assert_eq!(reply.header_u64("x-ratelimit-reset"), 60);
+        reply.assert_consistent("search", 60);
+        clock.advance(Duration::from_millis(100));
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 60);
+
+    let refused = client.get("/api/search?q=rust").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    // The first admitted request was 6 s ago: it leaves the window in 54 s.
+    assert_eq!(refused.header_u64("retry-after"), 54);
+    assert_eq!(refused.header_u64("x-ratelimit-remaining"), 0);
+    assert_eq!(refused.header_u64("x-ratelimit-reset"), 60);
+    assert_eq!(refused.header("ratelimit-policy"), "\"search\";q=60;w=60");
+    assert_eq!(refused.header("ratelimit"), "\"search\";r=0;t=60");
+    refused.assert_consistent("search", 60);
+    let json = refused.json();
+    assert_eq!(json["error"], "rate_limited");
+    assert_eq!(json["retry_after"], 54);
+    assert_eq!(json["window"], 60);
+    // A refused request never reaches the handler.
+    assert_eq!(hits.load(Ordering::SeqCst), 60);
+
+    // Routes without the layer are not limited and carry no headers.
+    let health = client.get("/health").await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert!(health.headers.get("x-ratelimit-limit").is_none());
+}
+
+#[tokio::test]
+async fn retry_after_is_exactly_long_enough() {
+    let clock = ManualClock::new();
+    let policy = Policy::sliding_log(3, Duration::from_secs(10)).unwrap();
+    let (client, _) = search_client(policy, &clock).await;
+
+    // Admitted at +0.3 s, +2 s, +4 s; the oldest leaves the window at
+    // +10.3 s, so a refusal at +5 s must wait 5.3 s: Retry-After 6.
+    clock.advance(Duration::from_millis(300));
+    for step in [1700, 2000] {
+        assert_eq!(client.get("/api/search").await.status, StatusCode::OK);
+        clock.advance(Duration::from_millis(step));
+    }
+    assert_eq!(client.get("/api/search").await.status, StatusCode::OK);
+    clock.advance(Duration::from_secs(1));
+    let refused = client.get("/api/search").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry_after = refused.header_u64("retry-after");
+    assert_eq!(retry_after, 6);
+    refused.assert_consistent("search", 10);
+
+    // One second less than Retry-After: still refused (hammering meanwhile
+    // must not push the window: refusals are not recorded).
+    clock.advance(Duration::from_secs(retry_after - 1));
+    let early = client.get("/api/search").await;
+    assert_eq!(early.status, StatusCode::TOO_MANY_REQUESTS, "{early:?}");
+    assert_eq!(early.header_u64("retry-after"), 1);
+    // Exactly Retry-After after the first refusal: admitted.
+    clock.advance(Duration::from_secs(1));
+    let admitted = client.get("/api/search").await;
+    assert_eq!(admitted.status, StatusCode::OK, "{admitted:?}");
+    admitted.assert_consistent("search", 10);
+}
+
+#[tokio::test]
+async fn clients_at_different_peer_addresses_are_independent() {
+    let clock = ManualClock::new();
+    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let search = exact("search", policy, &clock);
+    let (server, _) = serve_search(search, identity()).await;
+    let a = TestClient::new(server, Some(IpAddr::from([127, 0, 0, 1])));
+    let b = TestClient::new(server, Some(IpAddr::from([127, 0, 0, 2])));
+
+    assert_eq!(a.get("/api/search").await.status, StatusCode::OK);
+    assert_eq!(a.get("/api/search").await.status, StatusCode::OK);
+    assert_eq!(
+        a.get("/api/search").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let first_b = b.get("/api/search").await;
+    assert_eq!(first_b.status, StatusCode::OK, "{first_b:?}");
+    assert_eq!(first_b.header_u64("x-ratelimit-remaining"), 1);
+    // A forwarding header means nothing when the source is the peer.
+    let spoofed = a.get_forwarded_for("/api/search", "198.51.100.9").await;
+    assert_eq!(spoofed.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn clients_behind_one_trusted_proxy_are_told_apart_by_x_forwarded_for() {
+    let clock = ManualClock::new();
+    let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let search = exact("search", policy, &clock);
+    let identity = identity().with_source(AddressSource::x_forwarded_for(1).unwrap());
+    let (server, _) = serve_search(search, identity).await;
+    // The test client plays the proxy: it appends the client's address.
+    let proxy = TestClient::new(server, None);
+    let as_client = async |xff: &str| proxy.get_forwarded_for("/api/search", xff).await;
+
+    assert_eq!(as_client("198.51.100.1").await.status, StatusCode::OK);
+    assert_eq!(as_client("198.51.100.1").await.status, StatusCode::OK);
+    assert_eq!(
+        as_client("198.51.100.1").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The offender writes fresh addresses in front of the proxy's entry:
+    // ignored, still refused.
+    for spoof in ["1.2.3.4, 198.51.100.1", "garbage, 10.9.8.7, 198.51.100.1"] {
+        assert_eq!(
+            as_client(spoof).await.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{spoof}"
+        );
+    }
+    // Another client behind the same proxy has its own quota.
+    let other = as_client("198.51.100.2").await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.header_u64("x-ratelimit-remaining"), 1);
+}
+
+#[tokio::test]
+async fn a_failing_store_fails_open_or_closed_and_never_500() {
+    for (on_failure, expected) in [
+        (FailurePolicy::Open, StatusCode::OK),
+        (FailurePolicy::Closed, StatusCode::TOO_MANY_REQUESTS),
+    ] {
+        let clock = ManualClock::new();
+        let policy = Policy::sliding_log(60, Duration::from_secs(60)).unwrap();
+        let search = limiter("search", Arc::new(Failing), policy, &clock, on_failure);
+        let (server, hits) = serve_search(search, identity()).await;
+        let client = TestClient::new(server, None);
+        for _ in 0..3 {
+            let reply = client.get("/api/search").await;
+            assert_eq!(reply.status, expected, "{on_failure:?}: {reply:?}");
+            assert_eq!(reply.header_u64("x-ratelimit-limit"), 60);
+            assert_eq!(reply.header_u64("x-ratelimit-remaining"), 0);
+            reply.assert_consistent("search", 60);
+            if expected == StatusCode::TOO_MANY_REQUESTS {
+                assert_eq!(reply.header_u64("retry-after"), 1);
+            }
+        }
+        let reached = if on_failure == FailurePolicy::Open {
+            3
+        } else {
+            0
+        };
+        assert_eq!(hits.load(Ordering::SeqCst), reached, "{on_failure:?}");
+    }
+}
+
+#[tokio::test]
+async fn different_routes_have_different_limits() {
+    let clock = ManualClock::new();
+    let store: Arc<dyn Store> = Arc::new(MapStore::default());
+    let per = |name: &str, limit, secs| {
+        let policy = Policy::sliding_log(limit, Duration::from_secs(secs)).unwrap();
+        RateLimitLayer::new(
+            limiter(name, store.clone(), policy, &clock, FailurePolicy::Open),
+            identity(),
+        )
+        .unwrap()
+    };
+    let app = Router::new()
+        .route(
+            "/api/feedback",
+            axum::routing::post(|| async { "thanks" }).layer(per("feedback", 1, 3600)),
+        )
+        .route(
+            "/api/search",
+            get(|| async { "results" }).layer(per("search", 2, 60)),
+        );
+    let client = TestClient::new(serve(app).await, None);
+
+    let feedback = client.send(Method::POST, "/api/feedback", &[]).await;
+    assert_eq!(feedback.status, StatusCode::OK);
+    feedback.assert_consistent("feedback", 3600);
+    let feedback = client.send(Method::POST, "/api/feedback", &[]).await;
+    assert_eq!(feedback.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(feedback.header_u64("retry-after"), 3600);
+    feedback.assert_consistent("feedback", 3600);
+    // Search has its own quota and policy name.
+    let search = client.get("/api/search").await;
+    assert_eq!(search.status, StatusCode::OK);
+    assert_eq!(search.header("ratelimit-policy"), "\"search\";q=2;w=60");
+}
+
+/// Every textual form of the addresses used below.
+fn raw_forms(addr: &str) -> Vec<String> {
+    let ip: IpAddr = addr.parse().unwrap();
+    let mut forms = vec![addr.to_owned(), ip.to_string()];
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            forms.push(format!("::ffff:{v4}"));
+            forms.push(format!("{:02x}{:02x}{:02x}{:02x}", o[0], o[1], o[2], o[3]));
+            forms.push(u32::from(v4).to_string());
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            forms.push(
+                s.iter()
+                    .map(|x| format!("{x:04x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            );
+            forms.push(s.iter().map(|x| format!("{x:04x}")).collect::<String>());
+            // The /64 network alone, in both notations.
+            forms.push(
+                s[..4]
+                    .iter()
+                    .map(|x| format!("{x:x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            );
+            forms.push(
+                s[..4]
+                    .iter()
+                    .map(|x| format!("{x:04x}"))
+                    .collect::<String>(),
+            );
+        }
+    }
+    forms
+}
+
+#[tokio::test]
+async fn no_raw_address_ever_reaches_a_store() {
+    let clock = ManualClock::new();
+    #[cfg(feature = "memory")]
+    let inner = ratewarden::memory::MemoryStore::new(10_000);
+    #[cfg(not(feature = "memory"))]
+    let inner = MapStore::default();
+    let store = Arc::new(Recording::new(inner));
+    let policy = Policy::gcra(1000, Duration::from_secs(60)).unwrap();
+    let mk = |source: AddressSource| {
+        RateLimitLayer::new(
+            limiter(
+                "search",
+                store.clone() as Arc<dyn Store>,
+                policy,
+                &clock,
+                FailurePolicy::Open,
+            ),
+            identity().with_source(source),
+        )
+        .unwrap()
+    };
+    let app = Router::new()
+        .route(
+            "/peer",
+            get(|| async { "ok" }).layer(mk(AddressSource::peer())),
+        )
+        .route(
+            "/xff",
+            get(|| async { "ok" }).layer(mk(AddressSource::x_forwarded_for(1).unwrap())),
+        )
+        .route(
+            "/fwd",
+            get(|| async { "ok" }).layer(mk(AddressSource::forwarded(1).unwrap())),
+        )
+        .route(
+            "/cf",
+            get(|| async { "ok" }).layer(mk(AddressSource::header("cf-connecting-ip").unwrap())),
+        );
+    let server = serve(app).await;
+    let c1 = TestClient::new(server, Some(IpAddr::from([127, 0, 0, 1])));
+    let c2 = TestClient::new(server, Some(IpAddr::from([127, 0, 0, 2])));
+
+    let v4 = "203.0.113.77";
+    let v6 = "2001:db8:abcd:12::1";
+    let mapped = "::ffff:198.51.100.23";
+    for c in [&c1, &c2] {
+        assert_eq!(c.get("/peer").await.status, StatusCode::OK);
+        for addr in [v4, v6, mapped] {
+            let xff = format!("10.1.2.3, {addr}");
+            let fwd = format!("for=10.1.2.3, for=\"[{addr}]:443\"");
+            let fwd4 = format!("for=\"{addr}:80\"");
+            for (path, name, value) in [
+                ("/xff", "x-forwarded-for", xff.as_str()),
+                ("/fwd", "forwarded", fwd.as_str()),
+                ("/fwd", "forwarded", fwd4.as_str()),
+                ("/cf", "cf-connecting-ip", addr),
+            ] {
+                let reply = c.send(Method::GET, path, &[(name, value)]).await;
+                assert_eq!(reply.status, StatusCode::OK);
+            }
+        }
+    }
+
+    let keys = store.keys();
+    assert!(keys.len() >= 26, "only {} keys recorded", keys.len());
+    let mut forbidden = Vec::new();
+    for addr in [
+        "127.0.0.1",
+        "127.0.0.2",
+        v4,
+        v6,
+        "198.51.100.23",
+        "10.1.2.3",
+    ] {
+        forbidden.extend(raw_forms(addr));
+    }
+    let mut distinct = std::collections::HashSet::new();
+    for key in &keys {
+        // Exactly: rule name, `:`, 32 lowercase hex characters.
+        let (rule, client) = key.split_at(b"search:".len());
+        assert_eq!(rule, b"search:");
+        assert_eq!(client.len(), 32);
+        assert!(
+            client
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)),
+            "{key:?}"
+        );
+        let text = String::from_utf8_lossy(key).to_lowercase();
+        for form in &forbidden {
+            assert!(!text.contains(&form.to_lowercase()), "{form} in {text:?}");
+        }
+        distinct.insert(client.to_vec());
+    }
+    // 127.0.0.1, 127.0.0.2, the v4, the v6 /64, the mapped one.
+    assert_eq!(distinct.len(), 5, "{distinct:?}");
+}
+
+#[tokio::test]
+async fn a_plain_tower_service_reads_a_socket_addr_extension() {
+    use std::future::poll_fn;
+    use tower::{Layer, Service};
+
+    let clock = ManualClock::new();
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let layer = RateLimitLayer::new(exact("api", policy, &clock), identity()).unwrap();
+    let mut service = layer.layer(tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+            bytes::Bytes::from_static(b"ok"),
+        )))
+    }));
+    for (peer, expected) in [
+        ("192.0.2.1:5000", StatusCode::OK),
+        // Same address, another port: the same client.
+        ("192.0.2.1:5001", StatusCode::TOO_MANY_REQUESTS),
+        ("192.0.2.2:5000", StatusCode::OK),
+    ] {
+        let mut request = http::Request::new(String::new());
+        request
+            .extensions_mut()
+            .insert(peer.parse::<SocketAddr>().unwrap());
+        poll_fn(|cx| service.poll_ready(cx)).await.unwrap();
+        let response = service.call(request).await.unwrap();
+        assert_eq!(response.status(), expected, "{peer}");
+    }
+}
+
+/// A refusal by an escalating rule's durable store carries the durable
+/// policy's limit, so its headers name that policy and its window: never
+/// the local limit beside the durable window. `RateLimit-Policy` lists both
+/// policies on every response.
+#[tokio::test]
+async fn a_durable_refusal_describes_the_durable_policy() {
+    let clock = ManualClock::new();
+    let local = Policy::sliding_log(10, Duration::from_secs(60)).unwrap();
+    let durable = Policy::sliding_log(1, Duration::from_secs(3600)).unwrap();
+    let search = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new("search", Arc::new(MapStore::default()), local)
+                .unwrap()
+                // Every admitted request is checked against the durable store.
+                .with_escalation(Arc::new(MapStore::default()), durable, 1, None)
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let (server, hits) = serve_search(search, identity()).await;
+    let client = TestClient::new(server, None);
+    let first = client.get("/api/search").await;
+    assert_eq!(first.status, StatusCode::OK);
+    let both = "\"search\";q=10;w=60, \"search/durable\";q=1;w=3600";
+    assert_eq!(first.header("ratelimit-policy"), both);
+    assert_eq!(first.header("ratelimit"), "\"search\";r=9;t=60");
+    let refused = client.get("/api/search").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header_u64("x-ratelimit-limit"), 1);
+    assert_eq!(refused.header("ratelimit-policy"), both);
+    assert_eq!(refused.header("ratelimit"), "\"search/durable\";r=0;t=3600");
+    assert_eq!(refused.json()["policy"], "search/durable");
+    assert_eq!(refused.json()["window"], 3600);
+    assert_eq!(refused.header_u64("retry-after"), 3600);
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+}

@@ -1,0 +1,102 @@
+//! The layer's two paths answer alike: a limiter decided at once (one rule
+//! on a store that answers inline, without a boxed future) and one that is
+//! awaited give the same statuses, headers, bodies and request extension,
+//! admissions and refusals, default and custom refusals.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Extension};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use ratewarden::{
+    ClientIdentity, Decision, Limiter, ManualClock, Policy, RateLimitLayer, Rule, Store,
+};
+use ratewarden_conformance::broken::ReferenceStore;
+use ratewarden_conformance::composition::Switch;
+use tower::ServiceExt;
+
+/// The route echoes the decision the layer put in the request.
+fn app(store: Arc<dyn Store>, clock: &ManualClock, custom: bool) -> Router {
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new(
+                "search",
+                store,
+                Policy::gcra(3, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let identity = ClientIdentity::new([7u8; 32]).unwrap();
+    let mut layer = RateLimitLayer::builder(limiter, identity);
+    if custom {
+        layer = layer.refusal(|d: &Decision| {
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("wait {}", d.retry_after_secs()),
+            )
+                .into_response()
+        });
+    }
+    Router::new()
+        .route(
+            "/api/search",
+            get(|Extension(d): Extension<Decision>| async move { format!("left {}", d.remaining) }),
+        )
+        .layer(layer.build().unwrap())
+}
+
+async fn send(app: &Router) -> (StatusCode, Vec<(String, String)>, Vec<u8>) {
+    let mut request = Request::get("/api/search").body(Body::empty()).unwrap();
+    let peer: SocketAddr = "198.51.100.7:40000".parse().unwrap();
+    request.extensions_mut().insert(ConnectInfo(peer));
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let mut headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    headers.sort();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, headers, body)
+}
+
+#[tokio::test]
+async fn inline_and_awaited_limiters_answer_alike() {
+    for custom in [false, true] {
+        let clock = ManualClock::new();
+        let inline = app(Arc::new(ReferenceStore::new(100)), &clock, custom);
+        let awaited_store = Switch::<dyn Store>::new(Arc::new(ReferenceStore::new(100)));
+        let awaited = app(awaited_store.clone(), &clock, custom);
+        let mut statuses = Vec::new();
+        for step in 0..6 {
+            let (a, b) = (send(&inline).await, send(&awaited).await);
+            assert_eq!(a, b, "request {step}, custom refusal {custom}");
+            statuses.push(a.0);
+            clock.advance(Duration::from_secs(5));
+        }
+        // Both admissions and refusals were compared, and the awaited
+        // limiter really was awaited.
+        assert!(statuses.contains(&StatusCode::OK), "{statuses:?}");
+        assert!(
+            statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
+            "{statuses:?}"
+        );
+        assert_eq!(awaited_store.calls(), 6);
+    }
+}

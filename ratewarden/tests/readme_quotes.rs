@@ -1,0 +1,84 @@
+//! The README's Rust snippets are quoted from examples that compile
+//! (`examples/quickstart.rs`, `examples/shared_store.rs`,
+//! `examples/compositions.rs`): this keeps the quotes true to them.
+
+/// Checks that every ```rust block of the README section under `heading`
+/// (up to the next heading of the same level or above, `until`) appears in
+/// `examples/{example}`, whose body is indented once inside a function, and
+/// that the section quotes exactly `blocks` of them.
+fn assert_quoted(heading: &str, until: &str, example: &str, blocks: usize) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/../README.md")).unwrap();
+    let source = std::fs::read_to_string(format!("{root}/examples/{example}")).unwrap();
+    let source: String = source
+        .lines()
+        .map(|line| line.strip_prefix("    ").unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let section = readme
+        .split(heading)
+        .nth(1)
+        .unwrap_or_else(|| panic!("the README has no section {heading:?}"))
+        .split(until)
+        .next()
+        .unwrap();
+    let mut quoted = 0;
+    for block in section.split("```rust\n").skip(1) {
+        let code = block.split("```").next().unwrap().trim_end();
+        assert!(
+            source.contains(code),
+            "the README quotes what examples/{example} does not hold:\n{code}"
+        );
+        quoted += 1;
+    }
+    assert_eq!(quoted, blocks, "snippets found in the section {heading:?}");
+}
+
+/// The README's section under `heading`, up to the next `until`.
+fn section(heading: &str, until: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    readme
+        .split(heading)
+        .nth(1)
+        .unwrap_or_else(|| panic!("the README has no section {heading:?}"))
+        .split(until)
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn the_readme_first_example_is_examples_quickstart_whole() {
+    let section = section("### Protect a route", "\n### ");
+    let block = section
+        .split("```rust\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a rust block under \"Protect a route\"");
+    let example = include_str!("../examples/quickstart.rs");
+    let code = example
+        .split_once("\n\n")
+        .map(|(_docs, code)| code)
+        .unwrap_or(example);
+    assert_eq!(
+        block, code,
+        "the README's first example and examples/quickstart.rs differ"
+    );
+    assert!(code.contains("fn main"), "not a whole program");
+}
+
+#[test]
+fn the_readme_quotes_the_shared_store_example_verbatim() {
+    assert_quoted(
+        "### Share a store across a fleet",
+        "\n### ",
+        "shared_store.rs",
+        1,
+    );
+}
+
+#[test]
+fn the_readme_quotes_the_composition_example_verbatim() {
+    assert_quoted("### Compose stores", "\n### ", "compositions.rs", 1);
+}
