@@ -67,7 +67,7 @@
 //!
 //! The store keeps no key, only its digest: two 64-bit aHash values of the
 //! key's bytes and its algorithm, under two secret keys that each store
-//! takes from aHash when built (derived from seeds the process draws from
+//! takes from aHash when built (derived from random values the process draws from
 //! the OS) and never reveals. One value places the key
 //! (its shard, its slot); a decision finds its state where both values
 //! match. So two distinct keys share one state only if both of their

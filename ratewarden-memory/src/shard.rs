@@ -152,7 +152,7 @@ pub(crate) struct KeyHasher {
 impl KeyHasher {
     /// A hasher with two secret keys, distinct from each other and from
     /// every other store's: aHash's `RandomState::new` derives each from
-    /// seeds drawn from the OS once per process and a counter.
+    /// random values drawn from the OS once per process and a counter.
     pub(crate) fn new() -> Self {
         KeyHasher {
             index: RandomState::new(),

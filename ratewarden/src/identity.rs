@@ -20,9 +20,18 @@
 //! No store ever sees a raw address, and without the secret a key cannot be
 //! turned back into one by hashing the (small) IPv4 space.
 //!
-//! With no usable address at all, every such request gets one constant key
-//! ([`ClientIdentity::unknown_key`]): those clients are throttled together,
-//! which is the conservative failure — they can never earn separate quotas.
+//! With no usable address at all, [`ClientIdentity::key`] gives every such
+//! request one constant key ([`ClientIdentity::unknown_key`]): those clients
+//! are throttled together, which is the conservative failure — they can
+//! never earn separate quotas. The [`RateLimitLayer`](crate::RateLimitLayer)
+//! goes further: a request with neither a peer address nor a trusted header
+//! means the server does not pass connection information, and it answers
+//! `500` rather than throttling every client of the site together.
+//!
+//! The secret is the server's: [`ClientIdentity::new`] takes one of at least
+//! [`MIN_SECRET_LEN`] bytes, which every instance sharing a store must be
+//! given; [`ClientIdentity::random`] draws one for a single process on the
+//! in-process store.
 //!
 //! ```
 //! use ratewarden::identity::{AddressSource, ClientIdentity};

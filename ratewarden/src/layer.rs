@@ -9,7 +9,11 @@
 //!
 //! A store failure never becomes a 500: [`Limiter::check`] answers it with
 //! the failing rule's [`FailurePolicy`](ratewarden_core::FailurePolicy) (admit
-//! or refuse), so the layer has no error path of its own.
+//! or refuse). The layer's one error is the server's: a request keyed by
+//! address that has none (no `ConnectInfo`, no trusted forwarding header) is
+//! answered `500 {"error":"no_client_address"}`, and the fix is logged once,
+//! since limiting it under a key shared by all such requests would throttle
+//! every client of the site together.
 //!
 //! # The builder
 //!
