@@ -1,14 +1,14 @@
-//! The incident that started it all, reproduced: `GET /api/search` under a
-//! bot's flood, with the limit checked four ways, side by side.
+//! The failure this project exists to prevent, reproduced: `GET /api/search`
+//! under a bot's flood, with the limit checked four ways, side by side.
 //!
 //! A bot loops on `/api/search` from four addresses, far above the demo's
 //! 60 requests per minute, while honest users (one request in 50, each from
 //! an address of its own) keep searching. A search the limiter admits then
-//! runs its query, emulated as 1 ms of waiting (the story's search hit a
+//! runs its query, emulated as 1 ms of waiting (a search that hits a
 //! database); a refused one costs only the limiter. Each contender serves
 //! the same requests through the demo's router:
 //!
-//! * **(a) naive** — the limiter of the story: `GET` the client's counter,
+//! * **(a) naive** — the common hand-written limiter: `GET` the client's counter,
 //!   `INCR` it, `EXPIRE` it, three Redis round trips before the handler
 //!   runs (a fixed window per minute). Written here, never in the library.
 //! * **(b) Redis store** — the demo with `--store redis://…`: one round trip
@@ -50,8 +50,8 @@ use ratewarden_demo::{Limits, Settings, Stores};
 use redis::AsyncCommands;
 use tower::ServiceExt;
 
-/// Requests per second, bot and users together: 200 times the story's
-/// bot, and far below what any contender can serve, so latency is not
+/// Requests per second, bot and users together: far above what a real
+/// bot needs to hurt a site without a limiter, and far below what any contender can serve, so latency is not
 /// queueing for the two runtime threads.
 const RATE: usize = 20_000;
 const QUERY: Duration = Duration::from_millis(1);
@@ -83,8 +83,17 @@ impl Server {
                 container: None,
             };
         }
+        // Host networking on a loopback port: no published port, so no
+        // userland proxy adds a hop between the limiter and Redis, and
+        // nothing is reached but 127.0.0.1.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port()
+            .to_string();
         let run = Command::new("docker")
-            .args(["run", "-d", "--rm", IMAGE])
+            .args(["run", "-d", "--rm", "--network", "host", IMAGE])
+            .args(["--bind", "127.0.0.1", "--port", &port])
             .output()
             .expect("docker is needed (or set RATEWARDEN_REDIS_URL)");
         assert!(
@@ -94,20 +103,8 @@ impl Server {
             String::from_utf8_lossy(&run.stderr)
         );
         let id = String::from_utf8_lossy(&run.stdout).trim().to_string();
-        // The container's own address, not a published port: Docker's
-        // userland proxy would add a hop the story did not have.
-        let ip = Command::new("docker")
-            .args([
-                "inspect",
-                "-f",
-                "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-                &id,
-            ])
-            .output()
-            .expect("docker inspect");
-        let ip = String::from_utf8_lossy(&ip.stdout).trim().to_string();
         Server {
-            url: format!("redis://{ip}:6379"),
+            url: format!("redis://127.0.0.1:{port}"),
             container: Some(id),
         }
     }
@@ -121,7 +118,7 @@ impl Drop for Server {
     }
 }
 
-/// The limiter of the story: read the counter, increment it, set its expiry,
+/// The common hand-written limiter: read the counter, increment it, set its expiry,
 /// each a round trip of its own.
 #[derive(Clone)]
 struct Naive {
