@@ -169,19 +169,26 @@ struct Shared {
     limiter: Limiter,
     identity: ClientIdentity,
     key: Box<dyn KeyExtractor>,
-    /// `key` is the default [`ClientAddress`]: a request it has no key for
-    /// has no address at all, whatever `reject` says.
-    by_address: bool,
-    /// The key of a request without one, when [`MissingKey::ClientAddress`].
-    fallback: Option<ClientAddress>,
+    missing: Missing,
     /// Whether the missing-address error has been logged: once per layer,
     /// since every such request gets a 500 anyway.
     no_address_logged: AtomicBool,
-    reject: Option<StatusCode>,
     skip: Option<Box<SkipFn>>,
     cost: Option<Box<CostFn>>,
     refusal: Option<Box<RefusalFn>>,
     headers: RateLimitHeaders,
+}
+
+/// What the layer does with a request `key` has no key for.
+#[derive(Debug)]
+enum Missing {
+    /// `key` is the default [`ClientAddress`]: the request has no address
+    /// at all, whatever [`MissingKey`] says.
+    NoAddress,
+    /// [`MissingKey::ClientAddress`]: key it by its address, if it has one.
+    Address(ClientAddress),
+    /// [`MissingKey::Reject`].
+    Reject(StatusCode),
 }
 
 impl fmt::Debug for Shared {
@@ -190,7 +197,7 @@ impl fmt::Debug for Shared {
             .field("limiter", &self.limiter)
             .field("identity", &self.identity)
             .field("key", &self.key)
-            .field("on_missing_key", &self.reject)
+            .field("on_missing_key", &self.missing)
             .field("skip", &self.skip.is_some())
             .field("cost", &self.cost.is_some())
             .field("custom_refusal", &self.refusal.is_some())
@@ -383,23 +390,19 @@ impl RateLimitLayerBuilder {
 
     fn finish(self) -> RateLimitLayer {
         let headers = RateLimitHeaders::new(&self.limiter, self.mode);
-        let (fallback, reject) = match self.on_missing_key {
-            MissingKey::ClientAddress => (Some(ClientAddress::new(self.identity.clone())), None),
-            MissingKey::Reject(status) => (None, Some(status)),
+        let address = || ClientAddress::new(self.identity.clone());
+        let (key, missing): (Box<dyn KeyExtractor>, _) = match (self.key, self.on_missing_key) {
+            (None, _) => (Box::new(address()), Missing::NoAddress),
+            (Some(key), MissingKey::ClientAddress) => (key, Missing::Address(address())),
+            (Some(key), MissingKey::Reject(status)) => (key, Missing::Reject(status)),
         };
-        let by_address = self.key.is_none();
-        let key = self
-            .key
-            .unwrap_or_else(|| Box::new(ClientAddress::new(self.identity.clone())));
         RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter: self.limiter,
                 identity: self.identity,
                 key,
-                by_address,
-                fallback,
+                missing,
                 no_address_logged: AtomicBool::new(false),
-                reject,
                 skip: self.skip,
                 cost: self.cost,
                 refusal: self.refusal,
@@ -633,14 +636,16 @@ impl Shared {
         if self.skip.as_ref().is_some_and(|skip| skip(parts)) {
             return Plan::Skip;
         }
-        let key = match (self.key.extract(parts), &self.fallback) {
-            (Some(key), _) => key,
-            (None, _) if self.by_address => return self.no_address(),
-            (None, Some(address)) => match address.extract(parts) {
-                Some(key) => key,
-                None => return self.no_address(),
+        let key = match self.key.extract(parts) {
+            Some(key) => key,
+            None => match &self.missing {
+                Missing::NoAddress => return self.no_address(),
+                Missing::Address(address) => match address.extract(parts) {
+                    Some(key) => key,
+                    None => return self.no_address(),
+                },
+                Missing::Reject(status) => return Plan::Reject(*status),
             },
-            (None, None) => return Plan::Reject(self.reject.unwrap_or(StatusCode::BAD_REQUEST)),
         };
         let cost = self.cost.as_ref().map_or(1, |cost| cost(parts).max(1));
         Plan::Check(key, cost)
