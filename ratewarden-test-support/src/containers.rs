@@ -162,3 +162,65 @@ where
         Err(_) => fail(&format!("starting {what} failed (see the message above)")),
     })
 }
+
+/// A server the fixtures run in containers: its images, and the variables
+/// that name another image or a running server instead. Redis and
+/// PostgreSQL each have one, so both say the same things the same way.
+#[derive(Debug)]
+pub struct Server {
+    /// The server's name in messages ("Redis").
+    pub what: &'static str,
+    /// The variable naming another image (`name:tag`).
+    pub image_var: &'static str,
+    /// The variable naming a running server for the shared-server tests.
+    pub url_var: &'static str,
+    /// The locally built test image.
+    pub local: &'static str,
+    /// The official image, run where the local one was not built.
+    pub official: &'static str,
+}
+
+impl Server {
+    /// The image to run, as (name, tag): see [`image_from_env`].
+    pub fn image(&self) -> (String, String) {
+        image_from_env(self.image_var, self.local, self.official)
+    }
+
+    /// Fails the calling test with one line unless Docker can start
+    /// containers.
+    pub fn require_docker(&self, test: &str) {
+        require_docker(test, self.url_var);
+    }
+
+    /// What to do when a container of `image` does not start, on one line.
+    pub fn image_help(&self, (name, tag): &(String, String)) -> String {
+        format!(
+            "is {name}:{tag} available? Run scripts/build-test-images.sh (it pulls {} or builds \
+             {} from Debian's packages), or set {} to a {} image this machine has (tests that \
+             need no container of their own also take {})",
+            self.official, self.local, self.image_var, self.what, self.url_var
+        )
+    }
+
+    /// Starts `request` (a container of `image`), registering it for removal
+    /// at exit; fails the test with one line saying what to do if it
+    /// cannot start.
+    pub async fn start(
+        &self,
+        request: impl Into<testcontainers::ContainerRequest<testcontainers::GenericImage>>,
+        image: &(String, String),
+        what: &str,
+    ) -> Container {
+        use testcontainers::runners::AsyncRunner;
+        self.require_docker(&format!("this {what} test"));
+        let container = match labelled(request).start().await {
+            Ok(container) => container,
+            Err(e) => fail(&format!(
+                "cannot start a {what} container ({e}): {}",
+                self.image_help(image)
+            )),
+        };
+        reap_on_exit(container.id());
+        container
+    }
+}

@@ -22,16 +22,23 @@ use std::time::Duration;
 use ratewarden_postgres::{PostgresStore, PostgresStoreBuilder};
 use sqlx::{Connection, PgConnection};
 use testcontainers::core::{IntoContainerPort, WaitFor};
-use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 
-use crate::containers::{fail, image_from_env, labelled, require_docker};
+use crate::containers::Server;
 pub use crate::containers::{free_port, reap_on_exit, start_shared};
 
 /// The locally built test image, used where this machine has it.
 pub const DEFAULT_IMAGE: &str = "ratewarden-test-postgres:15";
 /// The official image, used where the local one was not built.
 pub const OFFICIAL_IMAGE: &str = "postgres:15";
+
+const SERVER: Server = Server {
+    what: "PostgreSQL",
+    image_var: "RATEWARDEN_POSTGRES_IMAGE",
+    url_var: "RATEWARDEN_POSTGRES_URL",
+    local: DEFAULT_IMAGE,
+    official: OFFICIAL_IMAGE,
+};
 
 static URL: OnceLock<String> = OnceLock::new();
 
@@ -40,9 +47,7 @@ static URL: OnceLock<String> = OnceLock::new();
 /// [`OFFICIAL_IMAGE`].
 pub fn image() -> (String, String, bool) {
     static IMAGE: OnceLock<(String, String)> = OnceLock::new();
-    let (name, tag) = IMAGE
-        .get_or_init(|| image_from_env("RATEWARDEN_POSTGRES_IMAGE", DEFAULT_IMAGE, OFFICIAL_IMAGE))
-        .clone();
+    let (name, tag) = IMAGE.get_or_init(|| SERVER.image()).clone();
     let local = format!("{name}:{tag}") == DEFAULT_IMAGE;
     (name, tag, local)
 }
@@ -83,13 +88,8 @@ pub fn container_request() -> ContainerRequest<GenericImage> {
 pub async fn start_request(
     request: ContainerRequest<GenericImage>,
 ) -> ContainerAsync<GenericImage> {
-    require_docker("this PostgreSQL test", "RATEWARDEN_POSTGRES_URL");
-    let container = match labelled(request).start().await {
-        Ok(container) => container,
-        Err(e) => fail(&docker_help(&e)),
-    };
-    reap_on_exit(container.id());
-    container
+    let (name, tag, _) = image();
+    SERVER.start(request, &(name, tag), "PostgreSQL").await
 }
 
 /// Starts a container for the calling test alone (dropped with it).
@@ -122,20 +122,6 @@ pub async fn stop(container: &ContainerAsync<GenericImage>) {
         .stop_with_timeout(Some(1))
         .await
         .expect("docker stop");
-}
-
-const FIX: &str = "or set RATEWARDEN_POSTGRES_IMAGE to a PostgreSQL image this machine has \
-                   (tests that need no container of their own also take \
-                   RATEWARDEN_POSTGRES_URL)";
-
-/// What to do when a container does not start, on one line.
-pub fn docker_help(e: &dyn std::fmt::Display) -> String {
-    let (name, tag, _) = image();
-    format!(
-        "cannot start a PostgreSQL container from {name}:{tag} ({e}): run \
-         scripts/build-test-images.sh (it pulls {OFFICIAL_IMAGE} or builds {DEFAULT_IMAGE} from \
-         Debian's packages), {FIX}"
-    )
 }
 
 /// Waits until the server runs a query: after a start (the official image

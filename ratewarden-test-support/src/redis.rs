@@ -18,23 +18,26 @@ use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
 use crate::WireCounter;
-use crate::containers::{fail, image_from_env, labelled, require_docker};
+use crate::containers::{Server, fail, labelled};
 pub use crate::containers::{free_port, reap_on_exit, start_shared};
 
 /// The locally built test image, used where this machine has it.
 pub const DEFAULT_IMAGE: &str = "ratewarden-test-redis:7";
 /// The official image, used where the local one was not built.
 pub const OFFICIAL_IMAGE: &str = "redis:7";
-const FIX: &str = "or set RATEWARDEN_REDIS_IMAGE to a Redis image this machine has (tests that \
-                   need no container of their own also take RATEWARDEN_REDIS_URL)";
+const SERVER: Server = Server {
+    what: "Redis",
+    image_var: "RATEWARDEN_REDIS_IMAGE",
+    url_var: "RATEWARDEN_REDIS_URL",
+    local: DEFAULT_IMAGE,
+    official: OFFICIAL_IMAGE,
+};
 
 /// The image to run, as (name, tag): `RATEWARDEN_REDIS_IMAGE`, else
 /// [`DEFAULT_IMAGE`] if built here, else [`OFFICIAL_IMAGE`].
 pub fn image_name() -> (String, String) {
     static IMAGE: OnceLock<(String, String)> = OnceLock::new();
-    IMAGE
-        .get_or_init(|| image_from_env("RATEWARDEN_REDIS_IMAGE", DEFAULT_IMAGE, OFFICIAL_IMAGE))
-        .clone()
+    IMAGE.get_or_init(|| SERVER.image()).clone()
 }
 
 /// The image, waiting for the server to accept connections.
@@ -50,16 +53,7 @@ pub async fn start_request(
     request: impl Into<testcontainers::ContainerRequest<GenericImage>>,
     what: &str,
 ) -> ContainerAsync<GenericImage> {
-    require_docker(&format!("this {what} test"), "RATEWARDEN_REDIS_URL");
-    let container = match labelled(request).start().await {
-        Ok(container) => container,
-        Err(e) => fail(&format!(
-            "cannot start a {what} container ({e}): {}",
-            image_help()
-        )),
-    };
-    reap_on_exit(container.id());
-    container
+    SERVER.start(request, &image_name(), what).await
 }
 
 /// A Redis container reached through a published port on 127.0.0.1.
@@ -82,15 +76,6 @@ pub async fn start_redis_on_fixed_port() -> (ContainerAsync<GenericImage>, Strin
     (
         start_request(request, "Redis").await,
         format!("redis://127.0.0.1:{port}"),
-    )
-}
-
-/// What to do when an image does not start.
-fn image_help() -> String {
-    let (name, tag) = image_name();
-    format!(
-        "is {name}:{tag} available? Run scripts/build-test-images.sh (it pulls {OFFICIAL_IMAGE} \
-         or builds {DEFAULT_IMAGE} from Debian's packages), {FIX}"
     )
 }
 
@@ -228,7 +213,7 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
         ]);
         // A port found free can be taken before the node binds it (by any
         // process on the host): try another rather than fail the test.
-        require_docker("this Redis Cluster test", "RATEWARDEN_REDIS_URL");
+        SERVER.require_docker("this Redis Cluster test");
         match labelled(request).start().await {
             Ok(node) => {
                 reap_on_exit(node.id());
@@ -239,7 +224,7 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
             Err(e) => fail(&format!(
                 "cannot start a Redis cluster node container ({e}; earlier attempts: {}): {}",
                 failures.join("; "),
-                image_help()
+                SERVER.image_help(&image_name())
             )),
         }
     }
