@@ -38,5 +38,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
+echo "== tests: the whole workspace, every feature"
 cargo nextest run --workspace --all-features --no-fail-fast "$@"
 cargo test --workspace --all-features --doc
+
+# Arguments select tests of the run above; the feature sets below are the
+# whole suite's, run when no selection is given.
+[ $# -eq 0 ] || exit 0
+
+# Every feature set the README advertises, each its own build: a test
+# written for a build without a feature (a URL scheme refused for want of
+# it, TLS modes without `tls`, the HTTP tests on a map store without
+# `memory`) exists only there, and each build lists what it compiled out
+# as skipped tests (tests/compiled_out.rs).
+for features in "" "--no-default-features --features memory" \
+    "--no-default-features --features redis" "--no-default-features --features postgres" \
+    "--no-default-features"; do
+    echo "== tests: ratewarden ${features:-(default features)}"
+    # shellcheck disable=SC2086
+    cargo nextest run -p ratewarden $features --no-fail-fast
+done
+echo "== tests: ratewarden-core, ratewarden-redis, ratewarden-postgres (default features: no metrics, serde or tls)"
+cargo nextest run -p ratewarden-core -p ratewarden-redis -p ratewarden-postgres --no-fail-fast

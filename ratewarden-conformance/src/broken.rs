@@ -2,7 +2,10 @@
 //!
 //! These prove the suite's teeth: [`ReferenceStore`] passes every scenario,
 //! and each [`BrokenStore`] carries one [`Defect`] that real limiters have
-//! shipped, which at least one scenario must catch. They are built on
+//! shipped, which the scenarios its docs name catch. Every scenario catches
+//! at least one of them, and so does each check of invalid input, key
+//! bounds, refunds and the largest policies, on the inline entry points as
+//! on the awaited ones. They are built on
 //! [`ratewarden_core::algorithm::apply`] with a key cap and least-recently-used
 //! eviction; they are not meant for production (the `ratewarden-memory` crate
 //! is).
@@ -17,12 +20,13 @@
 //! assert_eq!(broken.name(), "broken-refusals-recorded");
 //! ```
 //!
-//! About 615 lines before its tests: every defect is a variation of one
+//! About 880 lines before its tests: every defect is a variation of one
 //! reference core, and lives next to the honest code it bends.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_core::algorithm::{self, KeyState, Verdict};
@@ -85,11 +89,81 @@ pub enum Defect {
     /// tested one (`refused_hammering`, which sends every other request
     /// inline).
     InlineRecordsRefusals,
+    /// Clamps a cost of zero or above the limit into `1..=limit` and
+    /// decides, instead of answering an `InvalidRequest` error: the caller's
+    /// mistake is silently turned into a request it did not make
+    /// (`cost_accounting`, `bad_configuration`).
+    InvalidCostsClamped,
+    /// Forgets a key's state as soon as it is written when the window is
+    /// longer than 30 days, as a memcached expiry does (more than 30 days of
+    /// seconds is read as an absolute Unix time, long past), while
+    /// `check_policy` accepts such windows: the largest policies are
+    /// accepted, then never limit (`bad_configuration`).
+    LongWindowsForgotten,
+    /// Declares, and enforces, a key-length bound of 2 MiB: a bound too
+    /// large to bound what one key costs (`key_length_bound`).
+    HugeKeyBound,
+    /// Refunds a refused decision as if it were an admission, handing back
+    /// units the refusal never took, instead of answering an
+    /// `InvalidRequest` error (`refund_exactness`).
+    RefundsRefusals,
+    /// Refunds a key that holds nothing by creating it with a negative
+    /// count, as a `DECRBY` on a missing Redis key does: that key then
+    /// admits `cost` units more than its limit (`refund_exactness`).
+    GhostRefundCredits,
+    /// Checks the key-length bound in [`Store::decide`] and
+    /// [`Store::refund`] but not in [`Store::decide_inline`] and
+    /// [`Store::refund_inline`], which store keys of any length
+    /// (`key_length_bound`, which sends its over-long key both ways).
+    InlineSkipsKeyBound,
+    /// Clamps an invalid cost into `1..=limit` in [`Store::decide_inline`]
+    /// only; [`Store::decide`] answers it with an `InvalidRequest` error
+    /// (`cost_accounting`, `bad_configuration`, which send their invalid
+    /// costs both ways).
+    InlineAcceptsInvalidCosts,
+    /// Refunds a refused decision in [`Store::refund_inline`] only;
+    /// [`Store::refund`] answers it with an `InvalidRequest` error
+    /// (`refund_exactness`, which sends its refund of a refusal both ways).
+    InlineRefundsRefusals,
+    /// Answers [`Store::refund_inline`] with success and changes nothing,
+    /// while [`Store::refund`] is honest (`refund_exactness`, which sends
+    /// every other refund of its tables inline).
+    InlineRefundIgnored,
+    /// Answers [`Store::peek`] by deciding: the peek counts the units it
+    /// only asked about, as a quota endpoint calling `decide` would
+    /// (`peek_never_records`).
+    PeekRecords,
+    /// Peeks a key it does not hold by creating its record, as an upsert
+    /// that reads would: a fixed window opens at the peek, with nothing
+    /// counted, instead of at the key's first request, and ends that much
+    /// earlier (`peek_never_records`).
+    PeekOpensWindow,
+    /// Answers [`Store::reset`] with success and changes nothing, a stub
+    /// (`reset_is_exact`).
+    ResetIgnored,
+    /// Resets a sliding window's current count and keeps the previous
+    /// window's, as a store keeping the two counts under two keys and
+    /// deleting one would: the reset key admits fewer than its limit while
+    /// the previous window still weighs (`reset_is_exact`).
+    ResetKeepsPrevious,
+    /// Keeps a key's state per policy rather than per algorithm, as a store
+    /// that puts the limit in its storage key would: a client moved to
+    /// another plan (another limit) starts from nothing, and one moved back
+    /// and forth gets each plan's whole limit in the same window
+    /// (`policy_change`).
+    StatePerPolicy,
 }
+
+/// The longest window whose state a [`Defect::LongWindowsForgotten`] store
+/// keeps: memcached's 30 days.
+const FORGETS_WINDOWS_OVER: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The key-length bound a [`Defect::HugeKeyBound`] store declares.
+const HUGE_KEY_BOUND: usize = 2 << 20;
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 16] = [
+    pub const ALL: [Defect; 30] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
@@ -106,6 +180,20 @@ impl Defect {
         Defect::RefundBlind,
         Defect::UnboundedKeys,
         Defect::InlineRecordsRefusals,
+        Defect::InvalidCostsClamped,
+        Defect::LongWindowsForgotten,
+        Defect::HugeKeyBound,
+        Defect::RefundsRefusals,
+        Defect::GhostRefundCredits,
+        Defect::InlineSkipsKeyBound,
+        Defect::InlineAcceptsInvalidCosts,
+        Defect::InlineRefundsRefusals,
+        Defect::InlineRefundIgnored,
+        Defect::PeekRecords,
+        Defect::PeekOpensWindow,
+        Defect::ResetIgnored,
+        Defect::ResetKeepsPrevious,
+        Defect::StatePerPolicy,
     ];
 
     /// The store name of a [`BrokenStore`] with this defect.
@@ -127,6 +215,20 @@ impl Defect {
             Defect::RefundBlind => "broken-refund-blind",
             Defect::UnboundedKeys => "broken-unbounded-keys",
             Defect::InlineRecordsRefusals => "broken-inline-records-refusals",
+            Defect::InvalidCostsClamped => "broken-invalid-costs-clamped",
+            Defect::LongWindowsForgotten => "broken-long-windows-forgotten",
+            Defect::HugeKeyBound => "broken-huge-key-bound",
+            Defect::RefundsRefusals => "broken-refunds-refusals",
+            Defect::GhostRefundCredits => "broken-ghost-refund-credits",
+            Defect::InlineSkipsKeyBound => "broken-inline-skips-key-bound",
+            Defect::InlineAcceptsInvalidCosts => "broken-inline-accepts-invalid-costs",
+            Defect::InlineRefundsRefusals => "broken-inline-refunds-refusals",
+            Defect::InlineRefundIgnored => "broken-inline-refund-ignored",
+            Defect::PeekRecords => "broken-peek-records",
+            Defect::PeekOpensWindow => "broken-peek-opens-window",
+            Defect::ResetIgnored => "broken-reset-ignored",
+            Defect::ResetKeepsPrevious => "broken-reset-keeps-previous",
+            Defect::StatePerPolicy => "broken-state-per-policy",
         }
     }
 }
@@ -225,6 +327,9 @@ struct Entry {
     state: Option<KeyState>,
     tick: u64,
     last_now: u64,
+    /// Units the key admits beyond its limit: the negative count of a
+    /// [`Defect::GhostRefundCredits`] refund; zero otherwise.
+    credit: u32,
 }
 
 type MapKey = (Algorithm, Vec<u8>);
@@ -285,12 +390,9 @@ impl Core {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: self.algorithms,
-            key_capacity: Some(self.capacity),
-            shared: self.shared,
-            server_clock: false,
-        }
+        let mut capabilities = Capabilities::new(self.algorithms).with_key_capacity(self.capacity);
+        capabilities.shared = self.shared;
+        capabilities
     }
 
     fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
@@ -306,15 +408,31 @@ impl Core {
         }
     }
 
-    fn check_key(&self, key: &[u8]) -> Result<(), StoreError> {
-        if self.has(Defect::UnboundedKeys) {
-            return Ok(());
+    /// The bound [`Store::max_key_len`] declares.
+    fn declared_max_key_len(&self) -> usize {
+        match self.defect {
+            Some(Defect::HugeKeyBound) => HUGE_KEY_BOUND,
+            _ => self.max_key_len,
         }
-        ratewarden_core::check_key(self.name, key, self.max_key_len)
     }
 
-    fn map_key(&self, algorithm: Algorithm, key: &[u8]) -> MapKey {
+    /// Checks the key against the declared bound, for `decide` and
+    /// `refund` or (`inline`) their inline forms.
+    fn check_key(&self, key: &[u8], inline: bool) -> Result<(), StoreError> {
+        if self.has(Defect::UnboundedKeys) || (inline && self.has(Defect::InlineSkipsKeyBound)) {
+            return Ok(());
+        }
+        ratewarden_core::check_key(self.name, key, self.declared_max_key_len())
+    }
+
+    fn map_key(&self, policy: &Policy, key: &[u8]) -> MapKey {
+        let algorithm = policy.algorithm();
         let key = match self.defect {
+            Some(Defect::StatePerPolicy) => {
+                let mut k = key.to_vec();
+                k.extend_from_slice(&policy.limit().to_be_bytes());
+                k
+            }
             Some(Defect::TruncatedKeys) => key[..key.len().min(256)].to_vec(),
             Some(Defect::LossyUtf8Keys) => String::from_utf8_lossy(key).into_owned().into_bytes(),
             Some(Defect::SharedBuckets) => {
@@ -369,6 +487,9 @@ impl Core {
         {
             *start = now;
         }
+        if self.has(Defect::LongWindowsForgotten) && policy.window() > FORGETS_WINDOWS_OVER {
+            *state = None;
+        }
         verdict
     }
 
@@ -414,6 +535,7 @@ impl Core {
                 state,
                 tick,
                 last_now: now,
+                credit: 0,
             },
         );
         keys.high_water = keys.high_water.max(keys.map.len());
@@ -429,9 +551,9 @@ impl Core {
         if !self.has(Defect::NonAtomic) {
             return self.decide_now(key, policy, cost, now, false);
         }
-        self.check_request(key, policy, cost)?;
+        let cost = self.check_request(key, policy, cost, false)?;
         let now = now.as_micros();
-        let key = self.map_key(policy.algorithm(), key);
+        let key = self.map_key(policy, key);
         let verdict = {
             let (mut state, last_now) = {
                 let keys = self.lock();
@@ -463,15 +585,31 @@ impl Core {
         Ok(Decision::from_verdict(verdict, policy, self.name))
     }
 
-    fn check_request(&self, key: &[u8], policy: &Policy, cost: u32) -> Result<(), StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(self.name, e))?;
+    /// Checks a request to `decide` or (`inline`) `decide_inline`, and
+    /// answers the cost to apply: the one asked, unless this store's defect
+    /// clamps an invalid one.
+    fn check_request(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        inline: bool,
+    ) -> Result<u32, StoreError> {
+        let cost = if self.has(Defect::InvalidCostsClamped)
+            || (inline && self.has(Defect::InlineAcceptsInvalidCosts))
+        {
+            cost.clamp(1, policy.limit())
+        } else {
+            policy
+                .check_cost(cost)
+                .map_err(|e| StoreError::invalid_request(self.name, e))?;
+            cost
+        };
         if let Err(e) = self.check_policy(policy) {
             return Err(StoreError::invalid_request(self.name, e));
         }
-        self.check_key(key)?;
-        Ok(())
+        self.check_key(key, inline)?;
+        Ok(cost)
     }
 
     /// The whole decision under the lock, for `decide` and
@@ -484,15 +622,23 @@ impl Core {
         now: Timestamp,
         inline: bool,
     ) -> Result<Decision, StoreError> {
-        self.check_request(key, policy, cost)?;
+        let cost = self.check_request(key, policy, cost, inline)?;
         let now = now.as_micros();
-        let key = self.map_key(policy.algorithm(), key);
+        let key = self.map_key(policy, key);
         let mut keys = self.lock();
-        let (mut state, last_now) = match keys.map.get_mut(&key) {
-            Some(e) => (e.state.take(), Some(e.last_now)),
-            None => (None, None),
+        let (mut state, last_now, credit) = match keys.map.get_mut(&key) {
+            Some(e) => (e.state.take(), Some(e.last_now), e.credit),
+            None => (None, None, 0),
         };
-        let verdict = self.transition(&mut state, last_now, policy, cost, now);
+        // A negative count: the limit the key is held to grows by it.
+        let credited = (credit > 0)
+            .then(|| {
+                let limit = policy.limit().saturating_add(credit);
+                Policy::new(policy.algorithm(), limit, policy.window()).ok()
+            })
+            .flatten();
+        let applied = credited.as_ref().unwrap_or(policy);
+        let verdict = self.transition(&mut state, last_now, applied, cost, now);
         if inline && !verdict.allowed && self.has(Defect::InlineRecordsRefusals) {
             record_refusal(&mut state, policy, cost, now);
         }
@@ -502,6 +648,7 @@ impl Core {
 }
 
 impl Core {
+    /// `refund`, or (`inline`) `refund_inline`.
     fn refund(
         &self,
         key: &[u8],
@@ -509,14 +656,29 @@ impl Core {
         cost: u32,
         now: Timestamp,
         admitted: &Decision,
+        inline: bool,
     ) -> Result<(), StoreError> {
-        ratewarden_core::check_refund(self.name, policy, cost, admitted)?;
-        self.check_key(key)?;
-        if self.has(Defect::RefundIgnored) {
+        if self.has(Defect::RefundsRefusals) || (inline && self.has(Defect::InlineRefundsRefusals))
+        {
+            policy
+                .check_cost(cost)
+                .map_err(|e| StoreError::invalid_request(self.name, e))?;
+        } else {
+            ratewarden_core::check_refund(self.name, policy, cost, admitted)?;
+        }
+        self.check_key(key, inline)?;
+        if self.has(Defect::RefundIgnored) || (inline && self.has(Defect::InlineRefundIgnored)) {
             return Ok(());
         }
-        let key = self.map_key(policy.algorithm(), key);
+        let key = self.map_key(policy, key);
         let mut keys = self.lock();
+        if self.has(Defect::GhostRefundCredits) && !keys.map.contains_key(&key) {
+            self.store(&mut keys, key.clone(), None, now.as_micros(), true);
+            if let Some(entry) = keys.map.get_mut(&key) {
+                entry.credit = cost;
+            }
+            return Ok(());
+        }
         let Some(entry) = keys.map.get_mut(&key) else {
             return Ok(());
         };
@@ -525,6 +687,67 @@ impl Core {
         } else {
             let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
             algorithm::refund(&mut entry.state, policy, cost, now.as_micros(), reset_after);
+        }
+        Ok(())
+    }
+}
+
+impl Core {
+    /// `peek`: the decision `decide` would make, on a copy of the state.
+    fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        if self.has(Defect::PeekRecords) {
+            return self.decide_now(key, policy, cost, now, false);
+        }
+        let cost = self.check_request(key, policy, cost, false)?;
+        let t = now.as_micros();
+        let map_key = self.map_key(policy, key);
+        let mut keys = self.lock();
+        let Some(entry) = keys.map.get(&map_key) else {
+            let verdict = self.transition(&mut None, None, policy, cost, t);
+            if self.has(Defect::PeekOpensWindow) && policy.algorithm() == Algorithm::FixedWindow {
+                let opened = Some(KeyState::FixedWindow { start: t, count: 0 });
+                self.store(&mut keys, map_key, opened, t, true);
+            }
+            return Ok(Decision::from_verdict(verdict, policy, self.name));
+        };
+        let credited = (entry.credit > 0)
+            .then(|| {
+                let limit = policy.limit().saturating_add(entry.credit);
+                Policy::new(policy.algorithm(), limit, policy.window()).ok()
+            })
+            .flatten();
+        let applied = credited.as_ref().unwrap_or(policy);
+        let mut state = entry.state.clone();
+        let verdict = self.transition(&mut state, Some(entry.last_now), applied, cost, t);
+        Ok(Decision::from_verdict(verdict, policy, self.name))
+    }
+
+    /// `reset`: the key's entry removed, with its place in the eviction
+    /// order.
+    fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.check_key(key, false)?;
+        if self.has(Defect::ResetIgnored) {
+            return Ok(());
+        }
+        let map_key = self.map_key(policy, key);
+        let mut keys = self.lock();
+        if self.has(Defect::ResetKeepsPrevious)
+            && let Some(Entry {
+                state: Some(KeyState::SlidingWindow { current, .. }),
+                ..
+            }) = keys.map.get_mut(&map_key)
+        {
+            *current = 0;
+            return Ok(());
+        }
+        if let Some(entry) = keys.map.remove(&map_key) {
+            keys.order.remove(&entry.tick);
         }
         Ok(())
     }
@@ -592,8 +815,8 @@ macro_rules! impl_store {
                 self.core.check_policy(policy)
             }
 
-            fn max_key_len(&self) -> Option<usize> {
-                Some(self.core.max_key_len)
+            fn max_key_len(&self) -> usize {
+                self.core.declared_max_key_len()
             }
 
             async fn decide(
@@ -628,7 +851,7 @@ macro_rules! impl_store {
                 admitted: &Decision,
             ) -> Option<Result<(), StoreError>> {
                 (!self.core.has(Defect::NonAtomic))
-                    .then(|| self.core.refund(key, policy, cost, now, admitted))
+                    .then(|| self.core.refund(key, policy, cost, now, admitted, true))
             }
 
             async fn refund(
@@ -639,7 +862,21 @@ macro_rules! impl_store {
                 now: Timestamp,
                 admitted: &Decision,
             ) -> Result<(), StoreError> {
-                self.core.refund(key, policy, cost, now, admitted)
+                self.core.refund(key, policy, cost, now, admitted, false)
+            }
+
+            async fn peek(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+            ) -> Result<Decision, StoreError> {
+                self.core.peek(key, policy, cost, now)
+            }
+
+            async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+                self.core.reset(key, policy)
             }
         }
     };
@@ -651,7 +888,6 @@ impl_store!(BrokenStore);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test]
     async fn reference_store_is_bounded_and_evicts_the_least_recently_touched() {
@@ -694,6 +930,11 @@ mod tests {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Unavailable;
 
+/// What every call to [`Unavailable`] answers.
+fn refused() -> StoreError {
+    StoreError::new(ErrorKind::Unavailable, "unavailable", "connection refused")
+}
+
 #[async_trait]
 impl Store for Unavailable {
     fn name(&self) -> &'static str {
@@ -701,12 +942,11 @@ impl Store for Unavailable {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: &Algorithm::ALL,
-            key_capacity: None,
-            shared: true,
-            server_clock: false,
-        }
+        Capabilities::new(&Algorithm::ALL).shared()
+    }
+
+    fn max_key_len(&self) -> usize {
+        ratewarden_core::DEFAULT_MAX_KEY_LEN
     }
 
     async fn decide(
@@ -716,10 +956,31 @@ impl Store for Unavailable {
         _: u32,
         _: Timestamp,
     ) -> Result<Decision, StoreError> {
-        Err(StoreError::new(
-            ErrorKind::Unavailable,
-            "unavailable",
-            "connection refused",
-        ))
+        Err(refused())
+    }
+
+    async fn refund(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: Timestamp,
+        _: &Decision,
+    ) -> Result<(), StoreError> {
+        Err(refused())
+    }
+
+    async fn peek(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        Err(refused())
+    }
+
+    async fn reset(&self, _: &[u8], _: &Policy) -> Result<(), StoreError> {
+        Err(refused())
     }
 }

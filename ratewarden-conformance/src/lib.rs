@@ -62,11 +62,22 @@
 //! [`Capabilities::algorithms`](ratewarden_core::Capabilities::algorithms) and
 //! say so in their evidence.
 //!
+//! A [`Limiter`](ratewarden_core::Limiter) asks a store's inline entry points
+//! ([`Store::decide_inline`], [`Store::refund_inline`]) first, so the
+//! scenarios attack both ways in: every other request and refund goes inline,
+//! and each check of an invalid cost, an over-long key or a refund of a
+//! refusal or of an empty key asks both. A store that answers nothing inline
+//! (`None`, "await me") is asked the awaited way only, which fails nothing;
+//! an answer it does give inline must pass the same checks.
+//!
 //! # The suite's own teeth
 //!
 //! [`broken`] holds an honest reference store, which passes every scenario,
-//! and one deliberately broken variant per defect; this crate's tests check
-//! that every scenario catches at least one of them, for the right reason.
+//! and one deliberately broken variant per defect. This crate's tests check
+//! both directions from one table of (scenario, defect, what the failure must
+//! say): every scenario catches at least one broken store, for the reason its
+//! row states (a scenario without a row fails them), and every defect is
+//! caught by some scenario and has a row saying why.
 
 use std::fmt;
 use std::future::Future;
@@ -234,7 +245,8 @@ scenarios! {
     policy_semantics in semantics => "boundaries, remaining, reset_after and retry_after off by one unit or one microsecond",
     /// A request of cost `c` consumes `c` units and is admitted only if all
     /// of them fit; a refused request consumes nothing; a cost of zero or
-    /// above the limit is an `InvalidRequest` error, not a panic.
+    /// above the limit is an `InvalidRequest` error, not a panic, from
+    /// `decide` and from `decide_inline` alike.
     cost_accounting in semantics => "weighted requests partly admitted, refused costs consumed, invalid costs panicking",
     /// One key exhausted leaves 64 other keys with their full quota, and
     /// their traffic leaves its refusal unchanged, for every algorithm.
@@ -258,9 +270,9 @@ scenarios! {
     /// end. Sliding log: under steady hits, `reset_after` and `retry_after`
     /// follow the admitted entries only.
     window_renewal in time => "a window's expiry pushed forward by the hits it counts",
-    /// 64 spawned tasks, 4 requests each, on one key at one instant, are
-    /// admitted exactly `limit` (50) times, with the admitted requests'
-    /// `remaining` values each of 49..=0 once.
+    /// 64 spawned tasks, 4 requests each (every other one inline), on one
+    /// key at one instant, are admitted exactly `limit` (50) times, with the
+    /// admitted requests' `remaining` values each of 49..=0 once.
     concurrent_exactness in concurrency => "lost updates and over-admission under concurrent callers on one key",
     /// Hostile byte strings (empty, 10 KB, newlines, quotes, SQL, Lua,
     /// `{hash}` tags, NUL bytes, invalid UTF-8, non-ASCII, prefixes of one
@@ -274,23 +286,46 @@ scenarios! {
     /// Algorithms the store does not list are refused by `check_policy` with
     /// `UnsupportedAlgorithm`; supported ones are accepted; the largest
     /// policies are either refused by `check_policy` or work; invalid costs
-    /// are `InvalidRequest` errors.
+    /// are `InvalidRequest` errors from `decide` and `decide_inline` alike.
     bad_configuration in configuration => "unsupported or extreme policies accepted, invalid costs panicking",
     /// The store declares a key-length bound of at most 1 MiB
     /// (`Store::max_key_len`); a key of exactly that length is valid and
-    /// admitted, one byte more is an `InvalidRequest` error for `decide` and
-    /// `refund`, and the longest valid key's state is untouched by the
-    /// refused one.
+    /// admitted, one byte more is an `InvalidRequest` error for `decide`,
+    /// `refund` and their inline forms, and the longest valid key's state is
+    /// untouched by the refused one.
     key_length_bound in keys => "no bound on key length: memory per key chosen by whoever supplies the keys",
     /// Per algorithm, a table of admissions and refunds: a refund restores
     /// exactly the units its admission took (the same request fits again,
     /// with the same numbers), removes the entries of its own time and no
     /// other (sliding log), and changes nothing once the units it took are no
     /// longer held — a closed fixed window, a sliding window two windows
-    /// on, a GCRA bucket restarted by a later request. Refunding a refusal
-    /// is an `InvalidRequest` error; refunding a key that holds nothing is a
-    /// no-op that creates nothing.
+    /// on, a GCRA bucket restarted by a later request; every other refund
+    /// goes to `refund_inline`. Refunding a refusal is an `InvalidRequest`
+    /// error; refunding a key that holds nothing is a no-op that creates
+    /// nothing; both checked for `refund` and `refund_inline` alike.
     refund_exactness in refund => "refunds ignored (honest clients stay locked out) or applied blindly (free units)",
+    /// Per algorithm, a table of instants and costs: before each request,
+    /// every cost is peeked three times, and the peek of the request's own
+    /// cost answers exactly what the request then gets; the peeked key
+    /// decides exactly as a twin that is never peeked (a fresh key peeked
+    /// seconds before its first request, a refused key hammered with peeks,
+    /// a window's end). A cost of zero and a key over the bound are
+    /// `InvalidRequest` errors.
+    peek_never_records in operations => "a quota check that spends the quota, opens a window or moves an expiry",
+    /// Per algorithm, a key exhausted in one window and again in the next
+    /// is reset, then admits exactly its limit (20) to 64 concurrent
+    /// requests, remaining 19..=0 once each; reset at the instant of its
+    /// last request it decides as a key never seen; another key decides as
+    /// in a store where nothing was reset; a key never seen resets without
+    /// error; the same bytes under another algorithm stay exhausted.
+    reset_is_exact in operations => "a reset that forgets part of a key's state, or other keys' state",
+    /// Per algorithm, one key moved back and forth between two policies of
+    /// the same window and different limits (10 and 4, a paid plan and a
+    /// free one), inside windows: every decision is the reference
+    /// algorithm's on the key's whole usage, so what was counted under one
+    /// limit carries over to the other and no plan change buys a fresh
+    /// quota.
+    policy_change in operations => "a plan change that forgets the usage already counted",
 }
 
 /// Runs every scenario in [`SCENARIOS`] order, one after the other, each

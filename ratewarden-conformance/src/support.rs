@@ -4,11 +4,13 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
-use ratewarden_core::{Algorithm, Clock, Decision, ManualClock, Policy, Store, Timestamp};
+use ratewarden_core::{
+    Algorithm, Clock, Decision, ManualClock, Policy, Store, StoreError, Timestamp,
+};
 
 use crate::{Evidence, Failure, ScenarioResult, StoreFactory};
 
@@ -67,6 +69,80 @@ pub(crate) fn policy(algorithm: Algorithm, limit: u32, window_us: u64) -> Result
         .map_err(|e| Failure(format!("scenario bug: invalid policy: {e}")))
 }
 
+/// A store's two entry points for one operation: the inline answer a
+/// `Limiter` asks for first, and the awaited call it falls back to when the
+/// store gives none. Both must keep the whole contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// [`Store::decide`] and [`Store::refund`].
+    Awaited,
+    /// [`Store::decide_inline`] and [`Store::refund_inline`].
+    Inline,
+}
+
+impl Path {
+    /// Both, awaited first.
+    pub(crate) const BOTH: [Path; 2] = [Path::Awaited, Path::Inline];
+
+    /// The name of the deciding method on this path.
+    pub(crate) fn decide(self) -> &'static str {
+        match self {
+            Path::Awaited => "decide",
+            Path::Inline => "decide_inline",
+        }
+    }
+
+    /// The name of the refunding method on this path.
+    pub(crate) fn refund(self) -> &'static str {
+        match self {
+            Path::Awaited => "refund",
+            Path::Inline => "refund_inline",
+        }
+    }
+}
+
+/// `store`'s answer on `path`, or `None` when that is the inline path and
+/// the store answers nothing there (it must be awaited: no failure).
+pub(crate) async fn decide_on(
+    store: &dyn Store,
+    path: Path,
+    key: &[u8],
+    p: &Policy,
+    cost: u32,
+    now: Timestamp,
+) -> Option<Result<Decision, StoreError>> {
+    match path {
+        Path::Awaited => Some(store.decide(key, p, cost, now).await),
+        Path::Inline => store.decide_inline(key, p, cost, now),
+    }
+}
+
+/// `store`'s answer on `path` if it gives one there, else the awaited
+/// answer, as a `Limiter` asks; with the path that answered.
+pub(crate) async fn decide_preferring(
+    store: &dyn Store,
+    path: Path,
+    key: &[u8],
+    p: &Policy,
+    cost: u32,
+    now: Timestamp,
+) -> (Path, Result<Decision, StoreError>) {
+    match decide_on(store, path, key, p, cost, now).await {
+        Some(answer) => (path, answer),
+        None => (Path::Awaited, store.decide(key, p, cost, now).await),
+    }
+}
+
+/// The path for the `n`-th of a series of calls (0-based): every other one
+/// inline, starting awaited.
+fn alternate(n: u64) -> Path {
+    if n % 2 == 1 {
+        Path::Inline
+    } else {
+        Path::Awaited
+    }
+}
+
 /// A fresh store and the clock that drives it.
 pub(crate) struct Probe {
     pub(crate) store: Arc<dyn Store>,
@@ -74,6 +150,13 @@ pub(crate) struct Probe {
     /// Requests sent so far by [`hit`](Probe::hit), which alternates
     /// between the store's two ways of deciding.
     hits: AtomicU64,
+    /// Refunds sent so far by [`refund`](Probe::refund), which alternates
+    /// the same way.
+    refunds: AtomicU64,
+    /// The store has answered `decide_inline` at least once.
+    decided_inline: AtomicBool,
+    /// The store has answered `refund_inline` at least once.
+    refunded_inline: AtomicBool,
 }
 
 impl Probe {
@@ -98,6 +181,9 @@ impl Probe {
             store,
             clock: ManualClock::new(),
             hits: AtomicU64::new(0),
+            refunds: AtomicU64::new(0),
+            decided_inline: AtomicBool::new(false),
+            refunded_inline: AtomicBool::new(false),
         })
     }
 
@@ -141,22 +227,102 @@ impl Probe {
     /// shows up as a broken scenario.
     pub(crate) async fn hit(&self, key: &[u8], p: &Policy, cost: u32) -> Result<Decision, Failure> {
         let now = self.clock.now();
-        let inline = self.hits.fetch_add(1, Ordering::Relaxed) % 2 == 1;
-        let answer = match inline
-            .then(|| self.store.decide_inline(key, p, cost, now))
-            .flatten()
-        {
-            Some(answer) => answer,
-            None => self.store.decide(key, p, cost, now).await,
-        };
+        let path = alternate(self.hits.fetch_add(1, Ordering::Relaxed));
+        let (path, answer) = decide_preferring(&*self.store, path, key, p, cost, now).await;
+        if path == Path::Inline {
+            self.decided_inline.store(true, Ordering::Relaxed);
+        }
         answer.map_err(|e| {
             Failure(format!(
-                "{}: request (key {}, cost {cost}) at {} returned an error: {e}",
+                "{}: request (key {}, cost {cost}) at {} returned an error from {}: {e}",
                 p.algorithm(),
                 show_key(key),
-                rel(now.as_micros())
+                rel(now.as_micros()),
+                path.decide()
             ))
         })
+    }
+
+    /// One request at the clock's current time on `path` only; `None` when
+    /// the store answers nothing inline. For the checks that every answer
+    /// the store gives must pass, whichever way it is asked.
+    pub(crate) async fn decide_by(
+        &self,
+        path: Path,
+        key: &[u8],
+        p: &Policy,
+        cost: u32,
+    ) -> Option<Result<Decision, StoreError>> {
+        let answer = decide_on(&*self.store, path, key, p, cost, self.clock.now()).await;
+        if path == Path::Inline && answer.is_some() {
+            self.decided_inline.store(true, Ordering::Relaxed);
+        }
+        answer
+    }
+
+    /// A refund at the clock's current time on `path` only; `None` when the
+    /// store answers nothing inline.
+    pub(crate) async fn refund_by(
+        &self,
+        path: Path,
+        key: &[u8],
+        p: &Policy,
+        cost: u32,
+        admitted: &Decision,
+    ) -> Option<Result<(), StoreError>> {
+        let now = self.clock.now();
+        let answer = match path {
+            Path::Awaited => Some(self.store.refund(key, p, cost, now, admitted).await),
+            Path::Inline => self.store.refund_inline(key, p, cost, now, admitted),
+        };
+        if path == Path::Inline && answer.is_some() {
+            self.refunded_inline.store(true, Ordering::Relaxed);
+        }
+        answer
+    }
+
+    /// A refund at the clock's current time, every other one to
+    /// [`Store::refund_inline`] (when the store answers there) as
+    /// [`hit`](Probe::hit) does for decisions; with the path that answered.
+    pub(crate) async fn refund(
+        &self,
+        key: &[u8],
+        p: &Policy,
+        cost: u32,
+        admitted: &Decision,
+    ) -> (Path, Result<(), StoreError>) {
+        let path = alternate(self.refunds.fetch_add(1, Ordering::Relaxed));
+        match self.refund_by(path, key, p, cost, admitted).await {
+            Some(answer) => (path, answer),
+            None => {
+                let now = self.clock.now();
+                (
+                    Path::Awaited,
+                    self.store.refund(key, p, cost, now, admitted).await,
+                )
+            }
+        }
+    }
+
+    /// The deciding methods the store has answered so far, for evidence:
+    /// `"decide and decide_inline"`, or a note that it answers nothing
+    /// inline.
+    pub(crate) fn decided_by(&self) -> &'static str {
+        if self.decided_inline.load(Ordering::Relaxed) {
+            "decide and decide_inline"
+        } else {
+            "decide (the store answers nothing inline)"
+        }
+    }
+
+    /// The refunding methods the store has answered so far, as
+    /// [`decided_by`](Probe::decided_by).
+    pub(crate) fn refunded_by(&self) -> &'static str {
+        if self.refunded_inline.load(Ordering::Relaxed) {
+            "refund and refund_inline"
+        } else {
+            "refund (the store answers nothing inline)"
+        }
     }
 }
 

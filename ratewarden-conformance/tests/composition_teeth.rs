@@ -31,119 +31,108 @@ async fn run(scenario: &str, composer: &dyn Composer) -> ScenarioResult {
     .unwrap_or_else(|_| panic!("{scenario} hung"))
 }
 
-/// Fails unless `scenario` fails against `defect`, with a message
-/// containing every one of `because`.
-async fn catches(scenario: &str, defect: CompositionDefect, because: &[&str]) {
-    let result = run(scenario, &BrokenComposer(defect)).await;
-    common::assert_caught(scenario, "a composition", &defect, result, because);
+// The one declaration of what each composition scenario must catch: per
+// scenario, the defects it fails and what its failure must say. It
+// generates `TEETH`, which the coverage test holds against
+// `COMPOSITION_SCENARIOS`, and one test per scenario, named after it, that
+// runs its rows.
+macro_rules! teeth {
+    ($($scenario:ident: [$($defect:ident => [$($because:literal),* $(,)?]),* $(,)?],)*) => {
+        /// (composition scenario, a defect it catches, what its failure says).
+        const TEETH: &[(&str, CompositionDefect, &[&str])] = &[
+            $($((stringify!($scenario), CompositionDefect::$defect, &[$($because),*]),)*)*
+        ];
+
+        /// One test per composition scenario: it fails every defect of its
+        /// rows, with a message saying why.
+        mod catches {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::rows_of(stringify!($scenario)).await;
+                }
+            )*
+        }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refunds_are_what_keeps_later_refusals_uncounted() {
-    catches(
-        "later_tier_refusal_not_charged",
-        CompositionDefect::NoRefunds,
-        &["request #13 at t0", "refused by rule \"day\""],
-    )
-    .await;
-    catches(
-        "shared_retry_after_honoured",
-        CompositionDefect::NoRefunds,
-        &["refused request 6 at t0+1 s", "refused by rule \"local\""],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fallback_scenario_catches_a_fallback_consulted_beside_its_store() {
-    catches(
-        "fallback_never_double_counts",
-        CompositionDefect::BothConsulted,
-        &[
-            "shared store failing",
-            "refused by rule \"search\"",
-            "degraded",
+teeth! {
+    later_tier_refusal_not_charged: [
+        NoRefunds => ["request #13 at t0", "refused by rule \"day\""],
+    ],
+    shared_retry_after_honoured: [
+        NoRefunds => ["refused request 6 at t0+1 s", "refused by rule \"local\""],
+    ],
+    fallback_never_double_counts: [
+        BothConsulted => ["shared store failing", "refused by rule \"search\"", "degraded"],
+    ],
+    escalation_rate_independent_of_pace: [
+        PacedSampling => ["paced client", "exactly 60 times"],
+    ],
+    abuse_writes_bounded: [
+        AbuseEveryRefusal => ["must have been written 20 times", "got 1,900"],
+    ],
+    dead_store_costs_one_timeout: [
+        NoBreaker => ["called 100"],
+    ],
+    breaker_recovery: [
+        CancelledProbeReopens => ["after a cancelled probe", "degraded"],
+        InvalidProbeFails => ["after a probe answered InvalidRequest", "degraded"],
+        FailedProbeStaysHalfOpen => [
+            "request 1, 199 ms after a failed probe",
+            "1 store calls since the probe",
         ],
-    )
-    .await;
+    ],
+    refused_offender_costs_no_round_trip: [
+        NoRefusalCache => ["cost 100 shared-store calls", "100 refunds"],
+    ],
+    leased_fleet_never_over_admits: [
+        LeaseUncounted => ["window 2", "against a limit of 20"],
+    ],
+    leased_units_never_outlive_their_window: [
+        LeaseOutlivesWindow => [
+            "fixed_window, window 2",
+            "the fleet spent 28 units but the shared store counted 20",
+            "spent after the window that counted them",
+        ],
+    ],
+    leased_units_returned: [
+        LeaseNotReleased => ["handed none back"],
+    ],
+    leased_dead_store_follows_failure_policy: [
+        LeaseOpenWhenDead => ["must be refused by the failure policy"],
+    ],
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn escalation_scenario_catches_sampling_by_count() {
-    catches(
-        "escalation_rate_independent_of_pace",
-        CompositionDefect::PacedSampling,
-        &["paced client", "exactly 60 times"],
-    )
-    .await;
+/// Fails unless `scenario` fails each defect of its rows in [`TEETH`],
+/// with a message containing every one of the row's words.
+async fn rows_of(scenario: &str) {
+    for (_, defect, because) in TEETH.iter().filter(|(name, ..)| *name == scenario) {
+        let result = run(scenario, &BrokenComposer(*defect)).await;
+        common::assert_caught(scenario, "a composition", defect, result, because);
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abuse_scenario_catches_a_write_per_refusal() {
-    catches(
-        "abuse_writes_bounded",
-        CompositionDefect::AbuseEveryRefusal,
-        &["must have been written 20 times", "got 1,900"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_store_scenario_catches_a_breaker_that_never_opens() {
-    catches(
-        "dead_store_costs_one_timeout",
-        CompositionDefect::NoBreaker,
-        &["called 100"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn breaker_scenario_catches_a_cancelled_probe_that_reopens() {
-    catches(
-        "breaker_recovery",
-        CompositionDefect::CancelledProbeReopens,
-        &["after a cancelled probe", "degraded"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusal_cache_scenario_catches_a_round_trip_per_refusal() {
-    catches(
-        "refused_offender_costs_no_round_trip",
-        CompositionDefect::NoRefusalCache,
-        &["cost 100 shared-store calls", "100 refunds"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_scenarios_catch_uncounted_outliving_unreleased_and_self_granted_units() {
-    catches(
-        "leased_fleet_never_over_admits",
-        CompositionDefect::LeaseUncounted,
-        &["window 2", "against a limit of 20"],
-    )
-    .await;
-    catches(
-        "leased_fleet_never_over_admits",
-        CompositionDefect::LeaseOutlivesWindow,
-        &["window 2", "against a limit of 20"],
-    )
-    .await;
-    catches(
-        "leased_units_returned",
-        CompositionDefect::LeaseNotReleased,
-        &["handed none back"],
-    )
-    .await;
-    catches(
-        "leased_dead_store_follows_failure_policy",
-        CompositionDefect::LeaseOpenWhenDead,
-        &["must be refused by the failure policy"],
-    )
-    .await;
+/// Every composition scenario has teeth: a row in [`TEETH`], so a scenario
+/// added without a broken composition it catches fails here, by name.
+#[test]
+fn every_composition_scenario_has_teeth() {
+    let toothless: Vec<&str> = COMPOSITION_SCENARIOS
+        .iter()
+        .map(|s| s.name)
+        .filter(|name| !TEETH.iter().any(|(scenario, ..)| scenario == name))
+        .collect();
+    assert!(
+        toothless.is_empty(),
+        "composition scenario(s) with no row in TEETH (a CompositionDefect each must catch): {}",
+        toothless.join(", ")
+    );
+    for (scenario, defect, _) in TEETH {
+        assert!(
+            COMPOSITION_SCENARIOS.iter().any(|s| s.name == *scenario),
+            "TEETH names {scenario} (for {defect:?}), which is no composition scenario"
+        );
+    }
 }
 
 /// The whole matrix, printed for a reader (`--nocapture`), checked in the

@@ -8,7 +8,7 @@ use ratewarden_conformance::SCENARIOS;
 fn store_contract_lists_exactly_the_scenarios_in_order() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../ratewarden-core/src/store.rs"
+        "/../ratewarden-core/src/store/mod.rs"
     );
     let source =
         std::fs::read_to_string(path).expect("ratewarden-core's store.rs is beside this crate");

@@ -1,5 +1,6 @@
-//! The suite's teeth: every scenario catches at least one deliberately
-//! broken store, for the right reason, and the honest reference store
+//! The suite's teeth, checked both ways: every scenario catches at least
+//! one deliberately broken store, for the reason [`TEETH`] states, and every
+//! broken store is caught by some scenario; the honest reference store
 //! passes every scenario.
 
 mod common;
@@ -7,7 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use ratewarden_conformance::broken::{BrokenStore, Defect, ReferenceStore};
-use ratewarden_conformance::ratewarden_core::Store;
+use ratewarden_conformance::ratewarden_core::{
+    Capabilities, Decision, Policy, Store, StoreError, Timestamp,
+};
 use ratewarden_conformance::{SCENARIOS, ScenarioResult, StoreFactory, run_all};
 
 const CAPACITY: usize = 1_000;
@@ -24,11 +27,201 @@ async fn run(scenario: &str, factory: &dyn StoreFactory) -> ScenarioResult {
     s.run(factory).await
 }
 
-/// Fails unless `scenario` fails against a store with `defect`, with a
-/// message containing every one of `because`.
-async fn catches(scenario: &str, defect: Defect, because: &[&str]) {
-    let result = run(scenario, &broken(defect)).await;
-    common::assert_caught(scenario, "a store", &defect, result, because);
+/// One row of the teeth table: `scenario` must fail against a store with
+/// `defect`, with a message containing every one of `because`.
+struct Tooth {
+    scenario: &'static str,
+    defect: Defect,
+    because: &'static [&'static str],
+}
+
+/// Declares the teeth table, one block per scenario of rows
+/// `Defect => [what the failure must say, ...]`, as [`TEETH`], and one test
+/// per scenario, `catches::<scenario>`, that runs its rows.
+macro_rules! teeth {
+    ($($scenario:ident { $($defect:ident => [$($because:literal),+ $(,)?],)+ })+) => {
+        /// Every scenario's broken stores and the reasons it must give.
+        const TEETH: &[Tooth] = &[
+            $($(Tooth {
+                scenario: stringify!($scenario),
+                defect: Defect::$defect,
+                because: &[$($because),+],
+            },)+)+
+        ];
+
+        /// One test per scenario of the table.
+        mod catches {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::bites(stringify!($scenario)).await;
+                }
+            )+
+        }
+    };
+}
+
+/// Fails unless `scenario` catches every defect of its rows, each for the
+/// stated reason.
+async fn bites(scenario: &str) {
+    for tooth in TEETH.iter().filter(|t| t.scenario == scenario) {
+        let result = run(scenario, &broken(tooth.defect)).await;
+        common::assert_caught(scenario, "a store", &tooth.defect, result, tooth.because);
+    }
+}
+
+teeth! {
+    policy_semantics {
+        OffByOne => ["must be refused", "answered admitted"],
+        ExpiryRenewedOnEveryHit => ["fixed_window", "reset_after"],
+        RefusalsRecorded => ["must be"],
+    }
+    cost_accounting {
+        OffByOne => ["cost 3", "must be refused", "answered admitted"],
+        RefusalsRecorded => ["cost 3", "remaining 2"],
+        InvalidCostsClamped => [
+            "decide: cost 0 with limit 5",
+            "must be an InvalidRequest error",
+            "the store decided",
+        ],
+        // Honest when awaited: caught because every invalid cost is sent
+        // both ways.
+        InlineAcceptsInvalidCosts => [
+            "decide_inline: cost 0 with limit 5",
+            "must be an InvalidRequest error",
+        ],
+    }
+    key_independence {
+        SharedBuckets => ["user-", "a key no other request has touched"],
+    }
+    refused_hammering {
+        RefusalsRecorded => ["pushed access later"],
+        ExpiryRenewedOnEveryHit => ["fixed_window", "pushed access later"],
+        // Honest when awaited, counting refusals when answered inline:
+        // caught because the scenario sends every other request inline.
+        InlineRecordsRefusals => ["pushed access later"],
+    }
+    distinct_key_flood {
+        InsertionOrderEviction => ["offender", "was admitted", "the flood evicted"],
+        EvictionSkipsRefusals => ["offender", "was admitted", "the flood evicted"],
+    }
+    window_renewal {
+        ExpiryRenewedOnEveryHit => [
+            "fixed_window",
+            "must end at t0+10 s",
+            "answered admitted, remaining 2, reset_after 9 s",
+        ],
+        RefusalsRecorded => ["sliding_log"],
+    }
+    concurrent_exactness {
+        NonAtomic => ["lost updates"],
+    }
+    hostile_keys {
+        TruncatedKeys => ["10 KB key differing in its last byte"],
+        LossyUtf8Keys => ["other invalid UTF-8"],
+        SharedBuckets => ["a key no other request has touched"],
+    }
+    clock_regression {
+        ResetOnClockRegression => ["bought a fresh quota"],
+        PanicOnClockRegression => ["panicked", "time went backwards"],
+    }
+    bad_configuration {
+        AcceptsUnsupportedAlgorithms => ["check_policy accepted", "claims fewer algorithms"],
+        InvalidCostsClamped => [
+            "decide: cost 0 with limit 10",
+            "must be an InvalidRequest error",
+            "the store decided",
+        ],
+        InlineAcceptsInvalidCosts => [
+            "decide_inline: cost 0 with limit 10",
+            "must be an InvalidRequest error",
+        ],
+        // Only the largest policies have windows over 30 days.
+        LongWindowsForgotten => [
+            "check_policy accepted",
+            "a request after the whole limit was taken was admitted",
+        ],
+    }
+    key_length_bound {
+        UnboundedKeys => ["one over the declared bound", "must be an InvalidRequest error"],
+        HugeKeyBound => ["declares a key-length bound of 2,097,152 bytes", "at most 1,048,576"],
+        InlineSkipsKeyBound => [
+            "decide_inline: a key of",
+            "one over the declared bound",
+            "must be an InvalidRequest error",
+        ],
+    }
+    refund_exactness {
+        RefundIgnored => ["sliding_log", "must be admitted", "answered refused"],
+        RefundBlind => ["sliding_log", "retry_after 10 s", "retry_after 6 s"],
+        RefundsRefusals => [
+            "refund: refunding a refused decision",
+            "must be an InvalidRequest error",
+        ],
+        GhostRefundCredits => [
+            "after a refund (refund) on an empty key",
+            "must be admitted with nothing left",
+        ],
+        InlineRefundsRefusals => [
+            "refund_inline: refunding a refused decision",
+            "must be an InvalidRequest error",
+        ],
+        // Honest when awaited: caught because the tables send every other
+        // refund inline, and the next hit names the refund before it.
+        InlineRefundIgnored => ["sliding_log", "after refund_inline of step", "must be"],
+    }
+    peek_never_records {
+        PeekRecords => ["sliding_log", "the peeks changed the key's state"],
+        // Only a fixed window keeps the state a refunded admission leaves.
+        PeekOpensWindow => ["fixed_window", "the peeks changed the key's state"],
+    }
+    reset_is_exact {
+        ResetIgnored => ["sliding_log", "after a reset, 0 of 64", "exactly its full limit"],
+        ResetKeepsPrevious => ["sliding_window", "after a reset", "exactly its full limit"],
+    }
+    policy_change {
+        StatePerPolicy => ["sliding_log", "on the free plan", "must carry over"],
+    }
+}
+
+/// The table's first direction: a scenario with no broken store it is
+/// shown to catch could be checking nothing at all.
+#[test]
+fn every_scenario_has_a_broken_store_it_catches() {
+    let missing: Vec<String> = SCENARIOS
+        .iter()
+        .map(|s| s.name)
+        .filter(|name| !TEETH.iter().any(|t| t.scenario == *name))
+        .map(|name| {
+            format!(
+                "scenario `{name}` is shown to catch no broken store: add a broken store for it \
+                 (a Defect in ratewarden-conformance/src/broken.rs that `{name}` fails) and a \
+                 `{name}` block in the teeth! table of tests/teeth.rs with what its failure \
+                 must say"
+            )
+        })
+        .collect();
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    for tooth in TEETH {
+        assert!(
+            SCENARIOS.iter().any(|s| s.name == tooth.scenario),
+            "the teeth table names `{}`, which is not in SCENARIOS",
+            tooth.scenario
+        );
+    }
+}
+
+/// The table's other direction: every defect is caught somewhere for a
+/// stated reason, not merely by some scenario failing against it.
+#[test]
+fn every_defect_has_a_row_saying_why_it_is_caught() {
+    for defect in Defect::ALL {
+        assert!(
+            TEETH.iter().any(|t| t.defect == defect),
+            "{defect:?} has no row in the teeth! table of tests/teeth.rs: add one under the \
+             scenario its docs say catches it"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,184 +238,86 @@ async fn reference_store_passes_every_scenario() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn policy_semantics_catches_off_by_one_and_moved_windows() {
-    catches(
-        "policy_semantics",
-        Defect::OffByOne,
-        &["must be refused", "answered admitted"],
-    )
-    .await;
-    catches(
-        "policy_semantics",
-        Defect::ExpiryRenewedOnEveryHit,
-        &["fixed_window", "reset_after"],
-    )
-    .await;
-    catches("policy_semantics", Defect::RefusalsRecorded, &["must be"]).await;
+/// The reference store behind only the awaited entry points: the inline
+/// ones keep their defaults, which answer nothing.
+#[derive(Debug)]
+struct AwaitedOnly(ReferenceStore);
+
+#[async_trait::async_trait]
+impl Store for AwaitedOnly {
+    fn name(&self) -> &'static str {
+        "awaited-only"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+
+    fn max_key_len(&self) -> usize {
+        self.0.max_key_len()
+    }
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.0.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.0.refund(key, policy, cost, now, admitted).await
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.0.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.0.reset(key, policy).await
+    }
 }
 
+/// A store that answers nothing inline (one that must always be awaited,
+/// as a networked store is) passes every scenario, and the evidence of those
+/// that check both paths says the inline one went unanswered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cost_accounting_catches_off_by_one_and_recorded_refusals() {
-    catches(
-        "cost_accounting",
-        Defect::OffByOne,
-        &["cost 3", "must be refused", "answered admitted"],
-    )
-    .await;
-    catches(
-        "cost_accounting",
-        Defect::RefusalsRecorded,
-        &["cost 3", "remaining 2"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_independence_catches_shared_buckets() {
-    catches(
-        "key_independence",
-        Defect::SharedBuckets,
-        &["user-", "a key no other request has touched"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_hammering_catches_recorded_refusals_and_renewed_expiry() {
-    catches(
-        "refused_hammering",
-        Defect::RefusalsRecorded,
-        &["pushed access later"],
-    )
-    .await;
-    catches(
-        "refused_hammering",
-        Defect::ExpiryRenewedOnEveryHit,
-        &["fixed_window", "pushed access later"],
-    )
-    .await;
-    // Honest when awaited, counting refusals when answered inline: caught
-    // because the scenario sends every other request inline.
-    catches(
-        "refused_hammering",
-        Defect::InlineRecordsRefusals,
-        &["pushed access later"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn distinct_key_flood_catches_eviction_that_forgives() {
-    catches(
-        "distinct_key_flood",
-        Defect::InsertionOrderEviction,
-        &["offender", "was admitted", "the flood evicted"],
-    )
-    .await;
-    catches(
-        "distinct_key_flood",
-        Defect::EvictionSkipsRefusals,
-        &["offender", "was admitted", "the flood evicted"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn window_renewal_catches_renewed_expiry_and_recorded_refusals() {
-    catches(
-        "window_renewal",
-        Defect::ExpiryRenewedOnEveryHit,
-        &[
-            "fixed_window",
-            "must end at t0+10 s",
-            "answered admitted, remaining 2, reset_after 9 s",
-        ],
-    )
-    .await;
-    catches("window_renewal", Defect::RefusalsRecorded, &["sliding_log"]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_exactness_catches_read_then_write() {
-    catches("concurrent_exactness", Defect::NonAtomic, &["lost updates"]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_keys_catches_normalised_and_bucketed_keys() {
-    catches(
-        "hostile_keys",
-        Defect::TruncatedKeys,
-        &["10 KB key differing in its last byte"],
-    )
-    .await;
-    catches(
-        "hostile_keys",
-        Defect::LossyUtf8Keys,
-        &["other invalid UTF-8"],
-    )
-    .await;
-    catches(
-        "hostile_keys",
-        Defect::SharedBuckets,
-        &["a key no other request has touched"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clock_regression_catches_resets_and_panics() {
-    catches(
-        "clock_regression",
-        Defect::ResetOnClockRegression,
-        &["bought a fresh quota"],
-    )
-    .await;
-    catches(
-        "clock_regression",
-        Defect::PanicOnClockRegression,
-        &["panicked", "time went backwards"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_configuration_catches_unlisted_algorithms_being_accepted() {
-    catches(
-        "bad_configuration",
-        Defect::AcceptsUnsupportedAlgorithms,
-        &["check_policy accepted", "claims fewer algorithms"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refund_exactness_catches_ignored_and_blind_refunds() {
-    catches(
-        "refund_exactness",
-        Defect::RefundIgnored,
-        &["sliding_log", "must be admitted", "answered refused"],
-    )
-    .await;
-    catches(
-        "refund_exactness",
-        Defect::RefundBlind,
-        &["sliding_log", "retry_after 10 s", "retry_after 6 s"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_length_bound_catches_a_bound_declared_but_not_enforced() {
-    catches(
-        "key_length_bound",
-        Defect::UnboundedKeys,
-        &[
-            "one over the declared bound",
-            "must be an InvalidRequest error",
-        ],
-    )
-    .await;
+async fn a_store_answering_nothing_inline_passes_every_scenario() {
+    let factory: Arc<dyn StoreFactory> = Arc::new(|| async {
+        Arc::new(AwaitedOnly(ReferenceStore::new(CAPACITY))) as Arc<dyn Store>
+    });
+    for (scenario, result) in run_all(factory).await {
+        let evidence = result.unwrap_or_else(|f| panic!("{}: {f}", scenario.name));
+        println!("{}: {evidence}", scenario.name);
+        let both_ways = [
+            "cost_accounting",
+            "bad_configuration",
+            "key_length_bound",
+            "refund_exactness",
+        ];
+        if both_ways.contains(&scenario.name) {
+            assert!(
+                evidence.0.contains("(the store answers nothing inline)"),
+                "{}: {evidence}",
+                scenario.name
+            );
+        }
+    }
 }
 
 /// The whole matrix, printed for a reader (`--nocapture`), and checked in
@@ -279,6 +374,23 @@ async fn a_store_with_no_algorithms_fails_every_scenario() {
             failure.0.contains("lists no algorithms"),
             "{}: {failure}",
             scenario.name
+        );
+    }
+}
+
+/// A key capacity too large to flood is a failure that says so, never an
+/// overflow or a flood of hours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capacity_too_large_to_flood_fails_with_a_message() {
+    for capacity in [1_000_001, usize::MAX] {
+        let factory =
+            move || async move { Arc::new(ReferenceStore::new(capacity)) as Arc<dyn Store> };
+        let failure = run("distinct_key_flood", &factory)
+            .await
+            .expect_err("a capacity the scenario cannot flood");
+        assert!(
+            failure.0.contains("declares a key capacity of"),
+            "{capacity}: {failure}"
         );
     }
 }

@@ -29,7 +29,10 @@ use crate::time::Timestamp;
 /// One event stands for every refusal of one key since the previous event
 /// of that key, so that a flood of refusals is one write per key per window,
 /// not one per request, and no refusal goes uncounted.
+///
+/// Build one with [`new`](Self::new); fields may be added.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AbuseEvent {
     /// The rule that refused.
     pub rule: Arc<str>,
@@ -45,6 +48,33 @@ pub struct AbuseEvent {
     pub refusals: u64,
     /// The store whose decision refused the latest of them.
     pub refused_by: &'static str,
+}
+
+impl AbuseEvent {
+    /// One refusal of `key` by `rule` at `at`, by the store `refused_by`.
+    pub fn new(
+        rule: impl Into<Arc<str>>,
+        key: impl Into<Vec<u8>>,
+        at: Timestamp,
+        refused_by: &'static str,
+    ) -> Self {
+        AbuseEvent {
+            rule: rule.into(),
+            key: key.into(),
+            at,
+            since: at,
+            refusals: 1,
+            refused_by,
+        }
+    }
+
+    /// The same event standing for `refusals` refusals, the earliest at
+    /// `since`.
+    pub fn with_refusals(mut self, refusals: u64, since: Timestamp) -> Self {
+        self.refusals = refusals;
+        self.since = since;
+        self
+    }
 }
 
 /// Somewhere to record refusals (for example a Postgres table with
@@ -260,7 +290,7 @@ impl AbuseRecorder {
         if permit == Permit::Skip {
             return self.hold_back(event, Writes::default());
         }
-        let guard = crate::limiter::rule::ProbeGuard::new(&self.breaker, permit);
+        let guard = crate::breaker::ProbeGuard::new(&self.breaker, permit);
         let result = match tokio::time::timeout(timeout, self.sink.record(event.clone())).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::timeout("abuse sink", timeout)),

@@ -99,6 +99,15 @@ impl KeyState {
     }
 }
 
+/// The verdict [`apply`] would give, leaving `state` as it is: what a
+/// [`Store::peek`](crate::Store::peek) answers. Costs a copy of the state
+/// (a sliding log's timestamps), which a peek, off the hot path, can
+/// afford; a second transcription of every algorithm could drift from
+/// `apply`, which this cannot.
+pub fn peek(state: &Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> Verdict {
+    apply(&mut state.clone(), policy, cost, now)
+}
+
 /// Applies `policy` to one key's `state` for a request of `cost` units at
 /// `now` (µs). `None` means the key holds nothing; state of another
 /// algorithm is discarded. The caller must have checked `cost` with

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::time::duration_to_micros as micros;
 
 /// When a rule stops calling a failing store, and for how long.
 ///
@@ -257,8 +258,32 @@ impl Breaker {
     }
 }
 
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+/// Undoes a breaker permit whose call never finished: a dropped future
+/// gives the probe slot back instead of leaving the breaker half-open.
+pub(crate) struct ProbeGuard<'a> {
+    breaker: &'a Breaker,
+    permit: Option<Permit>,
+}
+
+impl<'a> ProbeGuard<'a> {
+    pub(crate) fn new(breaker: &'a Breaker, permit: Permit) -> Self {
+        ProbeGuard {
+            breaker,
+            permit: Some(permit),
+        }
+    }
+
+    pub(crate) fn disarm(mut self) {
+        self.permit = None;
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit {
+            self.breaker.release(permit);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,19 @@
 use std::time::Duration;
 
 use crate::algorithm::Verdict;
-use crate::limiter::FailurePolicy;
 use crate::policy::Policy;
+
+/// What a rule answers when no store answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Admit the request: availability over enforcement. Right for abuse
+    /// control in front of a page that must keep working.
+    #[default]
+    Open,
+    /// Refuse the request: enforcement over availability. Right where
+    /// over-admission costs money.
+    Closed,
+}
 
 /// Who answered a [`Decision`], and whether it was the store the rule names.
 ///
@@ -22,6 +33,13 @@ pub struct Source {
     /// thread's decisions would otherwise write on one cache line (rule
     /// names are interned; see [`Rule::new`](crate::Rule::new)).
     pub rule: Option<&'static str>,
+    /// The policy that rule decided under, if the decision came through a
+    /// [`Limiter`](crate::Limiter): the rule's own, or for an escalating
+    /// rule's durable refusal the durable policy. Rate-limit headers
+    /// describe this one, so that a limit and its window always belong
+    /// together. Interned with the rule, as its name is, so that carrying
+    /// it costs a decision one pointer.
+    pub policy: Option<&'static Policy>,
     /// The authoritative store failed and a fallback store answered.
     pub fallback: bool,
     /// No store answered: the failure policy (open or closed) decided.
@@ -40,6 +58,7 @@ impl Source {
         Source {
             store,
             rule: None,
+            policy: None,
             fallback: false,
             degraded: false,
             escalated: false,
@@ -49,8 +68,15 @@ impl Source {
 }
 
 /// Whether a request is admitted, and everything an HTTP layer needs to say
-/// so: the limit, what remains, when the key resets and when to retry.
+/// so: the limit, what remains, when the key resets and when to retry, and
+/// who answered (through a [`Limiter`](crate::Limiter): which rule, under
+/// which policy).
+///
+/// Build one with [`from_verdict`](Self::from_verdict) (a store applying an
+/// [`algorithm`](crate::algorithm)), [`new`](Self::new) or
+/// [`degraded`](Self::degraded); fields may be added.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Decision {
     /// The request is admitted (and was counted).
     pub allowed: bool,
@@ -71,12 +97,32 @@ pub struct Decision {
 impl Decision {
     /// A decision from an algorithm's verdict, answered by `store`.
     pub fn from_verdict(verdict: Verdict, policy: &Policy, store: &'static str) -> Self {
+        Decision::new(
+            verdict.allowed,
+            policy,
+            verdict.remaining,
+            Duration::from_micros(verdict.reset_after_us),
+            Duration::from_micros(verdict.retry_after_us),
+            store,
+        )
+    }
+
+    /// A decision under `policy` answered by `store`, with no flags set on
+    /// its [`Source`].
+    pub fn new(
+        allowed: bool,
+        policy: &Policy,
+        remaining: u32,
+        reset_after: Duration,
+        retry_after: Duration,
+        store: &'static str,
+    ) -> Self {
         Decision {
-            allowed: verdict.allowed,
+            allowed,
             limit: policy.limit(),
-            remaining: verdict.remaining,
-            reset_after: Duration::from_micros(verdict.reset_after_us),
-            retry_after: Duration::from_micros(verdict.retry_after_us),
+            remaining,
+            reset_after,
+            retry_after,
             source: Source::store(store),
         }
     }
@@ -87,22 +133,16 @@ impl Decision {
     /// [`degraded`](Source::degraded); `store` is the store that failed.
     pub fn degraded(on_failure: FailurePolicy, policy: &Policy, store: &'static str) -> Self {
         let allowed = on_failure == FailurePolicy::Open;
-        let mut source = Source::store(store);
-        source.degraded = true;
-        Decision {
-            allowed,
-            limit: policy.limit(),
-            remaining: 0,
-            reset_after: Duration::ZERO,
-            // A failed store says nothing about when it will be back; one
-            // second keeps well-behaved clients from retrying in a tight loop.
-            retry_after: if allowed {
-                Duration::ZERO
-            } else {
-                Duration::from_secs(1)
-            },
-            source,
-        }
+        // A failed store says nothing about when it will be back; one
+        // second keeps well-behaved clients from retrying in a tight loop.
+        let retry_after = if allowed {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(1)
+        };
+        let mut decision = Decision::new(allowed, policy, 0, Duration::ZERO, retry_after, store);
+        decision.source.degraded = true;
+        decision
     }
 
     /// `retry_after` in whole seconds, rounded up, as HTTP `Retry-After`

@@ -3,6 +3,8 @@
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+use crate::policy::Policy;
+
 /// `text` as a `&'static str`, the same one for every call with equal text.
 /// Each distinct text is leaked once, for the life of the process.
 ///
@@ -32,5 +34,22 @@ pub fn intern(text: &str) -> &'static str {
     }
     let interned: &'static str = Box::leak(text.into());
     texts.insert(interned);
+    interned
+}
+
+/// `policy` as a `&'static Policy`, the same one for every equal policy, for
+/// [`Source::policy`](crate::Source::policy): interned for the reasons a
+/// rule's name is, and from configuration only, as it is.
+pub(crate) fn intern_policy(policy: &Policy) -> &'static Policy {
+    static POLICIES: OnceLock<Mutex<HashSet<&'static Policy>>> = OnceLock::new();
+    let mut policies = POLICIES
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(interned) = policies.get(policy) {
+        return interned;
+    }
+    let interned: &'static Policy = Box::leak(Box::new(*policy));
+    policies.insert(interned);
     interned
 }

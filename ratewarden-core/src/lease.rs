@@ -46,23 +46,24 @@
 //! A request refused after its unit was spent (by a later rule of a
 //! [`Limiter`](crate::Limiter)) gives the unit back to the lease, locally.
 //!
+//! One batch per key is asked for at a time. Concurrent requests that find
+//! the batch empty wait for the one in flight and are paid from it, rather
+//! than each buying a batch of its own: the shared store sees one round trip
+//! where it would have seen one per caller, and what a decision reports as
+//! remaining (the shared store's last answer plus the units in hand) is
+//! exact, because grants are recorded in the order the shared store made
+//! them.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use ratewarden_core::lease::{LeaseConfig, LeasedStore};
 //! use ratewarden_core::{Policy, Store, Timestamp};
-//! # use ratewarden_core::{Algorithm, Capabilities, Decision, StoreError, check_key, check_refund, algorithm};
-//! # use std::collections::HashMap; use std::sync::Mutex;
-//! # #[derive(Debug, Default)] struct Shared(Mutex<HashMap<Vec<u8>, Option<algorithm::KeyState>>>);
-//! # #[async_trait::async_trait] impl Store for Shared {
-//! #   fn name(&self) -> &'static str { "shared" }
-//! #   fn capabilities(&self) -> Capabilities { Capabilities { algorithms: &Algorithm::ALL,
-//! #     key_capacity: None, shared: true, server_clock: false } }
-//! #   async fn decide(&self, k: &[u8], p: &Policy, c: u32, now: Timestamp) -> Result<Decision, StoreError> {
-//! #     let mut m = self.0.lock().unwrap(); let s = m.entry(k.to_vec()).or_default();
-//! #     Ok(Decision::from_verdict(algorithm::apply(s, p, c, now.as_micros()), p, "shared")) } }
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! let shared: Arc<dyn Store> = Arc::new(Shared::default()); // Redis or Postgres in a fleet
+//! # let shared: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+//! # /*
+//! let shared: Arc<dyn Store> = Arc::new(redis_or_postgres); // shared by a fleet
+//! # */
 //! let leased = LeasedStore::new(shared, LeaseConfig::new(16)?);
 //! let policy = Policy::fixed_window(1_000, Duration::from_secs(60))?;
 //! leased.check_policy(&policy)?;
@@ -75,7 +76,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 //!
-//! About 520 lines in one file, 80 of them these docs: the lease, its
+//! About 580 lines in one file, 90 of them these docs: the lease, its
 //! bookkeeping per key and the `Store` impl share one lock and one set of
 //! invariants, which read best side by side.
 
@@ -88,7 +89,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::counter::{bump, load};
-use crate::decision::{Decision, Source};
+use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{Capabilities, Store};
@@ -141,6 +142,9 @@ pub struct LeaseStats {
     pub released: u64,
 }
 
+/// What a lease and its refill gate are kept by.
+type LeaseKey = (Algorithm, Vec<u8>);
+
 /// One key's batch.
 #[derive(Debug, Clone, Copy)]
 struct Lease {
@@ -171,16 +175,14 @@ impl Lease {
     /// left as far as this instance knows, and the grant's `reset_after`, so
     /// that a refund of it locates the same window.
     fn admitted(&self, now: u64, store: &'static str) -> Decision {
-        Decision {
-            allowed: true,
-            limit: self.policy.limit(),
-            remaining: self.shared_remaining.saturating_add(self.units),
-            reset_after: Duration::from_micros(
-                (self.granted_at + self.reset_after).saturating_sub(now),
-            ),
-            retry_after: Duration::ZERO,
-            source: Source::store(store),
-        }
+        Decision::new(
+            true,
+            &self.policy,
+            self.shared_remaining.saturating_add(self.units),
+            Duration::from_micros((self.granted_at + self.reset_after).saturating_sub(now)),
+            Duration::ZERO,
+            store,
+        )
     }
 }
 
@@ -193,6 +195,10 @@ pub struct LeasedStore {
     /// expired lease is replaced by the key's next one and dropped by
     /// [`LeasedStore::release`]; see `MAX_LEASES`.
     leases: Mutex<HashMap<(Algorithm, Vec<u8>), Lease>>,
+    /// Per (algorithm, key) with a batch in flight: the gate its other
+    /// callers wait at. An entry lives while someone holds or waits for it,
+    /// so the map is bounded by the requests in flight.
+    refills: Mutex<HashMap<LeaseKey, Arc<tokio::sync::Mutex<()>>>>,
     round_trips: AtomicU64,
     batches: AtomicU64,
     leased: AtomicU64,
@@ -224,6 +230,7 @@ impl LeasedStore {
             shared,
             config,
             leases: Mutex::default(),
+            refills: Mutex::default(),
             round_trips: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             leased: AtomicU64::new(0),
@@ -286,6 +293,23 @@ impl LeasedStore {
     fn lock(&self) -> MutexGuard<'_, HashMap<(Algorithm, Vec<u8>), Lease>> {
         // Plain integers per key: whole after any panic.
         self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The key's refill gate, shared with every caller refilling it now.
+    fn refill_gate(&self, key: &[u8], policy: &Policy) -> Refill<'_> {
+        let map_key = (policy.algorithm(), key.to_vec());
+        let gate = Arc::clone(
+            self.refills
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(map_key.clone())
+                .or_default(),
+        );
+        Refill {
+            store: self,
+            map_key,
+            gate,
+        }
     }
 
     fn check(&self, policy: &Policy, cost: u32) -> Result<(), StoreError> {
@@ -385,6 +409,29 @@ impl LeasedStore {
     }
 }
 
+/// A caller's share of a key's refill gate. Dropped (also when the caller's
+/// future is), it removes the gate once no one else holds or waits for it.
+struct Refill<'a> {
+    store: &'a LeasedStore,
+    map_key: LeaseKey,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for Refill<'_> {
+    fn drop(&mut self) {
+        let mut refills = self
+            .store
+            .refills
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Clones are made only under this lock: two counts are the map's
+        // and this one, so nobody else can be waiting.
+        if Arc::strong_count(&self.gate) == 2 {
+            refills.remove(&self.map_key);
+        }
+    }
+}
+
 #[async_trait]
 impl Store for LeasedStore {
     fn name(&self) -> &'static str {
@@ -406,16 +453,20 @@ impl Store for LeasedStore {
         }
     }
 
-    /// Refuses the sliding log and GCRA, naming why (see the
-    /// [module docs](self)), then whatever the shared store refuses.
+    /// Refuses the sliding log and GCRA as the `Store` contract asks of an
+    /// algorithm a store does not list, with
+    /// [`ConfigError::UnsupportedAlgorithm`] (from the `"leased"` store):
+    /// they count each unit at the instant it is admitted, so a unit
+    /// leased now and spent later would be freed too early and the fleet
+    /// could exceed its limit (see the [module docs](self)). Then refuses
+    /// a store on its server's clock, and whatever the shared store
+    /// refuses.
     fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
         if !LEASE_ALGORITHMS.contains(&policy.algorithm()) {
-            return Err(ConfigError::Invalid(format!(
-                "{} cannot be leased: it counts each unit at the instant it is admitted, so a \
-                 unit leased now and spent later would be freed too early and the fleet could \
-                 exceed its limit; leases work with fixed_window and sliding_window",
-                policy.algorithm()
-            )));
+            return Err(ConfigError::UnsupportedAlgorithm {
+                store: "leased",
+                algorithm: policy.algorithm(),
+            });
         }
         if self.shared.capabilities().server_clock {
             return Err(ConfigError::Invalid(format!(
@@ -427,7 +478,7 @@ impl Store for LeasedStore {
         self.shared.check_policy(policy)
     }
 
-    fn max_key_len(&self) -> Option<usize> {
+    fn max_key_len(&self) -> usize {
         self.shared.max_key_len()
     }
 
@@ -454,6 +505,12 @@ impl Store for LeasedStore {
     ) -> Result<Decision, StoreError> {
         self.check(policy, cost)?;
         let t = now.as_micros();
+        if let Some(d) = self.spend(key, policy, cost, t) {
+            return Ok(d);
+        }
+        let refill = self.refill_gate(key, policy);
+        let _one_at_a_time = refill.gate.lock().await;
+        // The batch another caller bought while this one waited may pay.
         if let Some(d) = self.spend(key, policy, cost, t) {
             return Ok(d);
         }
@@ -518,5 +575,46 @@ impl Store for LeasedStore {
         self.check(policy, cost)?;
         bump(&self.round_trips);
         self.shared.refund(key, policy, cost, now, admitted).await
+    }
+
+    /// What the batch in hand would pay, without a round trip; otherwise
+    /// the shared store's peek, with the units in hand counted as left.
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.check(policy, cost)?;
+        let t = now.as_micros();
+        let in_hand = self
+            .lock()
+            .get(&(policy.algorithm(), key.to_vec()))
+            .filter(|l| l.live(policy, t))
+            .copied();
+        if let Some(lease) = in_hand.filter(|l| l.units >= cost) {
+            let mut d = lease.admitted(t, self.shared.name());
+            d.remaining = d.remaining.saturating_sub(cost);
+            return Ok(d);
+        }
+        bump(&self.round_trips);
+        let mut d = self.shared.peek(key, policy, cost, now).await?;
+        d.remaining = d.remaining.saturating_add(in_hand.map_or(0, |l| l.units));
+        Ok(d)
+    }
+
+    /// Drops the key's batch (its units were counted by the shared store,
+    /// whose state for the key is forgotten with them) and resets the key
+    /// in the shared store. Other instances' batches stay in their hands
+    /// until their window ends: at most `max_units − 1` units each.
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        // After any batch in flight is recorded, so that none bought before
+        // the reset is spent after it.
+        let refill = self.refill_gate(key, policy);
+        let _one_at_a_time = refill.gate.lock().await;
+        self.lock().remove(&(policy.algorithm(), key.to_vec()));
+        bump(&self.round_trips);
+        self.shared.reset(key, policy).await
     }
 }

@@ -24,6 +24,10 @@
 //! # Ok::<(), ratewarden_core::ConfigError>(())
 //! ```
 
+// The example store names this crate as its users do, so that its source
+// is the `Store` docs' example, verbatim.
+extern crate self as ratewarden_core;
+
 mod abuse;
 pub mod algorithm;
 mod breaker;
@@ -41,15 +45,25 @@ mod time;
 pub mod url;
 
 pub use abuse::{ABUSE_TRACKED_KEYS, AbuseEvent, AbuseSink};
+/// Re-exported so that a store crate implements [`Store`] with
+/// `#[ratewarden_core::async_trait]` and no dependency of its own.
+pub use async_trait::async_trait;
 pub use breaker::{BreakerConfig, BreakerState};
 pub use decision::{Decision, Source};
 pub use error::{ConfigError, ErrorKind, StoreError};
+// For the `ratewarden` crate's header values; not part of the API.
+#[doc(hidden)]
 pub use intern::intern;
 pub use limiter::{
-    DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, Rule, RuleStats,
+    Admission, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME,
+    PendingCheck, Rule, RuleStats,
 };
-pub use policy::parse::ParsePolicyError;
+pub use policy::parse::{ParsePolicyError, parse_policies};
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use refusal_cache::REFUSAL_CACHE_KEYS;
-pub use store::{Capabilities, DEFAULT_MAX_KEY_LEN, Store, check_key, check_refund, check_request};
+pub use store::example;
+pub use store::{
+    Capabilities, DEFAULT_KEY_CAPACITY, DEFAULT_MAX_KEY_LEN, Store, check_key, check_refund,
+    check_request,
+};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use hashlink::LruCache;
 
 use crate::decision::Decision;
-use crate::time::Timestamp;
+use crate::time::{Timestamp, duration_to_micros as micros};
 
 /// How many keys a rule's refusal cache holds by default; past it the key
 /// refused least recently is forgotten (and asks the store again).
@@ -45,10 +45,6 @@ impl std::fmt::Debug for RefusalCache {
             .field("keys", &self.lock().len())
             .finish()
     }
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl RefusalCache {
@@ -82,6 +78,13 @@ impl RefusalCache {
         d.reset_after = Duration::from_micros(h.reset_at.saturating_sub(t));
         d.source.cached = true;
         Some(d)
+    }
+
+    /// Forgets `key`'s refusal, if one is held.
+    pub(crate) fn remove(&self, key: &[u8]) {
+        if self.used.load(Ordering::Relaxed) {
+            self.lock().remove(key);
+        }
     }
 
     /// Remembers a refusal the store made for `key` at `now`.

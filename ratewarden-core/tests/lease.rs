@@ -11,7 +11,8 @@ use ratewarden_conformance::broken::ReferenceStore;
 use ratewarden_conformance::composition::{Health, Switch};
 use ratewarden_core::lease::{LeaseConfig, LeaseStats, LeasedStore};
 use ratewarden_core::{
-    Algorithm, Clock, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store, Timestamp,
+    Algorithm, Clock, ConfigError, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store,
+    Timestamp,
 };
 
 const S: u64 = 1_000_000;
@@ -282,8 +283,140 @@ fn algorithms_that_count_each_instant_are_refused() {
         Policy::sliding_log(10, Duration::from_secs(1)).unwrap(),
         Policy::gcra(10, Duration::from_secs(1)).unwrap(),
     ] {
+        // What the `Store` contract asks for an algorithm a store does not
+        // list, so that a caller can tell it from a bad policy.
         let err = Rule::new("r", leased.clone(), policy).unwrap_err();
-        assert!(err.to_string().contains("cannot be leased"), "{err}");
+        assert_eq!(
+            err,
+            ConfigError::UnsupportedAlgorithm {
+                store: "leased",
+                algorithm: policy.algorithm(),
+            }
+        );
     }
     assert!(LeaseConfig::new(0).is_err());
+}
+
+/// Units in hand at a window's end are gone at its first instant, for
+/// every algorithm a lease is sound for: the next request asks the shared
+/// store, which counts it in the new window. Spending them there would
+/// admit, in a window that never counted them, up to
+/// `N × (max_units − 1)` beyond its limit.
+#[tokio::test]
+async fn units_in_hand_are_never_spent_after_the_window_that_counted_them() {
+    for policy in [
+        Policy::fixed_window(20, Duration::from_secs(10)).unwrap(),
+        Policy::sliding_window(20, Duration::from_secs(10)).unwrap(),
+    ] {
+        let shared = shared_store();
+        let leased = leased_store(&shared, 4);
+        let opened = Timestamp::from_micros(T0);
+        // Batches of 1 then 2: one unit left in hand.
+        for _ in 0..2 {
+            assert!(
+                leased
+                    .decide(b"k", &policy, 1, opened)
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+        }
+        assert_eq!(shared.calls(), 2, "{policy:?}");
+        let last = Timestamp::from_micros(T0 + 10 * S - 1);
+        assert_eq!(leased.units_in_hand(b"k", &policy, last), 1, "{policy:?}");
+        let next = Timestamp::from_micros(T0 + 10 * S);
+        assert_eq!(leased.units_in_hand(b"k", &policy, next), 0, "{policy:?}");
+        assert!(leased.decide(b"k", &policy, 1, next).await.unwrap().allowed);
+        assert_eq!(
+            shared.calls(),
+            3,
+            "{policy:?}: the new window's first request must ask the shared store"
+        );
+    }
+}
+
+/// A shared store that takes a few scheduler turns to answer, as one across
+/// a network does, so that callers overlap while a batch is in flight.
+#[derive(Debug)]
+struct Slow(ReferenceStore);
+
+#[async_trait::async_trait]
+impl Store for Slow {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn capabilities(&self) -> ratewarden_core::Capabilities {
+        self.0.capabilities()
+    }
+    fn max_key_len(&self) -> usize {
+        self.0.max_key_len()
+    }
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<ratewarden_core::Decision, ratewarden_core::StoreError> {
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        self.0.decide(key, policy, cost, now).await
+    }
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &ratewarden_core::Decision,
+    ) -> Result<(), ratewarden_core::StoreError> {
+        self.0.refund(key, policy, cost, now, admitted).await
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<ratewarden_core::Decision, ratewarden_core::StoreError> {
+        self.0.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), ratewarden_core::StoreError> {
+        self.0.reset(key, policy).await
+    }
+}
+
+/// Eight callers find a key's batch empty at once. Each buying its own
+/// batch would cost eight round trips and report remaining counts out of
+/// order; waiting for the batch in flight, they cost one per doubling
+/// (1, 2, 4, then 8 bought by the last), and each reports exactly what the
+/// one before it left.
+#[tokio::test]
+async fn callers_that_find_the_batch_empty_together_wait_for_one_refill() {
+    let shared = Arc::new(Slow(ReferenceStore::new(1_000)));
+    let store = Arc::new(LeasedStore::new(shared, LeaseConfig::new(8).unwrap()));
+    let policy = Policy::fixed_window(100, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let store = Arc::clone(&store);
+        callers.spawn(async move { store.decide(b"burst", &policy, 1, now).await });
+    }
+    let mut remaining = Vec::new();
+    while let Some(joined) = callers.join_next().await {
+        let decision = joined.unwrap().unwrap();
+        assert!(decision.allowed);
+        remaining.push(decision.remaining);
+    }
+    remaining.sort_unstable();
+    assert_eq!(remaining, (92..100).collect::<Vec<u32>>());
+    let stats = store.stats();
+    assert_eq!(
+        (stats.round_trips, stats.batches, stats.local),
+        (4, 4, 4),
+        "{stats:?}"
+    );
 }

@@ -101,6 +101,10 @@ impl Store for Renamed {
         self.0.capabilities()
     }
 
+    fn max_key_len(&self) -> usize {
+        self.0.max_key_len()
+    }
+
     async fn decide(
         &self,
         key: &[u8],
@@ -109,6 +113,31 @@ impl Store for Renamed {
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
         self.0.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.0.refund(key, policy, cost, now, admitted).await
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.0.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.0.reset(key, policy).await
     }
 }
 
@@ -155,7 +184,7 @@ fn every_decision_is_counted_under_its_rule_store_and_outcome() {
         rt.block_on(async {
             for _ in 0..5 {
                 // Both entry points: the inline one and the awaited one.
-                assert!(local.check_inline(b"a").is_some());
+                assert!(local.try_check(b"a").is_ok());
                 local.check(b"b").await;
                 fallback.check(b"c").await;
                 degraded.check(b"d").await;

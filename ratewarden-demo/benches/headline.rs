@@ -170,6 +170,7 @@ fn demo(stores: Stores) -> Router {
         identity: ClientIdentity::new(b"headline-bench-secret-0123456789").expect("secret"),
         clock: Arc::new(SystemClock),
         on_failure: FailurePolicy::Open,
+        admin_token: None,
     };
     ratewarden_demo::app(&settings).expect("the demo's default limits are valid")
 }

@@ -7,11 +7,21 @@
 //! | `POST /api/contact` | 10 per day |
 //! | `GET /api/search` | 60 per minute |
 //!
+//! `POST /api/login` (password `demo`, as a form field: `-d password=demo`)
+//! counts only failed attempts: 5 per 15 minutes, a success spends nothing
+//! ([`LOGIN_FAILURES`]).
+//!
+//! Beside them, `GET /api/quota[?route=NAME]` tells a client its quota on
+//! one route (`search` unless named) without spending it, and, only when
+//! the server is given an admin token, `POST /admin/reset?client=ADDR
+//! [&route=NAME]` lets an operator lift a client's limits ([`admin`]).
+//!
 //! The binary (`cargo run -p ratewarden-demo -- --help`) parses its flags with
 //! [`cli`] into a [`Config`] (reading a [`limits_file`] if `--config` names
 //! one) and serves [`app`]. Tests build [`app`] directly with a manual
 //! clock and their own stores.
 
+pub mod admin;
 pub mod limits_file;
 pub mod prometheus;
 pub mod server;
@@ -22,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
@@ -87,6 +98,9 @@ pub struct Endpoint {
 }
 
 const HOUR: Duration = Duration::from_secs(3600);
+
+/// `POST /api/login`: failed attempts allowed per client, per 15 minutes.
+pub const LOGIN_FAILURES: u32 = 5;
 const DAY: Duration = Duration::from_secs(86_400);
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -148,6 +162,9 @@ pub struct Settings {
     pub clock: Arc<dyn Clock>,
     /// What a failing store answers.
     pub on_failure: FailurePolicy,
+    /// The token `POST /admin/reset` requires; without one the route does
+    /// not exist.
+    pub admin_token: Option<admin::AdminToken>,
 }
 
 /// The demo's router: the three endpoints, each with its own rate limit
@@ -157,6 +174,7 @@ pub struct Settings {
 /// represent.
 pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
     let mut router = Router::new().route("/health", get(|| async { "ok\n" }));
+    let mut layers = Vec::new();
     for endpoint in settings.limits.endpoints()? {
         let layer = RateLimitLayer::new(limiter(settings, &endpoint)?, settings.identity.clone())?;
         let handler: MethodRouter = match endpoint.name {
@@ -167,9 +185,46 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         // `route_layer`, not `layer`: a request for another method (a GET
         // of a POST endpoint, a CORS preflight) is answered 405 by the
         // router and never charged to the client's quota.
-        router = router.route(endpoint.path, handler.route_layer(layer));
+        router = router.route(endpoint.path, handler.route_layer(layer.clone()));
+        layers.push((endpoint.name, layer));
+    }
+    // The login route counts only failures: a client that knows its
+    // password is never locked out, one that guesses is after five.
+    let policy = Policy::fixed_window(LOGIN_FAILURES, 15 * MINUTE)?;
+    let login = Endpoint {
+        name: "login",
+        method: "POST",
+        path: "/api/login",
+        policy,
+    };
+    let layer = RateLimitLayer::builder(limiter(settings, &login)?, settings.identity.clone())
+        .count_only(|status| status == StatusCode::UNAUTHORIZED)
+        .build()?;
+    router = router.route(login.path, post(check_password).route_layer(layer.clone()));
+    layers.push((login.name, layer));
+    let routes = admin::Routes::new(layers, settings.identity.clone());
+    router = router.route("/api/quota", get(admin::quota).with_state(routes.clone()));
+    if let Some(token) = &settings.admin_token {
+        router = router.route(
+            "/admin/reset",
+            post(admin::reset).with_state((routes, token.clone())),
+        );
     }
     Ok(router)
+}
+
+/// The demo's one account: the password `demo`, sent as the form field
+/// `password`.
+async fn check_password(body: String) -> impl IntoResponse {
+    if body.split('&').any(|field| field == "password=demo") {
+        (StatusCode::OK, json(r#"{"status":"welcome"}"#)).into_response()
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            json(r#"{"error":"wrong_password"}"#),
+        )
+            .into_response()
+    }
 }
 
 fn json(body: &'static str) -> impl IntoResponse {
@@ -260,6 +315,14 @@ pub fn cli() -> Command {
                 .help("Group IPv6 clients by this prefix length (1-128)"),
         )
         .arg(
+            Arg::new("admin-token")
+                .long("admin-token")
+                .env("RATEWARDEN_ADMIN_TOKEN")
+                .value_name("TOKEN")
+                .hide_env_values(true)
+                .help("Serve POST /admin/reset, authorized by this bearer token (at least 16 bytes); without it the route does not exist"),
+        )
+        .arg(
             Arg::new("fail-closed")
                 .long("fail-closed")
                 .env("RATEWARDEN_FAIL_CLOSED")
@@ -340,6 +403,8 @@ pub struct Config {
     pub limits: Limits,
     /// The file the route policies were read from, if one was given.
     pub config_file: Option<PathBuf>,
+    /// The admin token, if one was given.
+    pub admin_token: Option<admin::AdminToken>,
 }
 
 impl Config {
@@ -390,6 +455,9 @@ impl Config {
                 policies,
             },
             config_file,
+            admin_token: get("admin-token")
+                .map(|t| admin::AdminToken::new(&t))
+                .transpose()?,
         })
     }
 

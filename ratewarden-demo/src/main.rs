@@ -37,6 +37,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         identity,
         clock: Arc::new(SystemClock),
         on_failure: config.on_failure,
+        admin_token: config.admin_token.clone(),
     };
     let router = app(&settings)?.merge(metrics.router());
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -59,6 +60,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     for e in &endpoints {
         println!("  {:<5}{:<15}{}", e.method, e.path, e.policy);
     }
+    println!(
+        "  POST /api/login      {} failed attempts per 15 min (-d password=demo succeeds, and is not counted)",
+        ratewarden_demo::LOGIN_FAILURES
+    );
+    println!("  GET  /api/quota      your quota on ?route=NAME (search), spending nothing");
+    if settings.admin_token.is_some() {
+        println!("  POST /admin/reset    ?client=ADDR[&route=NAME], Authorization: Bearer <token>");
+    }
     if config.secret.is_none() {
         println!(
             "  secret: none given (--secret / RATEWARDEN_SECRET), so a random one was drawn for \
@@ -72,6 +81,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         endpoints[2].policy.limit().saturating_add(5)
     );
     println!("  curl -i '{base}/api/search?q=rust'");
+    println!("  curl -i '{base}/api/quota'");
     println!("  curl '{base}/metrics'");
     println!("Ctrl-C stops the server.");
 

@@ -72,6 +72,7 @@ async fn a_valid_file_is_applied_and_decides_through_the_memory_store() {
         identity: ClientIdentity::new("config test secret of 32+ bytes!").unwrap(),
         clock: Arc::new(clock.clone()),
         on_failure: FailurePolicy::Open,
+        admin_token: None,
     };
     let client = TestClient::new(serve(app(&settings).unwrap()).await, None);
     for i in 0..20u64 {

@@ -23,6 +23,7 @@ fn settings(clock: &ManualClock) -> Settings {
         identity: ClientIdentity::new(SECRET).unwrap(),
         clock: Arc::new(clock.clone()),
         on_failure: FailurePolicy::Open,
+        admin_token: None,
     }
 }
 
@@ -322,4 +323,191 @@ async fn tiered_needs_a_shared_store() {
     let mut s = settings(&clock);
     s.limits = zero.limits;
     assert!(app(&s).is_err());
+}
+
+#[tokio::test]
+async fn the_quota_is_told_without_being_spent() {
+    let clock = ManualClock::new();
+    let client = TestClient::new(start(&settings(&clock)).await, None);
+    for _ in 0..3 {
+        client.get("/api/search?q=rust").await;
+    }
+    for _ in 0..10 {
+        let quota = client.get("/api/quota").await;
+        assert_eq!(quota.status, StatusCode::OK);
+        // What the next search would leave, as its own response would say.
+        assert_eq!(quota.header_u64("x-ratelimit-remaining"), 56);
+        assert_eq!(quota.header("cache-control"), "no-store");
+        quota.assert_consistent("search", 60);
+        let body: serde_json::Value = serde_json::from_str(&quota.body).unwrap();
+        assert_eq!(body["allowed"], true);
+        assert_eq!(body["remaining"], 56);
+        assert_eq!(body["policy"], "search");
+    }
+    assert_eq!(
+        client
+            .get("/api/search?q=rust")
+            .await
+            .header_u64("x-ratelimit-remaining"),
+        56,
+        "the quota requests spent nothing"
+    );
+    let feedback = client.get("/api/quota?route=feedback").await;
+    assert_eq!(
+        feedback.header_u64("x-ratelimit-remaining"),
+        4,
+        "the next post would leave 4"
+    );
+    let unknown = client.get("/api/quota?route=nope").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert!(
+        unknown.body.contains("feedback, contact, search"),
+        "{unknown:?}"
+    );
+
+    // A refused client learns when it may retry, and asking again changes
+    // nothing.
+    for _ in 0..5 {
+        post(&client, "/api/feedback").await;
+    }
+    clock.advance(Duration::from_secs(60));
+    let refused = client.get("/api/quota?route=feedback").await;
+    assert_eq!(refused.status, StatusCode::OK);
+    let body: serde_json::Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(body["allowed"], false);
+    assert_eq!(body["retry_after"], 3540);
+    assert_eq!(refused.header_u64("retry-after"), 3540);
+}
+
+const TOKEN: &str = "an admin token of 24 bytes";
+
+#[tokio::test]
+async fn an_operator_resets_a_client_with_the_admin_token() {
+    let clock = ManualClock::new();
+    let mut with_admin = settings(&clock);
+    with_admin.admin_token = Some(ratewarden_demo::admin::AdminToken::new(TOKEN).unwrap());
+    let addr = start(&with_admin).await;
+    let client = TestClient::new(addr, Some("127.0.0.2".parse().unwrap()));
+    let operator = TestClient::new(addr, Some("127.0.0.3".parse().unwrap()));
+    for _ in 0..5 {
+        assert_eq!(post(&client, "/api/feedback").await.status, StatusCode::OK);
+    }
+    client.get("/api/search").await;
+    assert_eq!(
+        post(&client, "/api/feedback").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let reset = "/admin/reset?client=127.0.0.2&route=feedback";
+    for auth in [
+        "",
+        "Bearer wrong token of 24 bytes!",
+        "an admin token of 24 bytes",
+    ] {
+        let headers: &[(&str, &str)] = if auth.is_empty() {
+            &[]
+        } else {
+            &[("authorization", auth)]
+        };
+        let refused = operator.send(Method::POST, reset, headers).await;
+        assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{auth:?}");
+    }
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let bad = operator
+        .send(Method::POST, "/admin/reset?client=alice", &auth)
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let done = operator.send(Method::POST, reset, &auth).await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    let body: serde_json::Value = serde_json::from_str(&done.body).unwrap();
+    assert_eq!(body["reset"], serde_json::json!(["feedback"]));
+    assert!(
+        !done.body.contains("127.0.0.2"),
+        "the answer names the hashed key only"
+    );
+    // Exactly the full limit again on that route; the other route kept its
+    // count.
+    for i in 1..=5u64 {
+        let reply = post(&client, "/api/feedback").await;
+        assert_eq!(reply.status, StatusCode::OK, "post {i} after the reset");
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), 5 - i);
+    }
+    assert_eq!(
+        post(&client, "/api/feedback").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        client
+            .get("/api/search")
+            .await
+            .header_u64("x-ratelimit-remaining"),
+        58
+    );
+    // Every route when none is named.
+    let all = operator
+        .send(Method::POST, "/admin/reset?client=127.0.0.2", &auth)
+        .await;
+    let body: serde_json::Value = serde_json::from_str(&all.body).unwrap();
+    assert_eq!(
+        body["reset"],
+        serde_json::json!(["feedback", "contact", "search", "login"])
+    );
+    assert_eq!(
+        client
+            .get("/api/search")
+            .await
+            .header_u64("x-ratelimit-remaining"),
+        59
+    );
+}
+
+#[tokio::test]
+async fn without_an_admin_token_there_is_no_reset_route() {
+    let clock = ManualClock::new();
+    let client = TestClient::new(start(&settings(&clock)).await, None);
+    let reply = client
+        .send(
+            Method::POST,
+            "/admin/reset?client=127.0.0.1",
+            &[("authorization", "Bearer x")],
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    let short = ratewarden_demo::admin::AdminToken::new("short").unwrap_err();
+    assert!(short.to_string().contains("at least 16 bytes"), "{short}");
+}
+
+#[tokio::test]
+async fn the_login_counts_only_failed_attempts() {
+    let clock = ManualClock::new();
+    let client = TestClient::new(start(&settings(&clock)).await, None);
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let login = |password: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .send_body(
+                    Method::POST,
+                    "/api/login",
+                    &form,
+                    format!("password={password}"),
+                )
+                .await
+        }
+    };
+    for _ in 0..20 {
+        assert_eq!(login("demo").await.status, StatusCode::OK);
+    }
+    for i in 1..=5u64 {
+        let reply = login("guess").await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "guess {i}");
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), 5 - i);
+    }
+    // Five failures: locked out, with the right password too.
+    assert_eq!(login("demo").await.status, StatusCode::TOO_MANY_REQUESTS);
+    let quota = client.get("/api/quota?route=login").await;
+    let body: serde_json::Value = serde_json::from_str(&quota.body).unwrap();
+    assert_eq!(body["allowed"], false);
+    clock.advance(Duration::from_secs(15 * 60));
+    assert_eq!(login("demo").await.status, StatusCode::OK);
 }

@@ -59,6 +59,7 @@ fn settings(clock: &ManualClock, stores: Stores, search_per_minute: u32) -> Sett
             .with_source(AddressSource::x_forwarded_for(1).unwrap()),
         clock: Arc::new(clock.clone()),
         on_failure: FailurePolicy::Open,
+        admin_token: None,
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Long enough for any loaded machine; the outcome, not the time, is what
 /// is checked.
-const GUARD: Duration = Duration::from_secs(20);
+const GUARD: Duration = Duration::from_secs(30);
 
 /// What `future` gives, panicking with `why` if that takes longer than
 /// [`GUARD`].
@@ -51,8 +51,10 @@ async fn start(limits: ServerLimits) -> std::net::SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_holding_every_connection_cannot_starve_a_normal_one() {
+    // The normal client's headers are read under the same deadline: it is
+    // long enough for a loaded machine.
     let addr = start(ServerLimits {
-        header_read_timeout: Duration::from_millis(300),
+        header_read_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_secs(3600),
         max_connections: 8,
     })
@@ -87,9 +89,11 @@ async fn slow_clients_holding_every_connection_cannot_starve_a_normal_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_past_its_deadline_is_answered_503() {
+    // The healthy request after it runs under the same deadline: it is long
+    // enough for a loaded machine.
     let addr = start(ServerLimits {
         header_read_timeout: Duration::from_secs(10),
-        request_timeout: Duration::from_millis(200),
+        request_timeout: Duration::from_secs(5),
         max_connections: 8,
     })
     .await;

@@ -5,15 +5,32 @@
 //! after the first fill. Not a test: it is run by hand and its figures are
 //! recorded in BENCHMARKS.md.
 //!
+//! The peer runs the same flood in a child process of its own, so that each
+//! resident-memory figure is one contender's: the memory store under the
+//! sliding log (the largest state per key) and under GCRA, and `governor`'s keyed limiter
+//! (dashmap) at the same 10 per minute (as GCRA, the one algorithm it has),
+//! with `retain_recent` and `shrink_to_fit` after every report, which is how
+//! `governor` says to bound a keyed limiter's memory.
+//!
 //! ```text
 //! cargo bench -p ratewarden-memory --bench flood
 //! FLOOD_DECISIONS=20000000 FLOOD_KEYS=2000000 FLOOD_CAPACITY=100000 cargo bench -p ratewarden-memory --bench flood
+//! FLOOD_CONTENDER=memory-log cargo bench -p ratewarden-memory --bench flood   # one contender, in this process
 //! ```
 
+use std::num::NonZeroU32;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ratewarden_core::{ManualClock, Policy, Timestamp};
+use governor::clock::{Clock, FakeRelativeClock};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use governor::{Quota, RateLimiter};
+use ratewarden_core::{Algorithm, ManualClock, Policy, Timestamp};
 use ratewarden_memory::MemoryStore;
+
+/// The flood's limit: the demo's search limit, 10 per minute.
+const LIMIT: u32 = 10;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -44,13 +61,147 @@ fn key(i: u64, out: &mut Vec<u8>) {
     let _ = write!(out, "search:{mixed:016x}{:016x}", i ^ 0x5555);
 }
 
+/// Each contender in a child process of its own (this binary again, with
+/// `FLOOD_CONTENDER` set), one after the other, so that neither's memory
+/// shows in the other's figures.
 fn main() {
+    match std::env::var("FLOOD_CONTENDER").as_deref() {
+        Ok("memory-log") => {
+            memory_flood(Policy::sliding_log(LIMIT, Duration::from_secs(60)).expect("valid policy"))
+        }
+        Ok("memory-gcra") => {
+            memory_flood(Policy::gcra(LIMIT, Duration::from_secs(60)).expect("valid policy"))
+        }
+        Ok("governor") => governor_flood(),
+        Ok(other) => panic!(
+            "FLOOD_CONTENDER={other}: the contenders are memory-log, memory-gcra and governor"
+        ),
+        Err(_) => {
+            let me = std::env::current_exe().expect("the bench's own path");
+            for contender in ["memory-log", "memory-gcra", "governor"] {
+                let status = Command::new(&me)
+                    .env("FLOOD_CONTENDER", contender)
+                    .status()
+                    .expect("the bench runs itself");
+                assert!(status.success(), "the {contender} flood failed: {status}");
+                println!();
+            }
+        }
+    }
+}
+
+/// The same stream of keys for every contender: `(is the offender, key)`
+/// for each decision, the offender's every 100th.
+struct Flood {
+    x: u64,
+    keys: u64,
+    i: u64,
+    buf: Vec<u8>,
+}
+
+impl Flood {
+    fn new(keys: u64) -> Self {
+        Flood {
+            x: 0x2545_F491_4F6C_DD1D,
+            keys,
+            i: 0,
+            buf: Vec::with_capacity(64),
+        }
+    }
+
+    fn next_key(&mut self) -> (bool, &[u8]) {
+        // xorshift64*: a cheap, deterministic stream of key indices.
+        self.x ^= self.x >> 12;
+        self.x ^= self.x << 25;
+        self.x ^= self.x >> 27;
+        let k = self.x.wrapping_mul(0x2545_F491_4F6C_DD1D) % self.keys;
+        self.i += 1;
+        // Every 100th request is the offender's, hammering through the flood.
+        let offending = self.i.is_multiple_of(100);
+        if offending {
+            self.buf.clear();
+            self.buf.extend_from_slice(b"search:offender");
+        } else {
+            key(k, &mut self.buf);
+        }
+        (offending, &self.buf)
+    }
+}
+
+/// A flood key as a fixed-size value, as `governor`'s map wants its keys
+/// (`Hash + Eq + Clone`): the bytes, zero-padded. Every key here is at most
+/// 39 bytes, so none is cut and no two collide.
+type FixedKey = [u8; 40];
+
+type Governor = RateLimiter<
+    FixedKey,
+    DashMapStateStore<FixedKey>,
+    FakeRelativeClock,
+    NoOpMiddleware<<FakeRelativeClock as Clock>::Instant>,
+>;
+
+fn fixed(k: &[u8]) -> FixedKey {
+    let mut out = [0u8; 40];
+    assert!(k.len() < out.len(), "a flood key outgrew FixedKey");
+    out[..k.len()].copy_from_slice(k);
+    out
+}
+
+/// `governor`'s keyed limiter through the same flood, pruned after every
+/// report as its docs advise; its key count and memory are the figures.
+fn governor_flood() {
+    let decisions = env("FLOOD_DECISIONS", 10_000_000);
+    let keys = env("FLOOD_KEYS", 1_000_000);
+    let report_every = env("FLOOD_REPORT_EVERY", 1_000_000).max(1);
+    let clock = FakeRelativeClock::default();
+    let quota = Quota::per_minute(NonZeroU32::new(LIMIT).expect("not zero"));
+    let limiter: Governor = RateLimiter::dashmap_with_clock(quota, clock.clone());
+    println!(
+        "flood: {decisions} decisions over {keys} distinct keys, governor keyed (dashmap), \
+         GCRA {LIMIT}/min, retain_recent + shrink_to_fit after every report"
+    );
+    println!("rss before the first decision: {} KiB", vm_rss_kib());
+    println!(
+        "{:>12} {:>10} {:>10} {:>10} {:>14}",
+        "decisions", "held", "rss KiB", "allowed%", "decisions/s"
+    );
+    let mut flood = Flood::new(keys);
+    let (mut allowed, mut offender_allowed) = (0u64, 0u64);
+    let mut window_start = Instant::now();
+    for i in 1..=decisions {
+        let (offending, k) = flood.next_key();
+        clock.advance(Duration::from_micros(10));
+        let ok = limiter.check_key(&fixed(k)).is_ok();
+        allowed += u64::from(ok);
+        if offending {
+            offender_allowed += u64::from(ok);
+        }
+        if i % report_every == 0 {
+            let rate = report_every as f64 / window_start.elapsed().as_secs_f64();
+            limiter.retain_recent();
+            limiter.shrink_to_fit();
+            println!(
+                "{i:>12} {:>10} {:>10} {:>9.1}% {rate:>14.0}",
+                limiter.len(),
+                vm_rss_kib(),
+                100.0 * allowed as f64 / i as f64
+            );
+            window_start = Instant::now();
+        }
+    }
+    println!(
+        "offender: {offender_allowed} of {} requests admitted",
+        decisions / 100
+    );
+}
+
+/// The memory store through the flood under `policy`: the sliding log, the
+/// largest state a key can hold, or GCRA, the algorithm `governor` runs.
+fn memory_flood(policy: Policy) {
     let decisions = env("FLOOD_DECISIONS", 10_000_000);
     let keys = env("FLOOD_KEYS", 1_000_000);
     let capacity = env("FLOOD_CAPACITY", 100_000) as usize;
     let report_every = env("FLOOD_REPORT_EVERY", 1_000_000).max(1);
-    // The demo's search limit, the log being the largest state per key.
-    let policy = Policy::sliding_log(10, Duration::from_secs(60)).expect("valid policy");
     let store = MemoryStore::builder()
         .capacity(capacity)
         .build()
@@ -65,31 +216,18 @@ fn main() {
         "decisions", "held", "evictions", "rss KiB", "allowed%", "decisions/s"
     );
     let mut now = ManualClock::DEFAULT_START.as_micros();
-    // xorshift64*: a cheap, deterministic stream of key indices.
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let mut buf = Vec::with_capacity(64);
+    let mut flood = Flood::new(keys);
     let mut allowed = 0u64;
     let mut offender_allowed = 0u64;
     let mut samples = Vec::new();
     let mut window_start = Instant::now();
     for i in 1..=decisions {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        let k = x.wrapping_mul(0x2545_F491_4F6C_DD1D) % keys;
-        // Every 100th request is the offender's, hammering through the flood.
-        let offending = i % 100 == 0;
-        if offending {
-            buf.clear();
-            buf.extend_from_slice(b"search:offender");
-        } else {
-            key(k, &mut buf);
-        }
+        let (offending, k) = flood.next_key();
         // 10 µs of manual time per decision: 10 M decisions span 100 s, so
         // windows open, fill, refuse and expire during the run.
         now += 10;
         let d = store
-            .decide_sync(&buf, &policy, 1, Timestamp::from_micros(now))
+            .decide_sync(k, &policy, 1, Timestamp::from_micros(now))
             .expect("valid request");
         allowed += u64::from(d.allowed);
         if offending {
@@ -125,9 +263,16 @@ fn main() {
     }
     println!("cap held: at most {capacity} keys at every sample");
     // 10 per 60 s over the run's manual time: the offender, touched every
-    // 100 decisions, is never evicted and never admitted past its limit.
+    // 100 decisions, is never evicted and never admitted past what its
+    // algorithm allows over the span.
     let span_us = decisions * 10;
-    let max_admitted = 10 * span_us.div_ceil(60_000_000);
+    let limit = u64::from(LIMIT);
+    let max_admitted = match policy.algorithm() {
+        // A full burst, then one emission interval (6 s) per unit.
+        Algorithm::Gcra => limit + span_us * limit / 60_000_000,
+        // The limit in every window the span touches.
+        _ => limit * span_us.div_ceil(60_000_000),
+    };
     println!(
         "offender: {offender_allowed} of {} requests admitted over {} s of manual time (limit allows at most {max_admitted})",
         decisions / 100,

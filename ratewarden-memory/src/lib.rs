@@ -158,7 +158,7 @@ pub const NAME: &str = "memory";
 
 /// The key capacity of [`MemoryStore::default`] and of a builder that is
 /// not given one.
-pub const DEFAULT_CAPACITY: usize = 100_000;
+pub const DEFAULT_CAPACITY: usize = ratewarden_core::DEFAULT_KEY_CAPACITY;
 
 /// The most shards a store may have.
 pub const MAX_SHARDS: usize = 1 << 16;
@@ -437,6 +437,34 @@ impl MemoryStore {
         Ok(())
     }
 
+    /// The same as [`Store::peek`], without the future: the key is neither
+    /// touched (its place in the eviction order stays) nor inserted.
+    pub fn peek_sync(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        ratewarden_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
+        let digest = self.digest(policy, key);
+        let verdict = lock(&self.shards[self.shard_index(digest)]).peek(
+            digest,
+            policy,
+            cost,
+            now.as_micros(),
+        );
+        Ok(Decision::from_verdict(verdict, policy, NAME))
+    }
+
+    /// The same as [`Store::reset`], without the future.
+    pub fn reset_sync(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        ratewarden_core::check_key(NAME, key, self.max_key_len)?;
+        let digest = self.digest(policy, key);
+        lock(&self.shards[self.shard_index(digest)]).remove(digest);
+        Ok(())
+    }
+
     /// What the store keeps of `key` under `policy`'s algorithm.
     fn digest(&self, policy: &Policy, key: &[u8]) -> Digest {
         self.hasher.digest(algorithm_tag(policy.algorithm()), key)
@@ -477,16 +505,11 @@ impl Store for MemoryStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: &Algorithm::ALL,
-            key_capacity: Some(self.capacity),
-            shared: false,
-            server_clock: false,
-        }
+        Capabilities::new(&Algorithm::ALL).with_key_capacity(self.capacity)
     }
 
-    fn max_key_len(&self) -> Option<usize> {
-        Some(self.max_key_len)
+    fn max_key_len(&self) -> usize {
+        self.max_key_len
     }
 
     fn decide_inline(
@@ -531,6 +554,20 @@ impl Store for MemoryStore {
         admitted: &Decision,
     ) -> Result<(), StoreError> {
         self.refund_sync(key, policy, cost, now, admitted)
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.peek_sync(key, policy, cost, now)
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.reset_sync(key, policy)
     }
 }
 
@@ -601,7 +638,7 @@ mod tests {
         assert!(err(MemoryStore::builder().shards(0)).contains("at least 1 shard"));
         assert!(err(MemoryStore::builder().max_key_len(0)).contains("max_key_len"));
         let small = MemoryStore::builder().max_key_len(8).build().unwrap();
-        assert_eq!(Store::max_key_len(&small), Some(8));
+        assert_eq!(Store::max_key_len(&small), 8);
         assert!(err(MemoryStore::builder().shards(MAX_SHARDS + 1)).contains("at most"));
         assert!(
             err(MemoryStore::builder().capacity(4).shards(5)).contains("at least one key"),
@@ -621,12 +658,7 @@ mod tests {
         let store = MemoryStore::new(1_234);
         assert_eq!(
             store.capabilities(),
-            Capabilities {
-                algorithms: &Algorithm::ALL,
-                key_capacity: Some(1_234),
-                shared: false,
-                server_clock: false,
-            }
+            Capabilities::new(&Algorithm::ALL).with_key_capacity(1_234)
         );
         assert_eq!(store.name(), "memory");
         assert_eq!(MemoryStore::default().capacity(), DEFAULT_CAPACITY);

@@ -263,6 +263,24 @@ impl Shard {
         verdict
     }
 
+    /// The verdict [`decide`](Self::decide) would give, changing nothing:
+    /// the key is neither touched nor inserted.
+    pub(crate) fn peek(&self, digest: Digest, policy: &Policy, cost: u32, now: u64) -> Verdict {
+        let state = self
+            .table
+            .find(digest.index, |e| e.digest == digest)
+            .map_or(&None, |e| &e.state);
+        algorithm::peek(state, policy, cost, now)
+    }
+
+    /// Forgets a key. Its records in the move order stay behind as stale
+    /// ones, as an evicted key's do, for compaction to drop.
+    pub(crate) fn remove(&mut self, digest: Digest) {
+        if let Ok(entry) = self.table.find_entry(digest.index, |e| e.digest == digest) {
+            entry.remove();
+        }
+    }
+
     /// The state of a held key, for a refund, which neither touches nor
     /// inserts (so it can neither evict nor be used to flood the shard).
     pub(crate) fn state_mut(&mut self, digest: Digest) -> Option<&mut Option<KeyState>> {

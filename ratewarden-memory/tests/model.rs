@@ -3,7 +3,7 @@
 //! included): identical decisions, first with room for every key, then with
 //! a key cap small enough to evict.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -170,48 +170,55 @@ proptest! {
     /// The guarantee the crate documents, checked without knowing how the
     /// store evicts: with `n` shards of `per` keys each, a key touched again
     /// while at most `per − max(1, per / 8)` distinct other keys were
-    /// touched is never forgotten, so it agrees with a model that never
-    /// evicts. A key that may have been evicted (as many others touched in
-    /// between) is no longer compared. The store never holds more than its
-    /// capacity.
+    /// touched is never forgotten. Hot keys are touched in turn with fresh
+    /// keys between them, as many as that bound allows, until four times the
+    /// capacity has been touched: every shard overflows and evicts, and every
+    /// decision on a hot key still agrees with a model that never evicts.
     #[test]
     fn sharded_store_never_forgets_a_recently_touched_key(
         shards in 1usize..=4,
         per in prop_oneof![2usize..=6, 16usize..=28],
         policies in policies(),
-        steps in steps(40, 300),
+        moves in steps(1, 64),
     ) {
         let cap = shards * per;
         let store = MemoryStore::builder().capacity(cap).shards(shards).build().unwrap();
         let mut model = Model::new();
-        // Per (algorithm, key): the step of its last touch.
-        let mut last_touch: HashMap<(Algorithm, u8), usize> = HashMap::new();
-        let mut tainted: Vec<(Algorithm, u8)> = Vec::new();
-        let mut compared = 0usize;
+        // Between two touches of a hot key: the other hot keys and a round
+        // of fresh ones, `safe` distinct keys in all.
+        let safe = per - reorder_after(per) as usize;
+        let hot = (safe / 2).max(1);
+        let fresh_per_round = safe - (hot - 1);
+        let rounds = 4 * cap / fresh_per_round + 2;
         let mut now = ManualClock::DEFAULT_START.as_micros();
-        for (i, s) in steps.iter().enumerate() {
-            let pair = (policies[s.policy % 4].algorithm(), s.key);
-            if let Some(&last) = last_touch.get(&pair) {
-                let others: std::collections::HashSet<(Algorithm, u8)> = steps[last + 1..i]
-                    .iter()
-                    .map(|o| (policies[o.policy % 4].algorithm(), o.key))
-                    .filter(|p| *p != pair)
-                    .collect();
-                let safe = per - reorder_after(per) as usize;
-                if others.len() > safe && !tainted.contains(&pair) {
-                    tainted.push(pair);
-                }
+        let mut fresh = 0usize;
+        let mut compared = 0usize;
+        for round in 0..rounds {
+            for h in 0..hot {
+                let m = &moves[(round * hot + h) % moves.len()];
+                let s = Step { key: h as u8, policy: h % 4, cost: m.cost, advance_us: m.advance_us };
+                let (got, want, policy, k) = step(&store, &mut model, &policies, &s, &mut now);
+                prop_assert_eq!(got, want, "round {}: {} hot key {:?}", round, policy, String::from_utf8_lossy(&k));
+                compared += usize::from(round > 0);
             }
-            last_touch.insert(pair, i);
-            let (got, want, policy, k) = step(&store, &mut model, &policies, s, &mut now);
-            if !tainted.contains(&pair) {
-                prop_assert_eq!(got, want, "step {}: {} key {:?}", i, policy, String::from_utf8_lossy(&k));
-                compared += 1;
+            for _ in 0..fresh_per_round {
+                let policy = policies[fresh % 4];
+                let k = format!("fresh:{fresh}").into_bytes();
+                let at = Timestamp::from_micros(now);
+                let got = Expected::of(&store.decide_sync(&k, &policy, 1, at).expect("valid request"));
+                let want = model.decide(&k, &policy, 1, at).expect("valid cost");
+                prop_assert_eq!(got, want, "fresh key {}", fresh);
+                fresh += 1;
+                prop_assert!(store.len() <= cap, "{} keys held, capacity {}", store.len(), cap);
             }
-            prop_assert!(store.len() <= cap, "{} keys held, capacity {}", store.len(), cap);
         }
-        // The first touch of any key is always compared.
-        prop_assert!(compared >= 1);
+        prop_assert_eq!(compared, (rounds - 1) * hot);
+        // Every key past the capacity evicted one: the shards did overflow.
+        let distinct = hot + fresh;
+        prop_assert!(
+            store.evictions() as usize >= distinct - cap,
+            "{} evictions for {} keys in {}", store.evictions(), distinct, cap
+        );
     }
 }
 

@@ -92,8 +92,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_core::{
-    AbuseEvent, AbuseSink, Algorithm, Capabilities, Clock, Decision, ErrorKind, Policy, Source,
-    Store, StoreError, Timestamp,
+    AbuseEvent, AbuseSink, Algorithm, Capabilities, Clock, Decision, ErrorKind, Policy, Store,
+    StoreError, Timestamp,
 };
 use sqlx::postgres::PgPool;
 use tokio::task::JoinHandle;
@@ -143,6 +143,8 @@ struct Shared {
     schema: String,
     decide_sql: [String; 4],
     refund_sql: [String; 4],
+    peek_sql: [String; 4],
+    reset_sql: [String; 4],
     sweep_sql: Vec<(&'static str, String)>,
     record_sql: String,
     events_sql: String,
@@ -167,12 +169,28 @@ impl Shared {
         });
         let refund_sql = Algorithm::ALL
             .map(|a| format!("SELECT {s}.refund_{a}($1, $2, $3, $4, $5)", a = a.as_str()));
+        let peek_sql = Algorithm::ALL.map(|a| {
+            format!(
+                "SELECT allowed, remaining, reset_after_us, retry_after_us \
+                 FROM {s}.peek_{a}($1, $2, $3, $4, $5, $6)",
+                a = a.as_str()
+            )
+        });
+        // The state tables are named after their algorithms.
+        let reset_sql = Algorithm::ALL.map(|a| {
+            format!(
+                "DELETE FROM {s}.{a} WHERE key_hash = sha256($1)",
+                a = a.as_str()
+            )
+        });
         Shared {
             connections,
             pool,
             schema: b.schema.clone(),
             decide_sql,
             refund_sql,
+            peek_sql,
+            reset_sql,
             sweep_sql: sweep::sweep_statements(&s),
             record_sql: format!(
                 "INSERT INTO {s}.abuse_events \
@@ -326,30 +344,22 @@ impl PostgresStore {
     }
 }
 
-#[async_trait]
-impl Store for PostgresStore {
-    fn name(&self) -> &'static str {
-        NAME
-    }
+/// Which of the two decision statements a call sends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    /// `decide_*`: the decision, recorded.
+    Decide,
+    /// `peek_*`: the same decision, rolled back.
+    Peek,
+}
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: &Algorithm::ALL,
-            key_capacity: None,
-            shared: true,
-            server_clock: self.inner.shared.server_clock,
-        }
-    }
-
-    /// [`DEFAULT_MAX_KEY_LEN`](ratewarden_core::DEFAULT_MAX_KEY_LEN): rows
-    /// hold `sha256(key)`, so storage does not grow with a key's length, but
-    /// every decision sends the whole key to the server.
-    fn max_key_len(&self) -> Option<usize> {
-        Some(ratewarden_core::DEFAULT_MAX_KEY_LEN)
-    }
-
-    async fn decide(
+impl PostgresStore {
+    /// The one statement of a decision or a peek: the same arguments (a
+    /// peek records no abuse event, so it takes no retention) and the same
+    /// row back.
+    async fn decision(
         &self,
+        asked: Asked,
         key: &[u8],
         policy: &Policy,
         cost: u32,
@@ -369,28 +379,90 @@ impl Store for PostgresStore {
             Some(to_i64(now)?)
         };
         let index = algorithm_index(policy.algorithm());
-        let retention = shared.record_refusals.then_some(shared.abuse_retention_us);
+        let (sql, what) = match asked {
+            Asked::Decide => (&shared.decide_sql[index], "decision"),
+            Asked::Peek => (&shared.peek_sql[index], "peek"),
+        };
         // Policy validation keeps limit, window and their products below
         // 2^53, so they fit a bigint.
-        let query = sqlx::query_as::<_, (bool, i64, i64, i64)>(&shared.decide_sql[index])
+        let mut query = sqlx::query_as::<_, (bool, i64, i64, i64)>(sql)
             .bind(key)
             .bind(i64::from(policy.limit()))
             .bind(policy.window_micros() as i64)
             .bind(i64::from(cost))
             .bind(now)
-            .bind(shared.gc_slack_us)
-            .bind(retention);
-        let mut lease = shared.lease("decision").await?;
+            .bind(shared.gc_slack_us);
+        if asked == Asked::Decide {
+            query = query.bind(shared.record_refusals.then_some(shared.abuse_retention_us));
+        }
+        let mut lease = shared.lease(what).await?;
         let answer = timeout_at(lease.deadline(), query.fetch_one(lease.connection())).await;
-        let (allowed, remaining, reset_after, retry_after) = lease.finish("decision", answer)?;
-        Ok(Decision {
+        let (allowed, remaining, reset_after, retry_after) = lease.finish(what, answer)?;
+        Ok(Decision::new(
             allowed,
-            limit: policy.limit(),
-            remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
-            reset_after: Duration::from_micros(u64::try_from(reset_after).unwrap_or(0)),
-            retry_after: Duration::from_micros(u64::try_from(retry_after).unwrap_or(0)),
-            source: Source::store(NAME),
-        })
+            policy,
+            u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
+            Duration::from_micros(u64::try_from(reset_after).unwrap_or(0)),
+            Duration::from_micros(u64::try_from(retry_after).unwrap_or(0)),
+            NAME,
+        ))
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut capabilities = Capabilities::new(&Algorithm::ALL).shared();
+        capabilities.server_clock = self.inner.shared.server_clock;
+        capabilities
+    }
+
+    /// [`DEFAULT_MAX_KEY_LEN`](ratewarden_core::DEFAULT_MAX_KEY_LEN): rows
+    /// hold `sha256(key)`, so storage does not grow with a key's length, but
+    /// every decision sends the whole key to the server.
+    fn max_key_len(&self) -> usize {
+        ratewarden_core::DEFAULT_MAX_KEY_LEN
+    }
+
+    /// One statement, a call of the algorithm's `decide_*` function; see the
+    /// [crate documentation](crate).
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.decision(Asked::Decide, key, policy, cost, now).await
+    }
+
+    /// One statement, a call of the algorithm's `peek_*` function, which
+    /// runs its `decide_*` function and rolls it back (schema version 3).
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.decision(Asked::Peek, key, policy, cost, now).await
+    }
+
+    /// One statement: a `DELETE` of the key's row in the algorithm's state
+    /// table.
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        ratewarden_core::check_key(NAME, key, ratewarden_core::DEFAULT_MAX_KEY_LEN)?;
+        let shared = &self.inner.shared;
+        let index = algorithm_index(policy.algorithm());
+        let query = sqlx::query(&shared.reset_sql[index]).bind(key);
+        let mut lease = shared.lease("reset").await?;
+        let answer = timeout_at(lease.deadline(), query.execute(lease.connection())).await;
+        lease.finish("reset", answer)?;
+        Ok(())
     }
 
     /// One statement, a call of the algorithm's `refund_*` function; see the

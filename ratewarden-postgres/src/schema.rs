@@ -14,7 +14,7 @@ use crate::quote_ident;
 
 /// The schema version this build creates and understands: the number of the
 /// last embedded migration.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The embedded migrations, in order. Applied ones are never edited (their
 /// checksums are checked against deployed schemas); changes are new files.
@@ -29,6 +29,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "refunds and bounded abuse events",
         include_str!("../migrations/0002_refunds_and_bounded_abuse_events.sql"),
     ),
+    (3, "peeks", include_str!("../migrations/0003_peeks.sql")),
 ];
 
 /// The tables that hold per-key state, switched between logged and

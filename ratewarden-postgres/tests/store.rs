@@ -64,6 +64,8 @@ async fn store_in_own_database(prefix: &str) -> (PostgresStore, String) {
     let store = PostgresStore::builder(&url)
         .schema("counted")
         .sweep_interval(None)
+        // Semantics, not latency: not the half-second default.
+        .timeout(Duration::from_secs(10))
         .record_refusals(true)
         .build()
         .await
@@ -122,6 +124,81 @@ async fn one_statement_per_decision() {
     assert_eq!(
         store.abuse_events(b"counted key").await.unwrap().len(),
         refused_by.len()
+    );
+    drop(store);
+}
+
+/// Every state row and abuse event of `store`'s schema, as text.
+async fn all_rows(store: &PostgresStore) -> String {
+    let mut rows = String::new();
+    for table in [
+        "sliding_log",
+        "fixed_window",
+        "sliding_window",
+        "gcra",
+        "abuse_events",
+    ] {
+        let text: Option<String> = sqlx::query_scalar(&format!(
+            "SELECT string_agg(row_to_json(t)::text, ',' ORDER BY row_to_json(t)::text) \
+             FROM \"{}\".{table} t",
+            store.schema()
+        ))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        rows.push_str(&format!("{table}: {}\n", text.unwrap_or_default()));
+    }
+    rows
+}
+
+/// A peek is one statement and leaves every row as it was (admitted and
+/// refused keys, a key never seen, abuse events included), as `psql`
+/// shows them; a reset is one statement that deletes the key's row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_is_one_statement_that_changes_no_row_and_a_reset_deletes_one() {
+    let (store, db) = store_in_own_database("peek_stmts").await;
+    let policies = counted_policies();
+    for p in &policies {
+        for i in 0..4 {
+            // Three admissions and a refusal, which records an abuse event.
+            store.decide(b"held", p, 1, at(i)).await.unwrap();
+        }
+    }
+    let before = all_rows(&store).await;
+    let statements = statement_calls(&db).await;
+    let mut n = 0;
+    for p in &policies {
+        for (key, cost) in [
+            (&b"held"[..], 1),
+            (b"held", 3),
+            (b"fresh", 1),
+            (b"fresh", 3),
+        ] {
+            let peeked = store.peek(key, p, cost, at(10)).await.unwrap();
+            assert_eq!(peeked.allowed, key == b"fresh", "{p}: {peeked:?}");
+            n += 1;
+        }
+    }
+    assert_eq!(
+        statement_calls(&db).await - statements,
+        n,
+        "statements for {n} peeks"
+    );
+    assert_eq!(all_rows(&store).await, before, "the peeks changed a row");
+
+    let statements = statement_calls(&db).await;
+    for p in &policies {
+        store.reset(b"held", p).await.unwrap();
+        let d = store.decide(b"held", p, 3, at(11)).await.unwrap();
+        assert!(
+            d.allowed && d.remaining == 0,
+            "{p}: the full limit after a reset: {d:?}"
+        );
+    }
+    assert_eq!(
+        statement_calls(&db).await - statements,
+        8,
+        "a statement per reset and decision"
     );
     drop(store);
 }
@@ -265,23 +342,51 @@ async fn sweeps_remove_expired_rows_in_bounded_batches() {
     assert_eq!(count_rows(&store, "gcra").await, 0);
 }
 
-/// The sweep statement finds its rows through the expires_at index.
+/// Rows for a table's sweep plan, `$1` the row number: expiring at `$1`,
+/// so that 100 of them expire before 101.
+const PLANNED_ROWS: [(&str, &str); 5] = [
+    (
+        "sliding_log",
+        "INSERT INTO {s}.sliding_log SELECT sha256(i::text::bytea), ARRAY[i], i FROM {rows} i",
+    ),
+    (
+        "fixed_window",
+        "INSERT INTO {s}.fixed_window SELECT sha256(i::text::bytea), i, 1, i FROM {rows} i",
+    ),
+    (
+        "sliding_window",
+        "INSERT INTO {s}.sliding_window SELECT sha256(i::text::bytea), i, 1, 0, i FROM {rows} i",
+    ),
+    (
+        "gcra",
+        "INSERT INTO {s}.gcra SELECT sha256(i::text::bytea), i, i FROM {rows} i",
+    ),
+    (
+        "abuse_events",
+        "INSERT INTO {s}.abuse_events (key_hash, at_us, expires_at) \
+         SELECT sha256(i::text::bytea), i, i FROM {rows} i",
+    ),
+];
+
+/// Every sweep statement, one per table, finds its rows through the
+/// table's expires_at index: a TID scan, never a sequential one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweeps_never_scan_the_table() {
     let store = fixture::fresh_store("plan").await;
-    let s = store.schema();
+    let s = format!("\"{}\"", store.schema());
     let mut conn = store.pool().acquire().await.unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO \"{s}\".gcra SELECT sha256(i::text::bytea), i, i \
-         FROM generate_series(1, 20000) i"
-    ))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    sqlx::query(&format!("ANALYZE \"{s}\".gcra"))
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    // Rows and statistics in every table: on an empty one a sequential
+    // scan is the planner's right choice.
+    for (table, insert) in PLANNED_ROWS {
+        let insert = insert
+            .replace("{s}", &s)
+            .replace("{rows}", "generate_series(1, 20000)");
+        sqlx::query(&insert).execute(&mut *conn).await.unwrap();
+        sqlx::query(&format!("ANALYZE {s}.{table}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
     // The generic plan, as a prepared statement gets after a few runs, and
     // with the server's clock.
     sqlx::query("SET plan_cache_mode = force_generic_plan")
@@ -289,15 +394,13 @@ async fn sweeps_never_scan_the_table() {
         .await
         .unwrap();
     let statements: Vec<String> = store.sweep_statements().map(String::from).collect();
-    assert_eq!(statements.len(), 5);
-    // Only the gcra table has rows (and statistics): on an empty table a
-    // sequential scan is the planner's right choice.
-    let mut checked = 0;
+    let mut planned = Vec::new();
     for (i, statement) in statements.iter().enumerate() {
-        if !statement.contains(".gcra ") {
-            continue;
-        }
-        checked += 1;
+        let (table, _) = PLANNED_ROWS
+            .iter()
+            .find(|(t, _)| statement.contains(&format!(".{t} ")))
+            .unwrap_or_else(|| panic!("a sweep of a table without rows: {statement}"));
+        planned.push(*table);
         sqlx::query(&format!("PREPARE sweep{i}(bigint, bigint) AS {statement}"))
             .execute(&mut *conn)
             .await
@@ -310,17 +413,84 @@ async fn sweeps_never_scan_the_table() {
                     .unwrap();
             let plan = plan.join("\n");
             assert!(!plan.contains("Seq Scan"), "{statement}\n{plan}");
-            assert!(plan.contains("Tid Scan"), "{plan}");
-            assert!(plan.contains("_expires_at"), "{plan}");
+            assert!(plan.contains("Tid Scan"), "{statement}\n{plan}");
+            assert!(
+                plan.contains(&format!("{table}_expires_at")),
+                "{statement}\n{plan}"
+            );
         }
     }
-    assert_eq!(checked, 1);
+    planned.sort_unstable();
+    let mut every: Vec<&str> = PLANNED_ROWS.iter().map(|(t, _)| *t).collect();
+    every.sort_unstable();
+    assert_eq!(
+        planned, every,
+        "one sweep statement per table, each planned"
+    );
     drop(conn);
     let report = store
         .sweep(Timestamp::from_micros(101), 1000)
         .await
         .unwrap();
-    assert_eq!(report.state_rows, 100);
+    assert_eq!(report.state_rows, 4 * 100, "{report:?}");
+    assert_eq!(report.abuse_events, 100, "{report:?}");
+}
+
+/// The garbage-collection time of state dead at `at`, as the schema's
+/// `gc_at` computes it: the first multiple of `slack` at least `slack`
+/// after `at`.
+fn gc_at(at: u64, slack: u64) -> i64 {
+    ((at + 2 * slack - 1) / slack * slack) as i64
+}
+
+/// The sliding window's row expiry is fixed when its window opens, at
+/// `gc_at(start + 2w, slack)`: later admissions in the window leave it as
+/// it is, and the next window sets its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_window_expiry_is_set_when_the_window_opens() {
+    // A slack that divides neither the window nor the times, so that the
+    // rounding shows, and far below the caller's steps of a second.
+    let slack = 7_000u64;
+    let store = fixture::builder("sw_expiry")
+        .gc_slack(Duration::from_micros(slack))
+        .build()
+        .await
+        .unwrap();
+    let w = 60 * S;
+    let policy = Policy::sliding_window(100, Duration::from_micros(w)).unwrap();
+    let row = async || -> (i64, i64) {
+        sqlx::query_as(&format!(
+            "SELECT start_us, expires_at FROM \"{}\".sliding_window",
+            store.schema()
+        ))
+        .fetch_one(store.pool())
+        .await
+        .expect("one sliding-window row")
+    };
+    let start = T0.as_micros() - T0.as_micros() % w;
+    let expected = gc_at(start + 2 * w, slack);
+    // 120 s + 7 ms, rounded up to a multiple of 7 ms: 120.008 s.
+    assert_eq!(expected, (start + 2 * w) as i64 + 8_000, "by hand");
+    for i in 0..=40u64 {
+        let now = Timestamp::from_micros(start + 10 * S + 500 + i * S);
+        assert!(store.decide(b"k", &policy, 1, now).await.unwrap().allowed);
+        assert_eq!(
+            row().await,
+            (start as i64, expected),
+            "after admission {i} in the window"
+        );
+    }
+    let next = start + w;
+    let expected = gc_at(next + 2 * w, slack);
+    for i in 0..=10u64 {
+        let now = Timestamp::from_micros(next + 5 * S + 250 + i * S);
+        assert!(store.decide(b"k", &policy, 1, now).await.unwrap().allowed);
+        assert_eq!(
+            row().await,
+            (next as i64, expected),
+            "after admission {i} in the next window"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -545,14 +715,7 @@ async fn refusals_are_recorded_with_retention() {
 
     // As a limiter's abuse sink.
     store
-        .record(AbuseEvent {
-            rule: Arc::from("login"),
-            key: b"offender".to_vec(),
-            at: at(10),
-            since: at(4),
-            refusals: 7,
-            refused_by: "memory",
-        })
+        .record(AbuseEvent::new("login", b"offender", at(10), "memory").with_refusals(7, at(4)))
         .await
         .unwrap();
     let events = store.abuse_events(b"offender").await.unwrap();
@@ -724,7 +887,7 @@ async fn a_version_1_schema_is_migrated_in_place() {
             err,
             BuildError::SchemaOutdated {
                 found: 1,
-                required: 2,
+                required: SCHEMA_VERSION,
                 ..
             }
         ),
@@ -755,6 +918,8 @@ async fn a_version_1_schema_is_migrated_in_place() {
     let d = store.decide(b"old", &policy, 1, later).await.unwrap();
     assert!(d.allowed);
     store.refund(b"old", &policy, 1, later, &d).await.unwrap();
+    // Version 3's peek answers on the migrated state.
+    assert_eq!(store.peek(b"old", &policy, 1, later).await.unwrap(), d);
     assert_eq!(store.decide(b"old", &policy, 1, later).await.unwrap(), d);
 }
 
@@ -797,21 +962,21 @@ async fn server_clock_mode_ignores_the_callers_time() {
     }
     let refused = refused.expect("the limit is reached in real time");
     assert!(refused.retry_after <= Duration::from_millis(300));
-    tokio::time::sleep(refused.retry_after).await;
-    let mut reopened = false;
-    for _ in 0..100 {
-        if store
-            .decide(b"k", &policy, 1, Timestamp::EPOCH)
-            .await
-            .unwrap()
-            .allowed
-        {
-            reopened = true;
-            break;
-        }
+    // Polled, with a deadline far beyond the window: a loaded machine only
+    // makes the wait longer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !store
+        .decide(b"k", &policy, 1, Timestamp::EPOCH)
+        .await
+        .unwrap()
+        .allowed
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server's clock reopens the window"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(reopened);
     // The sweeper uses the server's clock too: nothing is live long after.
     let report = store.maintenance().await.unwrap();
     assert_eq!(report.state_rows, 0, "the window plus slack has not passed");
@@ -875,21 +1040,38 @@ async fn invalid_requests_are_errors() {
     );
 }
 
+/// Connections to the shared server named `application_name`.
+async fn connections_named(application_name: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+        .bind(application_name)
+        .fetch_one(&mut admin().await)
+        .await
+        .unwrap()
+}
+
 /// The background sweeper deletes expired rows on its own, reading the
-/// clock it was given, and stops when its store is dropped.
+/// clock it was given, and stops when its store is dropped: every
+/// connection of the store closes, so no sweep of it can run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_background_sweeper_runs_and_stops_with_its_store() {
     let clock = ManualClock::starting_at(T0);
-    let swept = fixture::builder("sweeper")
+    let name = fixture::unique_schema("sweeper");
+    let mut url = ratewarden_core::url::Url::parse(&fixture::server_url()).unwrap();
+    url.query_pairs_mut().append_pair("application_name", &name);
+    let swept = PostgresStore::builder(url.as_str())
+        .schema(&name)
+        .timeout(Duration::from_secs(10))
         .gc_slack(Duration::from_millis(1))
         .sweep_clock(Arc::new(clock.clone()))
         .sweep_interval(Some(Duration::from_millis(50)))
         .build()
         .await
         .unwrap();
-    // The same schema without a sweeper, to look on after the drop.
+    // The same schema without a sweeper, to look on after the drop; rows
+    // it writes expire as soon as the sweeper's would.
     let observer = fixture::builder("unused")
         .schema(swept.schema())
+        .gc_slack(Duration::from_millis(1))
         .build()
         .await
         .unwrap();
@@ -902,20 +1084,30 @@ async fn the_background_sweeper_runs_and_stops_with_its_store() {
     }
     assert_eq!(count_rows(&observer, "fixed_window").await, 20);
     clock.set(at(10 * S));
-    let mut gone = false;
-    for _ in 0..400 {
-        if count_rows(&observer, "fixed_window").await == 0 {
-            gone = true;
-            break;
-        }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count_rows(&observer, "fixed_window").await != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweeper removes expired rows without being called"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert!(
-        gone,
-        "the sweeper removes expired rows without being called"
+        connections_named(&name).await >= 1,
+        "the store is connected"
     );
 
+    // A sweeper still running would hold the store's pools, and so their
+    // connections; once the last of them is gone, nothing can sweep.
     drop(swept);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while connections_named(&name).await != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped store's connections are never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     for i in 0..20u32 {
         observer
             .decide(format!("k{i}").as_bytes(), &policy, 1, at(10 * S))
@@ -923,9 +1115,12 @@ async fn the_background_sweeper_runs_and_stops_with_its_store() {
             .unwrap();
     }
     clock.set(at(100 * S));
-    // Ten sweeper intervals: a sweeper still running would have emptied it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(count_rows(&observer, "fixed_window").await, 20);
+    assert_eq!(connections_named(&name).await, 0, "nothing reconnected");
+    // Expired as of the sweeper's clock, and still there: a sweep removes
+    // them all.
+    let report = observer.sweep(at(100 * S), 100).await.unwrap();
+    assert_eq!(report.state_rows, 20, "{report:?}");
 }
 
 /// A sliding-log refusal records nothing but drops entries that have

@@ -169,10 +169,6 @@ use script::{refund_script, refunded, script, verdict};
 /// The name this store reports in decisions and errors.
 pub const NAME: &str = "redis";
 
-/// The former name of [`NAME`], which every backend now uses.
-#[deprecated(note = "renamed to `NAME`, as in every backend")]
-pub const STORE_NAME: &str = NAME;
-
 /// The default transport bound on one call, connection included
 /// ([`RedisStoreBuilder::timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -332,12 +328,15 @@ impl RedisStore {
             .map_err(store_error)
     }
 
+    /// The decision script for `key`; with `peek`, the same script told to
+    /// write nothing.
     async fn run(
         &self,
         key: Vec<u8>,
         policy: &Policy,
         cost: u32,
         now: Timestamp,
+        peek: bool,
     ) -> Result<Value, StoreError> {
         let mut invocation = script(policy.algorithm()).key(key);
         if self.inner.server_clock {
@@ -352,6 +351,11 @@ impl RedisStore {
             .arg(self.inner.margin_ms);
         if policy.algorithm() == Algorithm::Gcra {
             invocation.arg(policy.emission_interval_micros());
+        } else if peek {
+            invocation.arg(0);
+        }
+        if peek {
+            invocation.arg("peek");
         }
         self.invoke(invocation).await
     }
@@ -365,6 +369,17 @@ impl RedisStore {
             Conn::Cluster(mut c) => invocation.invoke_async::<Value>(&mut c).await,
         };
         result.map_err(store_error)
+    }
+
+    /// One `DEL` of `key`, on whichever connection the store holds.
+    async fn delete(&self, key: Vec<u8>) -> Result<(), StoreError> {
+        let mut del = redis::cmd("DEL");
+        del.arg(key);
+        let result = match self.conn().await? {
+            Conn::Single(mut c) => del.query_async::<i64>(&mut c).await,
+            Conn::Cluster(mut c) => del.query_async::<i64>(&mut c).await,
+        };
+        result.map(|_| ()).map_err(store_error)
     }
 
     /// Runs `call` under the store's timeout, connecting included.
@@ -387,16 +402,13 @@ impl Store for RedisStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: ALGORITHMS,
-            key_capacity: None,
-            shared: true,
-            server_clock: self.inner.server_clock,
-        }
+        let mut capabilities = Capabilities::new(ALGORITHMS).shared();
+        capabilities.server_clock = self.inner.server_clock;
+        capabilities
     }
 
-    fn max_key_len(&self) -> Option<usize> {
-        Some(self.inner.max_key_len)
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len
     }
 
     async fn decide(
@@ -408,8 +420,38 @@ impl Store for RedisStore {
     ) -> Result<Decision, StoreError> {
         ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
         let redis_key = self.redis_key(key, policy.algorithm());
-        let value = self.bounded(self.run(redis_key, policy, cost, now)).await?;
+        let value = self
+            .bounded(self.run(redis_key, policy, cost, now, false))
+            .await?;
         Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
+    }
+
+    /// One `EVALSHA` of the algorithm's decision script, told to write
+    /// nothing (its last argument, `peek`): the same arithmetic as
+    /// [`decide`](Store::decide), so the two cannot drift, and no `HSET`,
+    /// `PEXPIRE`, `LTRIM` or `SET` runs.
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
+        let redis_key = self.redis_key(key, policy.algorithm());
+        let value = self
+            .bounded(self.run(redis_key, policy, cost, now, true))
+            .await?;
+        Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
+    }
+
+    /// One `DEL` of the key that holds `key`'s state under the policy's
+    /// algorithm ([`redis_key`](RedisStore::redis_key)): every algorithm
+    /// keeps one Redis key per client key, so the reset is atomic.
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        ratewarden_core::check_key(NAME, key, self.inner.max_key_len)?;
+        let redis_key = self.redis_key(key, policy.algorithm());
+        self.bounded(self.delete(redis_key)).await
     }
 
     /// One `EVALSHA` of the algorithm's refund script; see the

@@ -33,7 +33,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 ///     }
 /// }
 /// ```
-pub const URL_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+cluster"];
+pub const URL_SCHEMES: &[&str] = ratewarden_core::url::REDIS_SCHEMES;
 
 /// Where a URL points, checked but not contacted.
 pub(crate) enum Endpoint {

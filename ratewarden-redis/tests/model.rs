@@ -22,6 +22,8 @@ proptest! {
         let store = RedisStore::builder(fixture::shared_url())
             .key_prefix(fixture::unique_prefix("model"))
             .expiry_margin(Duration::from_secs(3600))
+            // Semantics, not latency: not the quarter-second default.
+            .timeout(Duration::from_secs(10))
             .build()
             .expect("a valid Redis URL");
         replay_case(&rt, &store, &policies, &steps, |k| format!("client:{k}").into_bytes())?;

@@ -27,6 +27,26 @@ pub async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
+/// Serves `app` as [`serve`] does, handing the layer each peer address as
+/// a plain `SocketAddr` request extension, as a server other than axum's
+/// would: what the `ratewarden` layer reads when it is built without its
+/// `axum` feature, where it does not know axum's `ConnectInfo`.
+pub async fn serve_with_socket_addr(app: Router) -> SocketAddr {
+    let app = app.layer(axum::middleware::map_request(
+        |mut request: Request<axum::body::Body>| async move {
+            let peer = request
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|info| info.0);
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(peer);
+            }
+            request
+        },
+    ));
+    serve(app).await
+}
+
 /// A response, read whole.
 #[derive(Debug)]
 pub struct Reply {
@@ -128,6 +148,17 @@ impl TestClient {
 
     /// Sends a request with an empty body and reads the whole reply.
     pub async fn send(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.send_body(method, path, headers, String::new()).await
+    }
+
+    /// [`send`](Self::send) with a body.
+    pub async fn send_body(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: String,
+    ) -> Reply {
         let mut request = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base));
@@ -136,7 +167,7 @@ impl TestClient {
         }
         let response = self
             .client
-            .request(request.body(Full::new(Bytes::new())).unwrap())
+            .request(request.body(Full::new(Bytes::from(body))).unwrap())
             .await
             .unwrap();
         Reply::read(response).await

@@ -1,14 +1,14 @@
 //! Small stores for tests: an exact reference and a recording wrapper.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use ratewarden_core::algorithm::{self, KeyState};
-use ratewarden_core::{Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp};
+use ratewarden_core::algorithm;
+use ratewarden_core::{Capabilities, Decision, Policy, Store, StoreError, Timestamp};
 
 /// An exact, unbounded store applying the normative algorithm under a lock:
-/// the reference behaviour, independent of any backend crate.
+/// [`ratewarden_core::example::MapStore`], the `Store` docs' example, that
+/// can also declare itself shared.
 ///
 /// Not the conformance crate's `ReferenceStore`, which answers inline as an
 /// in-process store does: this one must be awaited, so the layer and
@@ -16,7 +16,7 @@ use ratewarden_core::{Algorithm, Capabilities, Decision, Policy, Store, StoreErr
 /// timeout, breaker) that a networked store takes.
 #[derive(Debug, Default)]
 pub struct MapStore {
-    state: Mutex<Table>,
+    inner: ratewarden_core::example::MapStore,
     shared: bool,
 }
 
@@ -31,21 +31,20 @@ impl MapStore {
     }
 }
 
-type Table = HashMap<(Algorithm, Vec<u8>), Option<KeyState>>;
-
 #[async_trait]
 impl Store for MapStore {
     fn name(&self) -> &'static str {
-        "map"
+        self.inner.name()
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            algorithms: &Algorithm::ALL,
-            key_capacity: None,
-            shared: self.shared,
-            server_clock: false,
-        }
+        let mut capabilities = self.inner.capabilities();
+        capabilities.shared = self.shared;
+        capabilities
+    }
+
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len()
     }
 
     async fn decide(
@@ -55,13 +54,32 @@ impl Store for MapStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request("map", e))?;
-        let mut map = self.state.lock().unwrap();
-        let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
-        let verdict = algorithm::apply(state, policy, cost, now.as_micros());
-        Ok(Decision::from_verdict(verdict, policy, "map"))
+        self.inner.decide(key, policy, cost, now).await
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.inner.refund(key, policy, cost, now, admitted).await
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.inner.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
     }
 }
 
@@ -108,6 +126,10 @@ impl<S: Store> Store for Recording<S> {
         self.inner.capabilities()
     }
 
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len()
+    }
+
     async fn decide(
         &self,
         key: &[u8],
@@ -128,6 +150,20 @@ impl<S: Store> Store for Recording<S> {
         admitted: &Decision,
     ) -> Result<(), StoreError> {
         self.inner.refund(key, policy, cost, now, admitted).await
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.inner.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
     }
 }
 

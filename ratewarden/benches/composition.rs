@@ -7,7 +7,11 @@
 //! being 0, (a2) 1 and (b) 2, for a profiler). (a) calls the store's
 //! `decide`, whose future `async_trait` boxes; (a2) calls its
 //! `decide_inline`, which a one-rule `Limiter` calls: (b) ÷ (a2) is what the
-//! `Limiter` adds to the store's cheapest call.
+//! `Limiter` adds to the store's cheapest call. (g) is the peer:
+//! `governor`'s keyed limiter (dashmap, on a fake clock that never moves,
+//! as the memory store's `now` does not), the same GCRA quota on the same
+//! keys, beside (b), a `Limiter` of one rule; `governor` is unbounded where
+//! the memory store holds at most its capacity.
 //!
 //! A plain `harness = false` binary, like the memory store's benchmark: each
 //! figure is the best of several interleaved rounds of a million decisions,
@@ -24,9 +28,14 @@
 //! cost of the composition around an open breaker, not of a network.
 
 use std::hint::black_box;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use governor::clock::FakeRelativeClock;
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use governor::{Quota, RateLimiter};
 use ratewarden::memory::MemoryStore;
 use ratewarden::{
     BreakerConfig, Clock, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store, Timestamp,
@@ -70,6 +79,21 @@ enum Contender {
     /// which has no boxed future, as a one-rule `Limiter` calls it.
     BareInline(Arc<dyn Store>),
     Limiter(Limiter),
+    Governor(Governor),
+}
+
+type Governor = RateLimiter<
+    [u8; 32],
+    DashMapStateStore<[u8; 32]>,
+    FakeRelativeClock,
+    NoOpMiddleware<<FakeRelativeClock as governor::clock::Clock>::Instant>,
+>;
+
+/// `governor`'s keyed limiter with the quota of `policy` (a GCRA of
+/// `limit` per minute, as every workload here is).
+fn governor(policy: &Policy) -> Governor {
+    let per_minute = NonZeroU32::new(policy.limit()).expect("a limit is never zero");
+    RateLimiter::dashmap_with_clock(Quota::per_minute(per_minute), FakeRelativeClock::default())
 }
 
 impl Contender {
@@ -90,6 +114,10 @@ impl Contender {
                     .is_some_and(|d| d.is_ok_and(|d| d.allowed))
             }
             Contender::Limiter(l) => l.check(key).await.allowed,
+            Contender::Governor(g) => {
+                let key: &[u8; 32] = key.try_into().expect("the bench's keys are 32 bytes");
+                g.check_key(key).is_ok()
+            }
         }
     }
 }
@@ -119,13 +147,14 @@ fn dead_rule(fallback: bool, policy: Policy) -> Rule {
     }
 }
 
-const NAMES: [&str; 6] = [
+const NAMES: [&str; 7] = [
     "(a) bare MemoryStore::decide via &dyn Store",
     "(a2) bare MemoryStore::decide_inline via &dyn Store",
     "(b) Limiter, one memory rule",
     "(c) Limiter, two memory tiers",
     "(d1) Limiter, dead store, breaker open, memory fallback",
     "(d2) Limiter, dead store, breaker open, fail open",
+    "(g) governor keyed (dashmap), one quota, unbounded",
 ];
 
 fn contender(i: usize, clock: &ManualClock, p: Policy) -> Contender {
@@ -138,7 +167,8 @@ fn contender(i: usize, clock: &ManualClock, p: Policy) -> Contender {
             vec![rule("burst", memory(), p), rule("hourly", memory(), p)],
         )),
         4 => Contender::Limiter(limiter(clock, vec![dead_rule(true, p)])),
-        _ => Contender::Limiter(limiter(clock, vec![dead_rule(false, p)])),
+        5 => Contender::Limiter(limiter(clock, vec![dead_rule(false, p)])),
+        _ => Contender::Governor(governor(&p)),
     }
 }
 
@@ -269,7 +299,7 @@ fn main() {
         if !filters.is_empty() && !filters.iter().any(|f| label.contains(f.as_str())) {
             continue;
         }
-        let mut best: [Option<Sample>; 6] = [None; 6];
+        let mut best: [Option<Sample>; 7] = [None; 7];
         for _ in 0..RUNS {
             for (i, slot) in best.iter_mut().enumerate() {
                 if profile.is_some_and(|p| p != i) {

@@ -82,11 +82,13 @@ impl Store for Remote {
         "remote"
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            shared: true,
-            key_capacity: None,
-            ..self.inner.capabilities()
-        }
+        let mut capabilities = self.inner.capabilities();
+        capabilities.shared = true;
+        capabilities.key_capacity = None;
+        capabilities
+    }
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len()
     }
     async fn decide(
         &self,
@@ -108,6 +110,22 @@ impl Store for Remote {
     ) -> Result<(), StoreError> {
         self.call()?;
         self.inner.refund_sync(key, policy, cost, now, admitted)
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.call()?;
+        self.inner.peek_sync(key, policy, cost, now)
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.call()?;
+        self.inner.reset_sync(key, policy)
     }
 }
 

@@ -148,9 +148,9 @@ async fn send(app: &Router, method: &str, path: &str, headers: &[(&str, &str)]) 
 /// A decision without a future where none is needed, as the layer itself
 /// decides a request.
 async fn decide(limiter: &Limiter, key: &ClientKey) -> Decision {
-    match limiter.check_inline(key.as_bytes()) {
-        Some(decision) => decision, // decided, counted, no future
-        None => limiter.check(key.as_bytes()).await,
+    match limiter.try_check(key.as_bytes()) {
+        Ok(decision) => decision, // decided, counted, no future
+        Err(pending) => pending.decide().await,
     }
 }
 

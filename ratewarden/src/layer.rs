@@ -67,17 +67,11 @@
 //! use std::time::Duration;
 //! use axum::{Router, routing::{get, post}};
 //! use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule, Store};
-//! # #[derive(Debug)] struct Mem;
-//! # #[async_trait::async_trait] impl Store for Mem {
-//! #   fn name(&self) -> &'static str { "mem" }
-//! #   fn capabilities(&self) -> ratewarden::Capabilities { ratewarden::Capabilities {
-//! #     algorithms: &ratewarden::Algorithm::ALL, key_capacity: None, shared: false, server_clock: false } }
-//! #   async fn decide(&self, _: &[u8], p: &Policy, c: u32, n: ratewarden::Timestamp)
-//! #     -> Result<ratewarden::Decision, ratewarden::StoreError> {
-//! #     let mut s = None; let v = ratewarden::algorithm::apply(&mut s, p, c, n.as_micros());
-//! #     Ok(ratewarden::Decision::from_verdict(v, p, "mem")) } }
 //! # fn main() -> Result<(), ratewarden::ConfigError> {
-//! let store: Arc<dyn Store> = Arc::new(Mem);
+//! # let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+//! # /*
+//! let store: Arc<dyn Store> = Arc::new(ratewarden::memory::MemoryStore::default());
+//! # */
 //! let identity = ClientIdentity::new(b"a secret of at least 32 bytes!!!")?;
 //! let per = |name: &str, limit, secs| -> Result<RateLimitLayer, ratewarden::ConfigError> {
 //!     let policy = Policy::sliding_log(limit, Duration::from_secs(secs))?;
@@ -132,6 +126,7 @@ pub use headers::{
 
 type SkipFn = dyn Fn(&Parts) -> bool + Send + Sync;
 type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+type CountsFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// A custom refusal, its body collected: `None` if the body failed.
 type RefusalFn = dyn Fn(&Decision) -> BoxFuture<Option<Response<Bytes>>> + Send + Sync;
@@ -175,6 +170,7 @@ struct Shared {
     no_address_logged: AtomicBool,
     skip: Option<Box<SkipFn>>,
     cost: Option<Box<CostFn>>,
+    counts: Option<Box<CountsFn>>,
     refusal: Option<Box<RefusalFn>>,
     headers: RateLimitHeaders,
 }
@@ -200,6 +196,7 @@ impl fmt::Debug for Shared {
             .field("on_missing_key", &self.missing)
             .field("skip", &self.skip.is_some())
             .field("cost", &self.cost.is_some())
+            .field("count_only", &self.counts.is_some())
             .field("custom_refusal", &self.refusal.is_some())
             .field("headers", &self.headers.mode())
             .finish()
@@ -228,6 +225,7 @@ impl RateLimitLayer {
             on_missing_key: MissingKey::default(),
             skip: None,
             cost: None,
+            counts: None,
             refusal: None,
             mode: HeaderMode::default(),
         }
@@ -248,6 +246,62 @@ impl RateLimitLayer {
     pub fn headers(&self) -> &RateLimitHeaders {
         &self.shared.headers
     }
+
+    /// The decision the layer would make for a request with these `parts`
+    /// now, changing nothing ([`Limiter::peek`]): the same key, cost and
+    /// rules, no unit spent. `None` for a request the layer would not decide:
+    /// one it skips, or one without a key (which it answers with an error).
+    pub async fn peek(&self, parts: &Parts) -> Option<Decision> {
+        match self.shared.plan(parts) {
+            Plan::Check(key, cost) => self
+                .shared
+                .limiter
+                .peek_cost(key.as_bytes(), cost)
+                .await
+                .ok(),
+            Plan::Skip | Plan::Reject(_) | Plan::NoAddress => None,
+        }
+    }
+
+    /// The answer to a client asking for its quota, for a route of its own
+    /// (`GET /api/quota`) that the layer does not wrap: `200 OK` with the
+    /// rate-limit headers a decided request's response carries and a JSON
+    /// body ([`RateLimitHeaders::quota`]), spending nothing; `404 Not
+    /// Found` if the layer would not limit such a request (see
+    /// [`peek`](Self::peek)).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule, Store};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// # let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("search", store, Policy::fixed_window(60, Duration::from_secs(60))?)?)
+    ///     .build()?;
+    /// let layer = RateLimitLayer::new(limiter, ClientIdentity::new([7u8; 32])?)?;
+    /// let mut request = http::Request::new(());
+    /// request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 4000)));
+    /// let (parts, ()) = request.into_parts();
+    /// let quota = layer.quota(&parts).await;
+    /// assert_eq!(quota.status(), 200);
+    /// // What the client's next request would leave, as its response would say.
+    /// assert_eq!(quota.headers()["x-ratelimit-remaining"], "59");
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    pub async fn quota(&self, parts: &Parts) -> Response<Bytes> {
+        match self.peek(parts).await {
+            Some(decision) => self.shared.headers.quota(&decision),
+            None => {
+                let mut response = Response::new(Bytes::from_static(NOT_LIMITED_BODY));
+                *response.status_mut() = StatusCode::NOT_FOUND;
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                response
+            }
+        }
+    }
 }
 
 /// Builds a [`RateLimitLayer`]; see [`RateLimitLayer::builder`].
@@ -258,6 +312,7 @@ pub struct RateLimitLayerBuilder {
     on_missing_key: MissingKey,
     skip: Option<Box<SkipFn>>,
     cost: Option<Box<CostFn>>,
+    counts: Option<Box<CountsFn>>,
     refusal: Option<Box<RefusalFn>>,
     mode: HeaderMode,
 }
@@ -308,6 +363,31 @@ impl RateLimitLayerBuilder {
     /// client into a retry loop.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.cost = Some(Box::new(cost));
+        self
+    }
+
+    /// Counts only the requests whose response status `counts` accepts: a
+    /// login route counts its failures (`|s| s == StatusCode::UNAUTHORIZED`),
+    /// a route can count only its successes (`|s| s.is_success()`). Each
+    /// request is still decided before the inner service sees it, so a
+    /// refused client never reaches it; one whose response should not count
+    /// is given back to every rule once the response is ready
+    /// ([`Limiter::check_admission`](ratewarden_core::Limiter::check_admission)),
+    /// before the response is returned. The rate-limit headers are those of
+    /// the decision, made before the response was known. A request whose
+    /// inner service fails (an error, not a status) stays counted.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// # fn f(b: ratewarden::layer::RateLimitLayerBuilder) -> ratewarden::layer::RateLimitLayerBuilder {
+    /// b.count_only(|status| status == StatusCode::UNAUTHORIZED) // failed logins
+    /// # }
+    /// ```
+    pub fn count_only(
+        mut self,
+        counts: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.counts = Some(Box::new(counts));
         self
     }
 
@@ -405,6 +485,7 @@ impl RateLimitLayerBuilder {
                 no_address_logged: AtomicBool::new(false),
                 skip: self.skip,
                 cost: self.cost,
+                counts: self.counts,
                 refusal: self.refusal,
                 headers,
             }),
@@ -444,6 +525,9 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     ReqBody: Send + 'static,
+    // Held while a response that must not count is given back
+    // ([`RateLimitLayerBuilder::count_only`]).
+    ResBody: Send,
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
@@ -459,22 +543,30 @@ where
         let (parts, body) = request.into_parts();
         let plan = self.shared.plan(&parts);
         let mut request = Request::from_parts(parts, body);
-        // A limiter answering at once (one rule on a memory store) is asked
-        // here, so that the request is decided without a boxed future, a
-        // clone of the inner service or a count on the shared layer state.
-        if let Plan::Check(key, 1) = &plan
-            && let Some(decision) = self.shared.limiter.check_inline(key.as_bytes())
-        {
-            if decision.allowed {
-                let headers = self.shared.headers.writer(&decision);
-                request.extensions_mut().insert(decision.clone());
-                return ResponseFuture::inner(self.inner.call(request), decision, headers);
+        // The limiter is asked here, so that a request that no store makes
+        // wait (rules on memory stores) is decided without a boxed future, a
+        // clone of the inner service or a count on the shared layer state;
+        // one that must wait carries what was asked into the boxed future,
+        // which asks nothing again.
+        let mut pending = None;
+        if let (Plan::Check(key, 1), None) = (&plan, &self.shared.counts) {
+            match self.shared.limiter.try_check(key.as_bytes()) {
+                Ok(decision) => {
+                    if decision.allowed {
+                        let headers = self.shared.headers.writer();
+                        request.extensions_mut().insert(decision.clone());
+                        return ResponseFuture::inner(self.inner.call(request), decision, headers);
+                    }
+                    if self.shared.refusal.is_none() {
+                        return ResponseFuture::ready(self.shared.default_refusal(&decision));
+                    }
+                    let shared = self.shared.clone();
+                    return ResponseFuture::boxed(
+                        async move { Ok(shared.refusal(&decision).await) },
+                    );
+                }
+                Err(waiting) => pending = Some(waiting),
             }
-            if self.shared.refusal.is_none() {
-                return ResponseFuture::ready(self.shared.default_refusal(&decision));
-            }
-            let shared = self.shared.clone();
-            return ResponseFuture::boxed(async move { Ok(shared.refusal(&decision).await) });
         }
         let shared = self.shared.clone();
         // The inner service was driven to readiness in poll_ready; take that
@@ -496,15 +588,31 @@ where
                     ));
                 }
             };
-            let decision = if cost == 1 {
-                shared.limiter.check(key.as_bytes()).await
-            } else {
-                match shared.limiter.check_cost(key.as_bytes(), cost).await {
+            if let Some(counts) = &shared.counts {
+                let Ok(admission) = shared.limiter.check_admission(key.as_bytes(), cost).await
+                else {
+                    return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, COST_BODY));
+                };
+                let decision = admission.decision().clone();
+                if !decision.allowed {
+                    return Ok(shared.refusal(&decision).await);
+                }
+                request.extensions_mut().insert(decision.clone());
+                let mut response = inner.call(request).await?;
+                if !counts(response.status()) {
+                    admission.refund().await;
+                }
+                shared.headers.write(&decision, response.headers_mut());
+                return Ok(response.map(RateLimitBody::inner));
+            }
+            let decision = match pending {
+                Some(pending) => pending.decide().await,
+                None => match shared.limiter.check_cost(key.as_bytes(), cost).await {
                     Ok(decision) => decision,
                     Err(_) => {
                         return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, COST_BODY));
                     }
-                }
+                },
             };
             if !decision.allowed {
                 return Ok(shared.refusal(&decision).await);
@@ -523,7 +631,7 @@ pin_project_lite::pin_project! {
     /// The future of a [`RateLimit`] service's response.
     ///
     /// A request decided at once (see
-    /// [`Limiter::check_inline`](ratewarden_core::Limiter::check_inline)) is
+    /// [`Limiter::try_check`](ratewarden_core::Limiter::try_check)) is
     /// the inner service's future and the decision's headers, written when
     /// the response comes; a refusal is a ready response; anything that
     /// waits on a store is boxed.
@@ -619,6 +727,8 @@ const MISSING_KEY_BODY: &[u8] = b"{\"error\":\"missing_key\",\
     \"message\":\"This request carries no rate-limit key.\"}";
 const NO_ADDRESS_BODY: &[u8] = b"{\"error\":\"no_client_address\",\
     \"message\":\"The server cannot see the client's address to rate-limit this request.\"}";
+const NOT_LIMITED_BODY: &[u8] = b"{\"error\":\"not_limited\",\
+    \"message\":\"Requests like this one are not rate-limited.\"}";
 const COST_BODY: &[u8] = b"{\"error\":\"cost_exceeds_limit\",\
     \"message\":\"This request costs more than the rate limit ever admits.\"}";
 

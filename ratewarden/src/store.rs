@@ -27,20 +27,10 @@ use ratewarden_core::{ConfigError, Store};
 /// [`ratewarden_core::url::redact`].
 pub use ratewarden_core::url::redact;
 
+pub use ratewarden_core::url::{MEMORY_SCHEMES, POSTGRES_SCHEMES, REDIS_SCHEMES};
+
 /// The key capacity of a `memory://` store without `?capacity=`.
-pub const DEFAULT_MEMORY_CAPACITY: usize = 100_000;
-
-/// The schemes of `memory://` URLs.
-pub const MEMORY_SCHEMES: &[&str] = &["memory"];
-
-/// The schemes the Redis store accepts (`ratewarden_redis::URL_SCHEMES`, kept
-/// equal to it by a test), known here even when the `redis` feature is off
-/// so that such a URL is refused with the feature to enable.
-pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+cluster"];
-
-/// The schemes the Postgres store accepts (`ratewarden_postgres::URL_SCHEMES`,
-/// kept equal to it by a test).
-pub const POSTGRES_SCHEMES: &[&str] = &["postgres", "postgresql"];
+pub use ratewarden_core::DEFAULT_KEY_CAPACITY as DEFAULT_MEMORY_CAPACITY;
 
 /// Opens the store `url` names.
 ///
@@ -216,15 +206,5 @@ mod tests {
                 .contains("no user, host or path")
         );
         assert!(capacity("memory://user@host").is_err());
-    }
-
-    /// The scheme lists here are the backends' own, so `from_url` accepts
-    /// exactly what the backends accept.
-    #[test]
-    fn scheme_lists_are_the_backends() {
-        #[cfg(feature = "redis")]
-        assert_eq!(REDIS_SCHEMES, ratewarden_redis::URL_SCHEMES);
-        #[cfg(feature = "postgres")]
-        assert_eq!(POSTGRES_SCHEMES, ratewarden_postgres::URL_SCHEMES);
     }
 }

@@ -24,11 +24,16 @@ use ratewarden::{
 use ratewarden_test_support::containers::Container;
 use ratewarden_test_support::stores::Recording;
 
-/// Every store call is bounded by this.
-const TIMEOUT: Duration = Duration::from_millis(200);
+/// Every store call is bounded by this: long enough that a healthy answer
+/// on a loaded machine is never taken for a failure, so that only the
+/// paused server's calls reach it.
+const TIMEOUT: Duration = Duration::from_secs(5);
 /// Far above [`TIMEOUT`]: only a decision that ignores its timeout reaches
 /// it. A guard against hangs, not a measurement.
-const HANG_GUARD: Duration = Duration::from_millis(200 * 20);
+const HANG_GUARD: Duration = Duration::from_secs(30);
+/// The stores' own timeout, above [`HANG_GUARD`]: a rule that waited for
+/// the store instead of its own timeout would reach the guard.
+const STORE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Consecutive failures that open a breaker.
 const FAILURES: u32 = 2;
 /// How long a breaker stays open, on the manual clock.
@@ -359,12 +364,18 @@ async fn paused_server_costs_one_timeout_per_failure_then_none<S: Server>() {
     }
 
     container.pause().await.expect("docker pause");
-    for case in &cases {
-        // Each of the first FAILURES decisions waits for the timeout (the
-        // hang guard in `check` proves none waits for the paused server),
-        // then the breaker answers without calling the store.
-        while_down(case, "paused").await;
-    }
+    // Each of the first FAILURES decisions waits for the timeout (the hang
+    // guard in `check` proves none waits for the paused server), then the
+    // breaker answers without calling the store. The cases are independent
+    // limiters: they wait for their timeouts at the same time.
+    let [fallback, open, closed] = &cases[..] else {
+        panic!("one case per mode");
+    };
+    tokio::join!(
+        while_down(fallback, "paused"),
+        while_down(open, "paused"),
+        while_down(closed, "paused"),
+    );
 
     container.unpause().await.expect("docker unpause");
     for case in &cases {
@@ -471,6 +482,8 @@ async fn local_refusal_sends_nothing<S: Server>() {
                 durable,
                 Policy::sliding_log(40, Duration::from_secs(3600)).unwrap(),
             )
+            .unwrap()
+            .with_timeout(TIMEOUT)
             .unwrap(),
         )
         .build()
@@ -577,18 +590,24 @@ impl Server for Redis {
         Arc::new(
             ratewarden::redis::RedisStore::builder(url)
                 .key_prefix(ratewarden_test_support::redis::unique_prefix(what))
-                .timeout(Duration::from_secs(2))
+                .timeout(STORE_TIMEOUT)
                 .build()
                 .unwrap(),
         )
     }
 
     fn check_counted_before(fault: Fault, counted: u32) {
-        // A restart without persistence forgets everything.
-        assert!(
-            counted == 3 || counted == 0 || (fault == Fault::Pause && counted <= 5),
-            "Redis counted requests it never answered: {counted}"
-        );
+        match fault {
+            // A restart forgets everything, unless the server saved its
+            // data set on the way down.
+            Fault::Stop => assert!(
+                counted == 3 || counted == 0,
+                "Redis counted requests it never answered: {counted}"
+            ),
+            // A pause loses nothing: the 3 answered before it, and at most
+            // the 2 timed-out calls it ran late.
+            Fault::Pause => assert!((3..=5).contains(&counted), "{counted}"),
+        }
     }
 
     /// A server of the test's own (nothing else runs commands on it) and a
@@ -640,7 +659,7 @@ impl Server for Postgres {
             ratewarden::postgres::PostgresStore::builder(url)
                 .schema(ratewarden_test_support::postgres::unique_schema(what))
                 .pool_size(4)
-                .timeout(Duration::from_secs(2))
+                .timeout(STORE_TIMEOUT)
                 .sweep_interval(None)
                 .build()
                 .await

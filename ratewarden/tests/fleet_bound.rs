@@ -29,7 +29,11 @@ const N: u32 = 4;
 const L: u32 = 10;
 /// Requests per instance: far beyond the limit.
 const PER_INSTANCE: u32 = 50;
-const HANG_GUARD: Duration = Duration::from_secs(4);
+/// Far above every timeout below: only a hang reaches it.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+/// The shared store's timeout: a healthy answer on a loaded machine is
+/// never taken for a failure (which would hand out a local quota).
+const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn policy() -> Policy {
     Policy::sliding_log(L, Duration::from_secs(60)).unwrap()
@@ -39,7 +43,7 @@ fn redis_store(url: &str) -> Arc<dyn Store> {
     Arc::new(
         RedisStore::builder(url)
             .key_prefix(redis_fixture::unique_prefix("fleet"))
-            .timeout(Duration::from_secs(2))
+            .timeout(TIMEOUT)
             .build()
             .unwrap(),
     )
@@ -49,13 +53,14 @@ fn local() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new(1_000))
 }
 
-/// `N` instances on `clock`, instance `i` limited by the one rule `rule(i)`.
+/// `N` instances on `clock`, instance `i` limited by the one rule `rule(i)`
+/// under the generous [`TIMEOUT`] in place of the default quarter second.
 fn fleet(clock: &ManualClock, rule: impl Fn(u32) -> Rule) -> Vec<Limiter> {
     (0..N)
         .map(|i| {
             Limiter::builder()
                 .clock(clock.clone())
-                .rule(rule(i))
+                .rule(rule(i).with_timeout(TIMEOUT).unwrap())
                 .build()
                 .unwrap()
         })
@@ -139,8 +144,6 @@ async fn shared_store_with_local_fallback_admits_the_limit_per_instance_more_whe
     let shared = redis_store(&url);
     let rule = |cache: bool| {
         let r = Rule::new("search", shared.clone(), policy())
-            .unwrap()
-            .with_timeout(Duration::from_millis(200))
             .unwrap()
             .with_breaker(BreakerConfig::new(2, Duration::from_secs(5)).unwrap())
             .with_fallback(local())

@@ -11,11 +11,17 @@ use axum::Router;
 use axum::routing::get;
 use http::{Method, StatusCode};
 use ratewarden::{
-    AddressSource, ClientIdentity, FailurePolicy, Limiter, ManualClock, Policy, RateLimitLayer,
-    Rule, Store,
+    AddressSource, ClientIdentity, Decision, FailurePolicy, HeaderMode, Limiter, ManualClock,
+    Policy, RateLimitHeaders, RateLimitLayer, Rule, Store,
 };
 use ratewarden_conformance::broken::Unavailable as Failing;
-use ratewarden_test_support::http::{TestClient, serve};
+use ratewarden_test_support::http::TestClient;
+// The peer address as this build's layer reads it: axum's `ConnectInfo`
+// with the `axum` feature, a plain `SocketAddr` extension without it.
+#[cfg(feature = "axum")]
+use ratewarden_test_support::http::serve;
+#[cfg(not(feature = "axum"))]
+use ratewarden_test_support::http::serve_with_socket_addr as serve;
 use ratewarden_test_support::stores::{MapStore, Recording};
 
 const SECRET: &[u8; 32] = b"test secret, thirty-two bytes!!!";
@@ -489,4 +495,81 @@ async fn a_durable_refusal_describes_the_durable_policy() {
     assert_eq!(refused.json()["window"], 3600);
     assert_eq!(refused.header_u64("retry-after"), 3600);
     assert_eq!(hits.load(Ordering::SeqCst), 1);
+}
+
+/// `Retry-After` in whole seconds, rounded up for every wait: a whole one
+/// is itself, anything past a whole second (by a microsecond) is the next
+/// one, a sub-second wait is one second, and an admission has none. The
+/// JSON body says the same.
+#[test]
+fn retry_after_rounds_up_whole_fractional_and_sub_second_waits() {
+    let clock = ManualClock::new();
+    let policy = Policy::fixed_window(60, Duration::from_secs(60)).unwrap();
+    let headers = RateLimitHeaders::new(&exact("search", policy, &clock), HeaderMode::Both);
+    let refused = |retry_after: Duration| {
+        Decision::new(
+            false,
+            &policy,
+            0,
+            Duration::from_secs(60),
+            retry_after,
+            "map",
+        )
+    };
+    for (wait, shown) in [
+        (Duration::from_secs(60), "60"),
+        (Duration::from_secs(1), "1"),
+        (Duration::from_micros(59_000_001), "60"),
+        (Duration::from_micros(60_999_999), "61"),
+        (Duration::from_micros(1), "1"),
+        (Duration::from_nanos(1), "1"),
+        (Duration::from_millis(999), "1"),
+        (Duration::ZERO, "0"),
+    ] {
+        let decision = refused(wait);
+        let mut map = http::HeaderMap::new();
+        headers.write(&decision, &mut map);
+        assert_eq!(
+            map.get("retry-after").map(|v| v.to_str().unwrap()),
+            Some(shown),
+            "{wait:?}"
+        );
+        let response = headers.refusal(&decision).into_http();
+        assert_eq!(response.headers()["retry-after"], shown, "{wait:?}");
+        let json: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(json["retry_after"].to_string(), shown, "{wait:?}");
+    }
+    let allowed = Decision::new(
+        true,
+        &policy,
+        59,
+        Duration::from_secs(60),
+        Duration::ZERO,
+        "map",
+    );
+    let mut map = http::HeaderMap::new();
+    headers.write(&allowed, &mut map);
+    assert!(map.get("retry-after").is_none(), "{map:?}");
+    assert_eq!(map["x-ratelimit-remaining"], "59", "{map:?}");
+}
+
+/// Over the socket: a wait of exactly one window is that many seconds,
+/// not one more or one less, and a wait of one microsecond is one second.
+#[tokio::test]
+async fn a_whole_minute_wait_says_60_and_a_microsecond_says_1() {
+    let clock = ManualClock::new();
+    let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
+    let (client, _) = search_client(policy, &clock).await;
+    assert_eq!(client.get("/api/search").await.status, StatusCode::OK);
+    let refused = client.get("/api/search").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header_u64("retry-after"), 60, "{refused:?}");
+    assert_eq!(refused.json()["retry_after"], 60);
+
+    clock.advance(Duration::from_micros(59_999_999));
+    let last = client.get("/api/search").await;
+    assert_eq!(last.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(last.header_u64("retry-after"), 1, "{last:?}");
+    clock.advance(Duration::from_micros(1));
+    assert_eq!(client.get("/api/search").await.status, StatusCode::OK);
 }

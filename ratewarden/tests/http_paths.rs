@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Extension};
+#[cfg(feature = "axum")]
+use axum::extract::ConnectInfo;
+use axum::extract::Extension;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{Request, StatusCode};
@@ -57,7 +59,12 @@ fn app(store: Arc<dyn Store>, clock: &ManualClock, custom: bool) -> Router {
 async fn send(app: &Router) -> (StatusCode, Vec<(String, String)>, Vec<u8>) {
     let mut request = Request::get("/api/search").body(Body::empty()).unwrap();
     let peer: SocketAddr = "198.51.100.7:40000".parse().unwrap();
+    // The peer as this build's layer reads it: axum's `ConnectInfo` with
+    // the `axum` feature, a plain `SocketAddr` extension without it.
+    #[cfg(feature = "axum")]
     request.extensions_mut().insert(ConnectInfo(peer));
+    #[cfg(not(feature = "axum"))]
+    request.extensions_mut().insert(peer);
     let response = app.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let mut headers: Vec<(String, String)> = response
@@ -99,4 +106,25 @@ async fn inline_and_awaited_limiters_answer_alike() {
         );
         assert_eq!(awaited_store.calls(), 6);
     }
+}
+
+/// Through the layer, a request on a store that must be awaited asks it
+/// inline once and awaits it once: the awaited path never repeats the
+/// inline attempt.
+#[tokio::test]
+async fn an_awaited_store_is_asked_inline_once_per_request() {
+    let clock = ManualClock::new();
+    // Never answers inline, as Redis and Postgres do not; counts both.
+    let store = Switch::<dyn Store>::new(Arc::new(ReferenceStore::new(100)));
+    let app = app(store.clone(), &clock, false);
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(send(&app).await.0);
+    }
+    assert!(
+        statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    assert_eq!(store.inline_asks(), 6);
+    assert_eq!(store.calls(), 6);
 }

@@ -216,12 +216,36 @@ fn short_secrets_are_refused(#[case] got: usize) {
     );
 }
 
+/// No part of the secret shows in the `Debug` of an identity or of a hasher
+/// made from it: not eight of its characters in a row, nor four of its
+/// bytes as hex or as a list of numbers.
 #[test]
 fn the_secret_is_not_in_debug_output() {
-    let identity = ClientIdentity::new(SECRET).unwrap();
-    let debug = format!("{identity:?}");
-    assert!(!debug.contains("thirty-two"), "{debug}");
-    assert!(debug.contains("peer"), "{debug}");
+    let plain = ClientIdentity::new(SECRET).unwrap();
+    let configured = ClientIdentity::new(SECRET)
+        .unwrap()
+        .with_ipv6_prefix(48)
+        .unwrap();
+    for identity in [plain, configured] {
+        let hasher = identity.hasher("tenant");
+        let debug = format!("{identity:?} {identity:#?} {hasher:?} {hasher:#?}");
+        for window in SECRET.windows(8) {
+            let text = std::str::from_utf8(window).unwrap();
+            assert!(!debug.contains(text), "{text:?} shown: {debug}");
+        }
+        let hex: String = SECRET.iter().map(|b| format!("{b:02x}")).collect();
+        for at in (0..=hex.len() - 8).step_by(2) {
+            let digits = &hex[at..at + 8];
+            assert!(
+                !debug.to_ascii_lowercase().contains(digits),
+                "{digits} shown: {debug}"
+            );
+        }
+        let numbers = format!("{:?}", &SECRET[..4]);
+        let numbers = numbers.trim_matches(['[', ']']);
+        assert!(!debug.contains(numbers), "{numbers} shown: {debug}");
+        assert!(debug.contains("peer"), "{debug}");
+    }
 }
 
 #[rstest]

@@ -8,7 +8,7 @@
 //! events or runs its breaker) by a small composition written here around a
 //! real [`Limiter`] from which that feature was taken out.
 //!
-//! One file of about 550 lines: each broken composition is small, and a
+//! One file of about 620 lines: each broken composition is small, and a
 //! reader checking what a scenario catches wants them side by side.
 
 use std::sync::{Arc, Mutex};
@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_core::{
-    AbuseEvent, AbuseSink, BreakerConfig, Clock, ConfigError, Decision, FailurePolicy, Limiter,
-    ManualClock, Policy, Source, Store, StoreError, Timestamp,
+    AbuseEvent, AbuseSink, Algorithm, BreakerConfig, Clock, ConfigError, Decision, ErrorKind,
+    FailurePolicy, Limiter, ManualClock, Policy, Store, StoreError, Timestamp,
 };
 
 use super::{Composer, Composition, EscalationSpec, LimiterComposer, TierSpec};
@@ -44,14 +44,24 @@ pub enum CompositionDefect {
     /// A cancelled probe re-opens the breaker for a full cool-down
     /// (`breaker_recovery`).
     CancelledProbeReopens,
+    /// A failed probe leaves the breaker half-open, with the deadline that
+    /// let it through, so the next request probes the dead store again
+    /// instead of the breaker re-opening for a full cool-down: a timeout per
+    /// request (`breaker_recovery`).
+    FailedProbeStaysHalfOpen,
+    /// The stores report an `InvalidRequest` answer as the store failing,
+    /// so a probe answered with one re-opens the breaker for a full
+    /// cool-down although it said nothing of the store's health
+    /// (`breaker_recovery`).
+    InvalidProbeFails,
     /// Asks the store on every refused request
     /// (`refused_offender_costs_no_round_trip`).
     NoRefusalCache,
     /// Leases a batch but has the shared store count one unit of it
     /// (`leased_fleet_never_over_admits`).
     LeaseUncounted,
-    /// Keeps spending a batch after the window that counted it ended
-    /// (`leased_fleet_never_over_admits`).
+    /// Keeps a batch spendable for one window after the window that counted
+    /// it ended (`leased_units_never_outlive_their_window`).
     LeaseOutlivesWindow,
     /// Never hands unspent units back (`leased_units_returned`).
     LeaseNotReleased,
@@ -62,13 +72,15 @@ pub enum CompositionDefect {
 
 impl CompositionDefect {
     /// Every defect.
-    pub const ALL: [CompositionDefect; 11] = [
+    pub const ALL: [CompositionDefect; 13] = [
         CompositionDefect::NoRefunds,
         CompositionDefect::BothConsulted,
         CompositionDefect::PacedSampling,
         CompositionDefect::AbuseEveryRefusal,
         CompositionDefect::NoBreaker,
         CompositionDefect::CancelledProbeReopens,
+        CompositionDefect::FailedProbeStaysHalfOpen,
+        CompositionDefect::InvalidProbeFails,
         CompositionDefect::NoRefusalCache,
         CompositionDefect::LeaseUncounted,
         CompositionDefect::LeaseOutlivesWindow,
@@ -164,7 +176,15 @@ impl Composer for BrokenComposer {
                 }
                 LimiterComposer.compose(tiers, clock)
             }
-            CompositionDefect::CancelledProbeReopens => {
+            CompositionDefect::InvalidProbeFails => {
+                for t in &mut tiers {
+                    t.store = InvalidAsFailure::wrap(t.store.clone());
+                    t.fallback = t.fallback.take().map(InvalidAsFailure::wrap);
+                }
+                LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::CancelledProbeReopens
+            | CompositionDefect::FailedProbeStaysHalfOpen => {
                 let first = tiers
                     .first()
                     .ok_or_else(|| ConfigError::Invalid("no tiers".into()))?;
@@ -175,6 +195,7 @@ impl Composer for BrokenComposer {
                     t.breaker = never_opens()?;
                 }
                 Ok(Box::new(Reopening {
+                    defect: self.0,
                     inner: limiter(&tiers, &clock)?,
                     config,
                     state: Arc::new(Mutex::new(BreakerState::default())),
@@ -235,17 +256,21 @@ impl Store for BrokenLease {
         {
             let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((units, until)) = batches.get_mut(key) {
-                let live = t < *until || self.defect == CompositionDefect::LeaseOutlivesWindow;
+                let late = match self.defect {
+                    CompositionDefect::LeaseOutlivesWindow => policy.window_micros(),
+                    _ => 0,
+                };
+                let live = t < until.saturating_add(late);
                 if live && *units >= cost {
                     *units -= cost;
-                    return Ok(Decision {
-                        allowed: true,
-                        limit: policy.limit(),
-                        remaining: *units,
-                        reset_after: Duration::from_micros(until.saturating_sub(t)),
-                        retry_after: Duration::ZERO,
-                        source: Source::store(self.shared.name()),
-                    });
+                    return Ok(Decision::new(
+                        true,
+                        policy,
+                        *units,
+                        Duration::from_micros(until.saturating_sub(t)),
+                        Duration::ZERO,
+                        self.shared.name(),
+                    ));
                 }
             }
         }
@@ -257,20 +282,19 @@ impl Store for BrokenLease {
             Ok(d) => d,
             Err(_) if self.defect == CompositionDefect::LeaseOpenWhenDead => {
                 self.grant(key, cost, t + policy.window_micros());
-                return Ok(Decision {
-                    allowed: true,
-                    limit: policy.limit(),
-                    remaining: self.units - cost,
-                    reset_after: policy.window(),
-                    retry_after: Duration::ZERO,
-                    source: Source::store(self.shared.name()),
-                });
+                return Ok(Decision::new(
+                    true,
+                    policy,
+                    self.units - cost,
+                    policy.window(),
+                    Duration::ZERO,
+                    self.shared.name(),
+                ));
             }
             Err(e) => return Err(e),
         };
         if grant.allowed {
-            let until = t + grant.reset_after.as_micros() as u64;
-            self.grant(key, cost, until);
+            self.grant(key, cost, window_end(policy, t, &grant));
             return Ok(grant);
         }
         if ask == cost {
@@ -288,6 +312,95 @@ impl Store for BrokenLease {
         admitted: &Decision,
     ) -> Result<(), StoreError> {
         self.shared.refund(key, policy, cost, now, admitted).await
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.shared.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.shared.reset(key, policy).await
+    }
+}
+
+/// The end of the window that counted a grant at `t`: a sliding window's
+/// `reset_after` reaches past the window that holds the units, to when they
+/// stop weighing on the next one.
+fn window_end(policy: &Policy, t: u64, grant: &Decision) -> u64 {
+    let w = policy.window_micros();
+    match policy.algorithm() {
+        Algorithm::SlidingWindow => t - t % w + w,
+        _ => t + grant.reset_after.as_micros() as u64,
+    }
+}
+
+/// A store whose `InvalidRequest` errors come out as the store failing, as
+/// an adapter that flattens every error into "unavailable" reports them.
+#[derive(Debug)]
+struct InvalidAsFailure(Arc<dyn Store>);
+
+impl InvalidAsFailure {
+    fn wrap(store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(InvalidAsFailure(store))
+    }
+
+    fn flatten(e: StoreError) -> StoreError {
+        if e.kind() != ErrorKind::InvalidRequest {
+            return e;
+        }
+        StoreError::new(ErrorKind::Unavailable, e.store(), e.to_string())
+    }
+}
+
+#[async_trait]
+impl Store for InvalidAsFailure {
+    forward_identity!(0);
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.0
+            .decide(key, policy, cost, now)
+            .await
+            .map_err(Self::flatten)
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.0
+            .refund(key, policy, cost, now, admitted)
+            .await
+            .map_err(Self::flatten)
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.0.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.0.reset(key, policy).await
     }
 }
 
@@ -349,6 +462,20 @@ impl Store for NoRefund {
         _: &Decision,
     ) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.0.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.0.reset(key, policy).await
     }
 }
 
@@ -416,14 +543,7 @@ impl Composition for EveryRefusal {
             .and_then(|(_, sink)| sink.clone());
         if let (Some(sink), Some(rule)) = (sink, d.source.rule) {
             let now = self.clock.now();
-            let event = AbuseEvent {
-                rule: rule.into(),
-                key: key.to_vec(),
-                at: now,
-                since: now,
-                refusals: 1,
-                refused_by: d.source.store,
-            };
+            let event = AbuseEvent::new(rule, key, now, d.source.store);
             let _ = tokio::time::timeout(self.timeout, sink.record(event)).await;
         }
         d
@@ -441,9 +561,13 @@ struct BreakerState {
     probing: bool,
 }
 
-/// A breaker around the first tier that re-opens for a full cool-down when
-/// a probe's caller goes away.
+/// A breaker around the first tier with one defect in how a probe ends:
+/// one whose caller goes away re-opens it for a full cool-down
+/// ([`CompositionDefect::CancelledProbeReopens`]), or one that fails leaves
+/// the expired deadline standing, so the next call probes again
+/// ([`CompositionDefect::FailedProbeStaysHalfOpen`]).
 struct Reopening {
+    defect: CompositionDefect,
     inner: Limiter,
     config: BreakerConfig,
     state: Arc<Mutex<BreakerState>>,
@@ -454,9 +578,11 @@ struct Reopening {
     clock: ManualClock,
 }
 
+/// Ends a probe whose caller went away: gives the slot back, and with
+/// `reopen_until` re-opens the breaker until then.
 struct ReopenOnDrop {
     state: Arc<Mutex<BreakerState>>,
-    until: u64,
+    reopen_until: Option<u64>,
     armed: bool,
 }
 
@@ -465,7 +591,9 @@ impl Drop for ReopenOnDrop {
         if self.armed {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             s.probing = false;
-            s.open_until = Some(self.until);
+            if let Some(until) = self.reopen_until {
+                s.open_until = Some(until);
+            }
         }
     }
 }
@@ -501,9 +629,10 @@ impl Composition for Reopening {
                 None => false,
             }
         };
+        let reopens = self.defect == CompositionDefect::CancelledProbeReopens;
         let mut guard = ReopenOnDrop {
             state: self.state.clone(),
-            until: mono + self.cool_down(),
+            reopen_until: reopens.then(|| mono + self.cool_down()),
             armed: probe,
         };
         let d = self.inner.check(key).await;
@@ -512,7 +641,9 @@ impl Composition for Reopening {
         s.probing = false;
         if d.source.degraded {
             s.failures += 1;
-            if probe || s.failures >= self.config.failures() {
+            let stays_half_open =
+                probe && self.defect == CompositionDefect::FailedProbeStaysHalfOpen;
+            if !stays_half_open && (probe || s.failures >= self.config.failures()) {
                 s.open_until = Some(mono + self.cool_down());
             }
         } else {

@@ -42,10 +42,9 @@ use ratewarden_core::{
 use crate::{ScenarioResult, StoreFactory};
 
 /// The [`Store`] methods of a wrapper that says what the store it wraps,
-/// `self.$inner`, says: its name, capabilities and policy check. A wrapper
-/// stands for its store in a composition and differs only in what it
-/// decides. `max_key_len` stays at the trait's default: the wrapped store
-/// enforces its own bound when it decides.
+/// `self.$inner`, says: its name, capabilities, key-length bound and policy
+/// check. A wrapper stands for its store in a composition and differs only
+/// in what it decides.
 macro_rules! forward_identity {
     ($inner:tt) => {
         fn name(&self) -> &'static str {
@@ -54,6 +53,10 @@ macro_rules! forward_identity {
 
         fn capabilities(&self) -> ratewarden_core::Capabilities {
             self.$inner.capabilities()
+        }
+
+        fn max_key_len(&self) -> usize {
+            self.$inner.max_key_len()
         }
 
         fn check_policy(
@@ -358,11 +361,15 @@ composition_list! {
     /// hanging abuse sink is called once for 50 refusals, all written when it
     /// is back. Catches a breaker that never opens.
     dead_store_costs_one_timeout => "a dead store or abuse sink costing a timeout per request instead of per cool-down",
-    /// After a cool-down, a probe cancelled by its caller lets the next
-    /// request probe at once; a probe answered `InvalidRequest` leaves the
-    /// breaker able to probe again. Catches a breaker that re-opens for a
-    /// full cool-down on a cancelled probe.
-    breaker_recovery => "a breaker kept open by a cancelled probe, or half-open for ever by an invalid one",
+    /// After a cool-down (breaker 1 failure / 10 s), a probe cancelled by
+    /// its caller lets the next request probe at once; a probe answered
+    /// `InvalidRequest` leaves the breaker able to probe again; a probe that
+    /// fails opens it for a full 10 s, in which 50 requests make no store
+    /// call, and the probe after it closes it. Catches a breaker that
+    /// re-opens for a full cool-down on a cancelled or invalid probe, and
+    /// one that stays half-open after a failed probe, letting every request
+    /// probe a dead store.
+    breaker_recovery => "a breaker kept open by a cancelled or invalid probe, or left half-open by a failed one so every request probes a dead store",
     /// A local tier (100/min) in front of a shared tier (5/min) with a
     /// refusal cache: 100 requests refused at t0+1 s cost one shared-store
     /// call and one local refund; at t0+30 s the refusal still stands
@@ -370,11 +377,21 @@ composition_list! {
     /// Catches a composition that asks the store on every refused request.
     refused_offender_costs_no_round_trip => "a refused client hammering costing a shared-store round trip per request",
     /// Four instances leasing from one fixed window of 20 per 10 s in
-    /// batches of at most 4: 12 requests in the first window leave units in
-    /// hand; of 60 in the second, at most 20 and at least 8 (20 less what
-    /// four instances can strand) are admitted. Catches leased units the
-    /// shared store never counted, and units spent after their window.
-    leased_fleet_never_over_admits => "leased units not counted by the shared store, or spent after the window that counted them",
+    /// batches of at most 4: 12 requests in the first window are admitted;
+    /// of 60 in the second, at most 20 and at least 8 (20 less what four
+    /// instances can strand) are. Catches leased units the shared store
+    /// never counted.
+    leased_fleet_never_over_admits => "leased units not counted by the shared store, so a fleet admits more than the limit",
+    /// For each algorithm a lease is sound for: four instances leasing in
+    /// batches of at most 4 from one window of 20 per 10 s, each through a
+    /// ledger of what the shared store counted. Window 1's 8 requests must
+    /// leave units in hand (12 counted, 4 in hand with the shipped lease),
+    /// or the scenario fails as proving nothing; a flood in window 2 until
+    /// every instance is refused must admit exactly the units the store
+    /// counted in window 2 (20 for a fixed window, 20 − 12 = 8 for a
+    /// sliding one), and each instance's first request there must ask the
+    /// store. Catches a lease spent a window late: 24 admitted of 20.
+    leased_units_never_outlive_their_window => "leased units spent after the window that counted them, admitted in a window that never counted them",
     /// Two instances on one fixed window of 10: A serves 4 and releases its
     /// leases; B is then admitted exactly the 6 units A did not spend.
     /// Catches units an instance that stops leaves stranded.

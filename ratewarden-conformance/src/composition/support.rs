@@ -1,5 +1,6 @@
 //! Test doubles for compositions: a store and an abuse sink whose health a
-//! scenario switches, counting the calls they get.
+//! scenario switches, counting the calls they get, and a store that keeps a
+//! ledger of the units it counted.
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,11 +26,14 @@ pub enum Health {
 }
 
 /// A store (or abuse sink) whose health can be switched, counting the calls
-/// that reach it, whatever it then answers.
+/// that reach it, whatever it then answers. As a store it never answers
+/// inline, as a network store does not, and counts how often it is asked
+/// to.
 pub struct Switch<T: ?Sized> {
     inner: Arc<T>,
     health: Mutex<Health>,
     calls: AtomicU64,
+    inline_asks: AtomicU64,
     refunds: AtomicU64,
     refusals: AtomicU64,
 }
@@ -50,6 +54,7 @@ impl<T: ?Sized> Switch<T> {
             inner,
             health: Mutex::new(Health::Up),
             calls: AtomicU64::new(0),
+            inline_asks: AtomicU64::new(0),
             refunds: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
         })
@@ -68,6 +73,12 @@ impl<T: ?Sized> Switch<T> {
     /// Calls that reached it (decisions, or abuse writes for a sink).
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Times it was asked to decide inline (a store only), which it never
+    /// does.
+    pub fn inline_asks(&self) -> u64 {
+        self.inline_asks.load(Ordering::SeqCst)
     }
 
     /// Refund calls that reached it (a store only).
@@ -114,6 +125,17 @@ impl Store for Switch<dyn Store> {
         self.inner.decide(key, policy, cost, now).await
     }
 
+    fn decide_inline(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        self.inline_asks.fetch_add(1, Ordering::SeqCst);
+        None
+    }
+
     async fn refund(
         &self,
         key: &[u8],
@@ -125,6 +147,24 @@ impl Store for Switch<dyn Store> {
         self.refunds.fetch_add(1, Ordering::SeqCst);
         self.gate(self.inner.name()).await?;
         self.inner.refund(key, policy, cost, now, admitted).await
+    }
+
+    /// Not counted in [`calls`](Switch::calls), which counts decisions;
+    /// failing as they do.
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.gate(self.inner.name()).await?;
+        self.inner.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.gate(self.inner.name()).await?;
+        self.inner.reset(key, policy).await
     }
 }
 
@@ -156,5 +196,107 @@ impl AbuseSink for Switch<dyn AbuseSink> {
         self.inner.record(event).await?;
         self.refusals.fetch_add(refusals, Ordering::SeqCst);
         Ok(())
+    }
+}
+
+/// A store that keeps a ledger of the units it counted: every admission it
+/// answered and every refund it took, at the time each was asked for. A
+/// scenario then knows how many units the store counted in any stretch of
+/// time, whatever the composition above it says it did.
+pub struct Ledger {
+    inner: Arc<dyn Store>,
+    /// (time asked for in µs, units: admitted positive, refunded negative).
+    entries: Mutex<Vec<(u64, i64)>>,
+    calls: AtomicU64,
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("store", &self.inner.name())
+            .field("calls", &self.calls())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// Keeps the ledger of `inner`.
+    pub fn new(inner: Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(Ledger {
+            inner,
+            entries: Mutex::default(),
+            calls: AtomicU64::new(0),
+        })
+    }
+
+    /// Decisions asked of it so far, answered or not.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Units it admitted for times in `from..to` (µs), less the units
+    /// refunded with a time in that range.
+    pub fn counted(&self, from: u64, to: u64) -> i64 {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(at, _)| (from..to).contains(at))
+            .map(|(_, units)| units)
+            .sum()
+    }
+
+    fn enter(&self, now: Timestamp, units: i64) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((now.as_micros(), units));
+    }
+}
+
+#[async_trait]
+impl Store for Ledger {
+    forward_identity!(inner);
+
+    async fn decide(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let d = self.inner.decide(key, policy, cost, now).await?;
+        if d.allowed {
+            self.enter(now, i64::from(cost));
+        }
+        Ok(d)
+    }
+
+    async fn refund(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &Decision,
+    ) -> Result<(), StoreError> {
+        self.inner.refund(key, policy, cost, now, admitted).await?;
+        self.enter(now, -i64::from(cost));
+        Ok(())
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        self.inner.peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ratewarden_core::{Algorithm, Clock, Decision, StoreError};
 use tokio::sync::Barrier;
 
-use crate::support::{Probe, S, evidence, fail, panic_message, policy};
+use crate::support::{Path, Probe, S, decide_preferring, evidence, fail, panic_message, policy};
 use crate::{ScenarioResult, StoreFactory};
 
 const TASKS: usize = 64;
@@ -37,15 +37,24 @@ pub(crate) async fn concurrent_exactness(factory: &dyn StoreFactory) -> Scenario
                 let barrier = Arc::clone(&barrier);
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    let mut out: Vec<Result<Decision, StoreError>> = Vec::with_capacity(PER_TASK);
-                    for _ in 0..PER_TASK {
-                        out.push(store.decide(&key, &p, 1, now).await);
+                    let mut out: Vec<(Path, Result<Decision, StoreError>)> =
+                        Vec::with_capacity(PER_TASK);
+                    // Every other request inline, where the store answers
+                    // there: that path must be as atomic as the awaited one.
+                    for i in 0..PER_TASK {
+                        let path = if i % 2 == 1 {
+                            Path::Inline
+                        } else {
+                            Path::Awaited
+                        };
+                        out.push(decide_preferring(&*store, path, &key, &p, 1, now).await);
                     }
                     out
                 })
             })
             .collect();
         let mut remaining = Vec::new();
+        let mut inline = 0;
         for task in tasks {
             let results = match task.await {
                 Ok(r) => r,
@@ -57,7 +66,8 @@ pub(crate) async fn concurrent_exactness(factory: &dyn StoreFactory) -> Scenario
                 }
                 Err(e) => return fail(format!("{algorithm}: a caller task failed: {e}")),
             };
-            for r in results {
+            for (path, r) in results {
+                inline += usize::from(path == Path::Inline);
                 match r {
                     Ok(d) if d.allowed => remaining.push(d.remaining),
                     Ok(_) => {}
@@ -91,7 +101,7 @@ pub(crate) async fn concurrent_exactness(factory: &dyn StoreFactory) -> Scenario
         }
         parts.push(format!(
             "{algorithm}: exactly {LIMIT} of {total} concurrent requests admitted \
-             ({TASKS} tasks × {PER_TASK}), remaining 49..=0 each once"
+             ({TASKS} tasks × {PER_TASK}, {inline} answered inline), remaining 49..=0 each once"
         ));
     }
     parts.extend(skipped);

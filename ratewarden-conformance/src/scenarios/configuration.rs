@@ -4,11 +4,10 @@
 use std::time::Duration;
 
 use ratewarden_core::{
-    Algorithm, Clock, ConfigError, ErrorKind, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW,
-    Policy,
+    Algorithm, ConfigError, ErrorKind, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, Policy,
 };
 
-use crate::support::{Probe, S, evidence, fail, list, num};
+use crate::support::{Path, Probe, S, evidence, fail, list, num};
 use crate::{Failure, ScenarioResult, StoreFactory};
 
 /// The largest policy `Policy` accepts for `algorithm`, with the longest
@@ -80,24 +79,25 @@ pub(crate) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioRes
         probe.at(0);
         let key = format!("configuration/{algorithm}");
         for cost in [0, 11] {
-            match store
-                .decide(key.as_bytes(), &p, cost, probe.clock.now())
-                .await
-            {
-                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-                Err(e) => {
-                    return fail(format!(
-                        "{algorithm}: cost {cost} with limit 10 must be an InvalidRequest error, \
-                         got a {} error: {e}",
-                        e.kind()
-                    ));
-                }
-                Ok(d) => {
-                    return fail(format!(
-                        "{algorithm}: cost {cost} with limit 10 must be an InvalidRequest error; \
-                         the store decided (allowed: {})",
-                        d.allowed
-                    ));
+            for path in Path::BOTH {
+                let method = path.decide();
+                match probe.decide_by(path, key.as_bytes(), &p, cost).await {
+                    None => {}
+                    Some(Err(e)) if e.kind() == ErrorKind::InvalidRequest => {}
+                    Some(Err(e)) => {
+                        return fail(format!(
+                            "{algorithm}: {method}: cost {cost} with limit 10 must be an \
+                             InvalidRequest error, got a {} error: {e}",
+                            e.kind()
+                        ));
+                    }
+                    Some(Ok(d)) => {
+                        return fail(format!(
+                            "{algorithm}: {method}: cost {cost} with limit 10 must be an \
+                             InvalidRequest error; the store decided (allowed: {})",
+                            d.allowed
+                        ));
+                    }
                 }
             }
         }
@@ -109,8 +109,10 @@ pub(crate) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioRes
             continue;
         }
         let limit = big.limit();
+        // An error here is the store going back on its check_policy.
+        let accepted = |f: Failure| Failure(format!("check_policy accepted {big}, but {f}"));
         let one = format!("configuration/{algorithm}/largest-one");
-        let d = probe.hit(one.as_bytes(), &big, 1).await?;
+        let d = probe.hit(one.as_bytes(), &big, 1).await.map_err(accepted)?;
         if !d.allowed || d.remaining != limit - 1 {
             return fail(format!(
                 "{algorithm}: check_policy accepted {big}, but a first request of cost 1 was \
@@ -121,7 +123,10 @@ pub(crate) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioRes
             ));
         }
         let all = format!("configuration/{algorithm}/largest-all");
-        let d = probe.hit(all.as_bytes(), &big, limit).await?;
+        let d = probe
+            .hit(all.as_bytes(), &big, limit)
+            .await
+            .map_err(accepted)?;
         if !d.allowed || d.remaining != 0 {
             return fail(format!(
                 "{algorithm}: check_policy accepted {big}, but a first request of cost {limit} \
@@ -130,10 +135,11 @@ pub(crate) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioRes
                 d.remaining
             ));
         }
-        let d = probe.hit(all.as_bytes(), &big, 1).await?;
+        let d = probe.hit(all.as_bytes(), &big, 1).await.map_err(accepted)?;
         if d.allowed {
             return fail(format!(
-                "{algorithm}: {big}: a request after the whole limit was taken was admitted"
+                "{algorithm}: check_policy accepted {big}, but a request after the whole limit \
+                 was taken was admitted"
             ));
         }
         extremes.push(format!(
@@ -143,8 +149,10 @@ pub(crate) async fn bad_configuration(factory: &dyn StoreFactory) -> ScenarioRes
     }
     if !supported.is_empty() {
         parts.push(format!(
-            "{}: ordinary policies accepted, costs 0 and 11 (limit 10) are InvalidRequest errors",
-            list(&supported)
+            "{}: ordinary policies accepted, costs 0 and 11 (limit 10) are InvalidRequest errors \
+             for {}",
+            list(&supported),
+            probe.decided_by()
         ));
         parts.push(format!("largest policies: {}", extremes.join(", ")));
     }

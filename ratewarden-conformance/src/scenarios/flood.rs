@@ -10,12 +10,26 @@ use crate::{ScenarioResult, StoreFactory};
 const UNBOUNDED_FLOOD: usize = 2_000;
 /// The offender retries every this many attacker keys on such a store.
 const UNBOUNDED_PROBE_EVERY: usize = 100;
+/// The largest key capacity the scenario floods (three times over): a store
+/// that declares more is refused with a message rather than flooded for
+/// hours, or with an overflow.
+const LARGEST_CHECKED_CAPACITY: usize = 1_000_000;
 
 pub(crate) async fn distinct_key_flood(factory: &dyn StoreFactory) -> ScenarioResult {
     const WINDOW: u64 = 3_600 * S;
     let first = Probe::new(factory).await?;
     let (algorithms, skipped) = first.supported(&Algorithm::ALL);
     let capacity = first.store.capabilities().key_capacity;
+    if let Some(cap) = capacity.filter(|&cap| cap > LARGEST_CHECKED_CAPACITY) {
+        return fail(format!(
+            "the {} store declares a key capacity of {} keys (Capabilities::key_capacity); the \
+             scenario floods three times the capacity and checks at most {}: declare the real \
+             bound, or none for a store whose keys expire on their own",
+            first.store.name(),
+            num(cap as u64),
+            num(LARGEST_CHECKED_CAPACITY as u64)
+        ));
+    }
     let (flood, every) = match capacity {
         Some(cap) => (cap.saturating_mul(3).max(3), (cap / 8).max(1)),
         None => (UNBOUNDED_FLOOD, UNBOUNDED_PROBE_EVERY),

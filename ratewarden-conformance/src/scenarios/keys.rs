@@ -1,9 +1,11 @@
 //! `key_independence` and `hostile_keys`: a key is data, and one key's
 //! traffic is its own.
 
-use ratewarden_core::{Algorithm, Clock, ErrorKind, Policy};
+use ratewarden_core::{Algorithm, ErrorKind, Policy};
 
-use crate::support::{Expect, Probe, S, check, evidence, fail, num, policy, refuse, show_key};
+use crate::support::{
+    Expect, Path, Probe, S, check, evidence, fail, num, policy, refuse, show_key,
+};
 use crate::{Failure, ScenarioResult, StoreFactory};
 
 /// How a key exhausted at T0 (L = 3, W = 60 s) is refused `secs` seconds
@@ -200,12 +202,7 @@ const LARGEST_CHECKED_BOUND: usize = 1 << 20;
 pub(crate) async fn key_length_bound(factory: &dyn StoreFactory) -> ScenarioResult {
     let probe = Probe::new(factory).await?;
     let store = probe.store.name();
-    let Some(max) = probe.store.max_key_len() else {
-        return fail(format!(
-            "the {store} store declares no key-length bound (Store::max_key_len): an application \
-             passing attacker-chosen bytes as keys could grow it without limit"
-        ));
-    };
+    let max = probe.store.max_key_len();
     if max > LARGEST_CHECKED_BOUND {
         return fail(format!(
             "the {store} store declares a key-length bound of {} bytes; at most {} is checked \
@@ -230,24 +227,31 @@ pub(crate) async fn key_length_bound(factory: &dyn StoreFactory) -> ScenarioResu
     }
     let mut too_long = longest.clone();
     too_long.push(b'k');
-    let now = probe.clock.now();
-    match probe.store.decide(&too_long, &p, 1, now).await {
-        Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-        other => {
-            return fail(format!(
-                "{algorithm}: a key of {} bytes (one over the declared bound) must be an \
-                 InvalidRequest error; got {other:?}",
-                num(max as u64 + 1)
-            ));
+    // A store answering inline must bound keys there too: a `Limiter` asks
+    // that path first.
+    for path in Path::BOTH {
+        match probe.decide_by(path, &too_long, &p, 1).await {
+            None => {}
+            Some(Err(e)) if e.kind() == ErrorKind::InvalidRequest => {}
+            other => {
+                return fail(format!(
+                    "{algorithm}: {}: a key of {} bytes (one over the declared bound) must be an \
+                     InvalidRequest error; got {other:?}",
+                    path.decide(),
+                    num(max as u64 + 1)
+                ));
+            }
         }
-    }
-    match probe.store.refund(&too_long, &p, 1, now, &d).await {
-        Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-        other => {
-            return fail(format!(
-                "{algorithm}: refunding with a key one byte over the bound must be an \
-                 InvalidRequest error; got {other:?}"
-            ));
+        match probe.refund_by(path, &too_long, &p, 1, &d).await {
+            None => {}
+            Some(Err(e)) if e.kind() == ErrorKind::InvalidRequest => {}
+            other => {
+                return fail(format!(
+                    "{algorithm}: {}: refunding with a key one byte over the bound must be an \
+                     InvalidRequest error; got {other:?}",
+                    path.refund()
+                ));
+            }
         }
     }
     // Nothing of the refused key leaked into a neighbour's state.
@@ -260,10 +264,11 @@ pub(crate) async fn key_length_bound(factory: &dyn StoreFactory) -> ScenarioResu
         ));
     }
     let mut parts = vec![format!(
-        "{algorithm}: keys of {} bytes valid, {} bytes an InvalidRequest error for decide and \
-         refund",
+        "{algorithm}: keys of {} bytes valid, {} bytes an InvalidRequest error for {}, and for {}",
         num(max as u64),
-        num(max as u64 + 1)
+        num(max as u64 + 1),
+        probe.decided_by(),
+        probe.refunded_by()
     )];
     parts.extend(skipped);
     evidence(parts)

@@ -7,6 +7,7 @@ pub(crate) mod concurrency;
 pub(crate) mod configuration;
 pub(crate) mod flood;
 pub(crate) mod keys;
+pub(crate) mod operations;
 pub(crate) mod refund;
 pub(crate) mod semantics;
 pub(crate) mod time;

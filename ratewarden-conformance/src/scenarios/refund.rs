@@ -8,10 +8,10 @@
 //! from a window the refunded request never counted in. Every expected
 //! value is worked out by hand from `ratewarden_core::algorithm`.
 
-use ratewarden_core::{Algorithm, Clock, Decision, ErrorKind, Policy};
+use ratewarden_core::{Algorithm, Decision, ErrorKind, Policy};
 
 use crate::support::{
-    Expect, Probe, S, admit, check, dur, evidence, fail, policy, refuse, show_key,
+    Expect, Path, Probe, S, admit, check, dur, evidence, fail, policy, refuse, show_key,
 };
 use crate::{Failure, ScenarioResult, StoreFactory};
 
@@ -143,13 +143,23 @@ async fn run(probe: &Probe, p: &Policy, key: &[u8], steps: &[Step]) -> Result<u3
     // Each hit's (time, cost, decision), by step index.
     let mut done: Vec<Option<(u64, u32, Decision)>> = Vec::with_capacity(steps.len());
     let mut refunds = 0;
+    // The refunds since the last hit, and which method answered each: the
+    // refunds alternate between `refund` and `refund_inline`, and a hit
+    // that shows one of them wrong says which.
+    let mut since_hit: Vec<String> = Vec::new();
     for (i, s) in steps.iter().enumerate() {
         match *s {
             Hit { at, cost, want } => {
                 probe.at(at);
                 let d = probe.hit(key, p, cost).await?;
-                let what = format!("step {} (cost {cost} at t0+{})", i + 1, dur(at));
+                let after = if since_hit.is_empty() {
+                    String::new()
+                } else {
+                    format!(", after {}", since_hit.join(" and "))
+                };
+                let what = format!("step {} (cost {cost} at t0+{}{after})", i + 1, dur(at));
                 check(&d, want, p, &what)?;
+                since_hit.clear();
                 done.push(Some((at, cost, d)));
             }
             Refund { step } => {
@@ -157,17 +167,19 @@ async fn run(probe: &Probe, p: &Policy, key: &[u8], steps: &[Step]) -> Result<u3
                     return fail(format!("scenario bug: step {} refunds a non-hit", i + 1));
                 };
                 probe.at(at);
-                let now = probe.clock.now();
-                if let Err(e) = probe.store.refund(key, p, cost, now, &admitted).await {
+                let (path, answer) = probe.refund(key, p, cost, &admitted).await;
+                if let Err(e) = answer {
                     return fail(format!(
                         "{} step {}: refunding the admission of step {} (cost {cost} at t0+{}) \
-                         returned an error: {e}",
+                         returned an error from {}: {e}",
                         p.algorithm(),
                         i + 1,
                         step + 1,
-                        dur(at)
+                        dur(at),
+                        path.refund()
                     ));
                 }
+                since_hit.push(format!("{} of step {}", path.refund(), step + 1));
                 refunds += 1;
                 done.push(None);
             }
@@ -197,41 +209,50 @@ pub(crate) async fn refund_exactness(factory: &dyn StoreFactory) -> ScenarioResu
                 "{algorithm}: a full-cost request then one more must be admitted then refused"
             ));
         }
-        let now = probe.clock.now();
-        match probe
-            .store
-            .refund(key.as_bytes(), &p, 1, now, &refused)
-            .await
-        {
-            Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-            other => {
-                return fail(format!(
-                    "{algorithm}: refunding a refused decision must be an InvalidRequest error, \
-                     got {other:?}"
-                ));
+        for path in Path::BOTH {
+            match probe.refund_by(path, key.as_bytes(), &p, 1, &refused).await {
+                None => {}
+                Some(Err(e)) if e.kind() == ErrorKind::InvalidRequest => {}
+                Some(other) => {
+                    return fail(format!(
+                        "{algorithm}: {}: refunding a refused decision must be an \
+                         InvalidRequest error, got {other:?}",
+                        path.refund()
+                    ));
+                }
             }
         }
         // A refund for a key the store never saw (evicted, expired) is a
-        // no-op, not an error, and creates nothing.
-        let ghost = format!("refund-ghost/{algorithm}");
-        if let Err(e) = probe
-            .store
-            .refund(ghost.as_bytes(), &p, 1, now, &full)
-            .await
-        {
-            return fail(format!(
-                "{algorithm}: refunding on key {} that holds nothing returned an error: {e}",
-                show_key(ghost.as_bytes())
-            ));
-        }
-        let d = probe.hit(ghost.as_bytes(), &p, limit).await?;
-        if !d.allowed || d.remaining != 0 {
-            return fail(format!(
-                "{algorithm}: after a refund on an empty key, a full-cost request must be \
-                 admitted with nothing left; got {d:?}"
-            ));
+        // no-op, not an error, and creates nothing: a key of its own per
+        // path, so that each path's refund is seen alone.
+        for path in Path::BOTH {
+            let method = path.refund();
+            let ghost = format!("refund-ghost/{algorithm}/{method}");
+            match probe.refund_by(path, ghost.as_bytes(), &p, 1, &full).await {
+                None => continue,
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    return fail(format!(
+                        "{algorithm}: {method} on key {} that holds nothing returned an error: \
+                         {e}",
+                        show_key(ghost.as_bytes())
+                    ));
+                }
+            }
+            let d = probe.hit(ghost.as_bytes(), &p, limit).await?;
+            if !d.allowed || d.remaining != 0 {
+                return fail(format!(
+                    "{algorithm}: after a refund ({method}) on an empty key, a full-cost \
+                     request must be admitted with nothing left; got {d:?}"
+                ));
+            }
         }
     }
+    parts.push(format!(
+        "refunds of refusals are InvalidRequest errors and refunds of empty keys create \
+         nothing, for {}",
+        probe.refunded_by()
+    ));
     parts.extend(skipped);
     evidence(parts)
 }

@@ -4,10 +4,10 @@
 //! `ratewarden_core::algorithm` (the comments show the arithmetic), so that a
 //! backend and the core cannot share a bug unnoticed.
 
-use ratewarden_core::{Algorithm, Clock, ErrorKind, Policy};
+use ratewarden_core::{Algorithm, ErrorKind, Policy};
 
 use crate::support::{
-    Expect, MS, Probe, S, admit, check, dur, evidence, fail, list, policy, refuse,
+    Expect, MS, Path, Probe, S, admit, check, dur, evidence, fail, list, policy, refuse,
 };
 use crate::{Failure, ScenarioResult, StoreFactory};
 
@@ -193,20 +193,25 @@ pub(crate) async fn cost_accounting(factory: &dyn StoreFactory) -> ScenarioResul
         let key = key.as_bytes();
         probe.at(0);
         for cost in [0, 6, u32::MAX] {
-            match probe.store.decide(key, &p, cost, probe.clock.now()).await {
-                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-                Err(e) => {
-                    return fail(format!(
-                        "{algorithm}: cost {cost} with limit 5 must be an InvalidRequest error, got {} error: {e}",
-                        e.kind()
-                    ));
-                }
-                Ok(d) => {
-                    return fail(format!(
-                        "{algorithm}: cost {cost} with limit 5 must be an InvalidRequest error, \
-                         the store decided (allowed: {})",
-                        d.allowed
-                    ));
+            for path in Path::BOTH {
+                let method = path.decide();
+                match probe.decide_by(path, key, &p, cost).await {
+                    None => {}
+                    Some(Err(e)) if e.kind() == ErrorKind::InvalidRequest => {}
+                    Some(Err(e)) => {
+                        return fail(format!(
+                            "{algorithm}: {method}: cost {cost} with limit 5 must be an \
+                             InvalidRequest error, got {} error: {e}",
+                            e.kind()
+                        ));
+                    }
+                    Some(Ok(d)) => {
+                        return fail(format!(
+                            "{algorithm}: {method}: cost {cost} with limit 5 must be an \
+                             InvalidRequest error, the store decided (allowed: {})",
+                            d.allowed
+                        ));
+                    }
                 }
             }
         }
@@ -248,9 +253,10 @@ pub(crate) async fn cost_accounting(factory: &dyn StoreFactory) -> ScenarioResul
         parts.insert(
             0,
             format!(
-                "{}: costs 0, 6 and 4,294,967,295 (limit 5) are InvalidRequest errors; \
+                "{}: costs 0, 6 and 4,294,967,295 (limit 5) are InvalidRequest errors for {}; \
                  cost 3 + 3 refused whole, then 3 + 2 fills the limit exactly",
-                list(&algorithms)
+                list(&algorithms),
+                probe.decided_by()
             ),
         );
     }

@@ -10,11 +10,11 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::abuse::{AbuseRecorder, AbuseSink};
-use crate::breaker::{Breaker, BreakerConfig, Permit};
+use crate::breaker::{Breaker, BreakerConfig};
 use crate::counter::load;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::intern::intern;
+use crate::intern::{intern, intern_policy};
 use crate::policy::Policy;
 use crate::refusal_cache::{REFUSAL_CACHE_KEYS, RefusalCache};
 use crate::store::Store;
@@ -23,6 +23,8 @@ use super::stats::{Counters, RuleStats};
 use super::{DEFAULT_TIMEOUT, FailurePolicy};
 
 mod decide;
+
+pub(crate) use decide::{Local, Tried};
 #[cfg(feature = "metrics")]
 mod metric_keys;
 
@@ -61,6 +63,8 @@ impl Sampler {
 pub(crate) struct Escalation {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) policy: Policy,
+    /// The same policy, interned, for [`Source::policy`](crate::Source::policy).
+    pub(crate) policy_label: &'static Policy,
     pub(crate) sampler: Sampler,
     pub(crate) breaker: Breaker,
     pub(crate) abuse: Option<AbuseRecorder>,
@@ -74,6 +78,7 @@ impl Escalation {
         Escalation {
             store: self.store.clone(),
             policy: self.policy,
+            policy_label: self.policy_label,
             sampler: Sampler::new(self.sampler.every as u32),
             breaker: Breaker::new(breaker),
             abuse: self.abuse.as_ref().map(|a| a.rebuilt()),
@@ -88,25 +93,27 @@ impl Escalation {
 /// counters.
 #[derive(Clone)]
 pub struct Rule {
-    pub(crate) name: Arc<str>,
+    name: Arc<str>,
     /// The same name, interned, for [`Source::rule`](crate::Source::rule).
-    pub(crate) label: &'static str,
+    label: &'static str,
     /// `{name}:`, which leads every storage key of the rule, interned.
-    pub(crate) key_prefix: &'static str,
+    key_prefix: &'static str,
     /// The same, padded with zeros to [`KEY_HEAD`] bytes.
-    pub(crate) key_head: [u8; KEY_HEAD],
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) policy: Policy,
-    pub(crate) cost: u32,
-    pub(crate) timeout: Duration,
-    pub(crate) on_failure: FailurePolicy,
-    pub(crate) fallback: Option<Arc<dyn Store>>,
-    pub(crate) breaker: Arc<Breaker>,
-    pub(crate) escalation: Option<Arc<Escalation>>,
-    pub(crate) refusals: Option<Arc<RefusalCache>>,
-    pub(crate) counters: Arc<Counters>,
+    key_head: [u8; KEY_HEAD],
+    store: Arc<dyn Store>,
+    policy: Policy,
+    /// The same policy, interned, for [`Source::policy`](crate::Source::policy).
+    policy_label: &'static Policy,
+    cost: u32,
+    timeout: Duration,
+    on_failure: FailurePolicy,
+    fallback: Option<Arc<dyn Store>>,
+    breaker: Arc<Breaker>,
+    escalation: Option<Arc<Escalation>>,
+    refusals: Option<Arc<RefusalCache>>,
+    counters: Arc<Counters>,
     #[cfg(feature = "metrics")]
-    pub(crate) metric_keys: Arc<metric_keys::DecisionKeys>,
+    metric_keys: Arc<metric_keys::DecisionKeys>,
 }
 
 impl fmt::Debug for Rule {
@@ -143,6 +150,7 @@ pub(crate) enum Holder {
 /// Only what locates the admission is kept ([`Store::refund`] reads
 /// `reset_after`): a whole decision per rule would be copied on every
 /// admitted request for the rare refusal that needs it.
+#[derive(Clone, Copy)]
 pub(crate) struct Charge {
     holder: Holder,
     reset_after: Duration,
@@ -155,6 +163,11 @@ impl Charge {
             reset_after: d.reset_after,
         }
     }
+
+    /// The admission as [`Store::refund`] is given it: what locates it.
+    fn admitted(&self, policy: &Policy, store: &'static str) -> Decision {
+        Decision::new(true, policy, 0, self.reset_after, Duration::ZERO, store)
+    }
 }
 
 /// What one rule did for one request: its decision, and the admissions to
@@ -162,34 +175,6 @@ impl Charge {
 pub(crate) struct Applied {
     pub(crate) decision: Decision,
     pub(crate) charges: SmallVec<[Charge; 2]>,
-}
-
-/// Undoes a breaker permit whose call never finished: a dropped future
-/// gives the probe slot back instead of leaving the breaker half-open.
-pub(crate) struct ProbeGuard<'a> {
-    breaker: &'a Breaker,
-    permit: Option<Permit>,
-}
-
-impl<'a> ProbeGuard<'a> {
-    pub(crate) fn new(breaker: &'a Breaker, permit: Permit) -> Self {
-        ProbeGuard {
-            breaker,
-            permit: Some(permit),
-        }
-    }
-
-    pub(crate) fn disarm(mut self) {
-        self.permit = None;
-    }
-}
-
-impl Drop for ProbeGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(permit) = self.permit {
-            self.breaker.release(permit);
-        }
-    }
 }
 
 /// How one guarded call ended.
@@ -286,6 +271,7 @@ impl Rule {
             key_head: key_head(key_prefix),
             name,
             store,
+            policy_label: intern_policy(&policy),
             policy,
             cost: 1,
             timeout: DEFAULT_TIMEOUT,
@@ -296,6 +282,49 @@ impl Rule {
             refusals,
             counters: Arc::default(),
         })
+    }
+
+    /// One rule per policy, all in `store`, for a limit written as several
+    /// (`"10/s; 1000/h"`, [`parse_policies`](crate::parse_policies)): the
+    /// first named `name`, the next `name-2`, `name-3`, … A request must
+    /// fit every one of them; one a later rule refuses is refunded to the
+    /// earlier ones. Refuses what [`Rule::new`] refuses, and an empty list.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ratewarden_core::{Limiter, ManualClock, Rule, Store, parse_policies};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let store: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let limiter = Limiter::builder()
+    ///     .clock(ManualClock::new())
+    ///     .rules(Rule::tiers("search", store, &parse_policies("2/s; 3/min")?)?)
+    ///     .build()?;
+    /// let names: Vec<&str> = limiter.rules().iter().map(|r| r.name()).collect();
+    /// assert_eq!(names, ["search", "search-2"]);
+    /// assert!(limiter.check(b"k").await.allowed);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    pub fn tiers(
+        name: &str,
+        store: Arc<dyn Store>,
+        policies: &[Policy],
+    ) -> Result<Vec<Rule>, ConfigError> {
+        if policies.is_empty() {
+            return Err(ConfigError::Invalid(format!(
+                "rule {name:?} needs at least one policy"
+            )));
+        }
+        policies
+            .iter()
+            .enumerate()
+            .map(|(i, policy)| {
+                let name = match i {
+                    0 => name.to_owned(),
+                    _ => format!("{name}-{}", i + 1),
+                };
+                Rule::new(name, store.clone(), *policy)
+            })
+            .collect()
     }
 
     /// Repeats the store's refusal of a key, locally and without a store
@@ -422,6 +451,7 @@ impl Rule {
         let breaker = self.breaker.config();
         self.escalation = Some(Arc::new(Escalation {
             store: durable,
+            policy_label: intern_policy(&policy),
             policy,
             sampler: Sampler::new(every),
             breaker: Breaker::new(breaker),
@@ -447,20 +477,6 @@ impl Rule {
     /// was made under.
     pub fn escalation_policy(&self) -> Option<&Policy> {
         self.escalation.as_ref().map(|e| &e.policy)
-    }
-
-    /// The policy `decision` (from this rule) was made under: the escalation
-    /// policy for a durable refusal, the rule's own otherwise. Rate-limit
-    /// headers describe this one, so that a limit and its window always
-    /// belong together.
-    pub fn policy_of(&self, decision: &Decision) -> &Policy {
-        match (
-            &self.escalation,
-            decision.source.escalated && !decision.allowed,
-        ) {
-            (Some(e), true) => &e.policy,
-            _ => &self.policy,
-        }
     }
 
     /// The rule's authoritative store.
@@ -490,6 +506,49 @@ impl Rule {
         }
     }
 
+    /// The units this rule charges a request of `weight`, which
+    /// [`check_weight`](Self::check_weight) has accepted.
+    #[inline]
+    pub(crate) fn charge(&self, weight: u32) -> u32 {
+        self.cost * weight
+    }
+
+    /// Refuses a request weight this rule could never admit: zero, or a
+    /// charge above its limit (or its escalation policy's).
+    pub(crate) fn check_weight(&self, weight: u32) -> Result<(), ConfigError> {
+        let charge = self
+            .cost
+            .checked_mul(weight)
+            .ok_or(ConfigError::InvalidCost {
+                cost: weight,
+                limit: self.policy.limit(),
+            })?;
+        self.policy.check_cost(charge)?;
+        if let Some(e) = &self.escalation {
+            e.policy.check_cost(charge)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn escalates(&self) -> bool {
+        self.escalation.is_some()
+    }
+
+    pub(crate) fn has_refusal_cache(&self) -> bool {
+        self.refusals.is_some()
+    }
+
+    /// Writes the abuse events held back in memory; how many were written.
+    pub(crate) async fn flush_abuse(&self, mono: u64) -> u64 {
+        let Some(recorder) = self.escalation.as_ref().and_then(|e| e.abuse.as_ref()) else {
+            return 0;
+        };
+        let writes = recorder.flush(mono, self.timeout).await;
+        let written = writes.written;
+        self.count_writes(writes);
+        written
+    }
+
     /// The key this rule stores for a client key: the rule's name, `:`,
     /// then the client key. Names hold no `:`, so two rules never share
     /// state, and the key is printable whenever the client key is.
@@ -516,8 +575,4 @@ fn check_rule_name(name: &str) -> Result<(), ConfigError> {
              '-' and '.'"
         )))
     }
-}
-
-pub(crate) fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -108,6 +108,9 @@ pub struct ParsePolicyError {
     column: Option<usize>,
     reason: String,
     config: Option<ConfigError>,
+    /// For a part of a list ([`parse_policies`]): its number, from 1, and
+    /// the whole list as shown. Boxed: most errors are of one policy.
+    part: Option<Box<(usize, String)>>,
 }
 
 impl ParsePolicyError {
@@ -117,6 +120,7 @@ impl ParsePolicyError {
             column: Some(column),
             reason,
             config: None,
+            part: None,
         }
     }
 
@@ -130,7 +134,21 @@ impl ParsePolicyError {
             column: None,
             reason,
             config: Some(error),
+            part: None,
         }
+    }
+
+    /// The same error, for part `n` (from 1) of the list `list`.
+    fn in_part(mut self, n: usize, list: &str) -> Self {
+        self.part = Some(Box::new((n, shown(list))));
+        self
+    }
+
+    /// For an error in one part of a list ([`parse_policies`]), the part's
+    /// number, counted from 1; the [`column`](Self::column) is then within
+    /// that part.
+    pub fn part(&self) -> Option<usize> {
+        self.part.as_ref().map(|p| p.0)
     }
 
     /// The column (in characters, from 1) of the token that is wrong, when
@@ -153,7 +171,12 @@ impl ParsePolicyError {
 
 impl fmt::Display for ParsePolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid policy {:?}: ", self.input)?;
+        write!(f, "invalid policy {:?}", self.input)?;
+        if let Some(part) = &self.part {
+            let (n, list) = &**part;
+            write!(f, " (part {n} of {list:?})")?;
+        }
+        f.write_str(": ")?;
         match self.column {
             Some(c) => write!(f, "at column {c}: {}", self.reason),
             None => f.write_str(&self.reason),
@@ -402,6 +425,57 @@ impl<'a> Parser<'a> {
             ParsePolicyError::refused(self.input, e, hint)
         })
     }
+}
+
+/// Several policies in one string, separated by `;`: `"10/s; 1000/h"`,
+/// the limits of one route, each becoming a rule of one
+/// [`Limiter`](crate::Limiter) ([`Rule::tiers`](crate::Rule::tiers)).
+/// Each part follows the [grammar](self) above; an error names the part
+/// at fault (its number, from 1, and its text), and its column is counted
+/// within the part. Refuses an empty part (`"10/s;;1000/h"`, a trailing
+/// `;`) and the same policy twice, which can only be a mistake.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratewarden_core::{Policy, parse_policies};
+///
+/// let limits = parse_policies("10/s; fixed_window 1000/h")?;
+/// assert_eq!(limits, [
+///     Policy::sliding_log(10, Duration::from_secs(1))?,
+///     Policy::fixed_window(1000, Duration::from_secs(3600))?,
+/// ]);
+///
+/// let err = parse_policies("10/s; 1000/fortnight").unwrap_err();
+/// assert_eq!(err.part(), Some(2));
+/// assert!(err.to_string().contains(r#"part 2 of "10/s; 1000/fortnight""#), "{err}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn parse_policies(input: &str) -> Result<Vec<Policy>, ParsePolicyError> {
+    let mut policies: Vec<Policy> = Vec::new();
+    for (i, part) in input.split(';').enumerate() {
+        let n = i + 1;
+        if part.trim().is_empty() {
+            let reason = if input.trim().is_empty() {
+                "no policy; write one or more separated by `;`, such as \"10/s; 1000/h\""
+            } else {
+                "empty part; separate policies with one `;`, and end the list without one"
+            };
+            return Err(ParsePolicyError::at(part, 1, reason.into()).in_part(n, input));
+        }
+        let policy: Policy = part
+            .parse()
+            .map_err(|e: ParsePolicyError| e.in_part(n, input))?;
+        if let Some(first) = policies.iter().position(|p| *p == policy) {
+            return Err(ParsePolicyError::at(
+                part,
+                1,
+                format!("the same policy as part {}", first + 1),
+            )
+            .in_part(n, input));
+        }
+        policies.push(policy);
+    }
+    Ok(policies)
 }
 
 impl FromStr for Policy {

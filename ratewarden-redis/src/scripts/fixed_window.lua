@@ -15,7 +15,9 @@ else
 end
 local e = start + w
 if count + c <= l then
-  if open then
+  if peek then
+    -- nothing written
+  elseif open then
     redis.call('HSET', key, 's', num(start), 'n', num(c))
     redis.call('PEXPIRE', key, ttl(w))
   else

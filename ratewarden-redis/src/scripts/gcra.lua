@@ -7,7 +7,9 @@ if stored ~= nil and stored > now then tat = stored end
 local burst = l * T
 local new_tat = tat + c * T
 if new_tat - now <= burst then
-  redis.call('SET', key, num(new_tat), 'PX', ttl(new_tat - now))
+  if not peek then
+    redis.call('SET', key, num(new_tat), 'PX', ttl(new_tat - now))
+  end
   return {1, math.floor((burst - (new_tat - now)) / T), new_tat - now, 0}
 end
 return {0, math.floor(sat(burst - (tat - now)) / T), tat - now, new_tat - burst - now}

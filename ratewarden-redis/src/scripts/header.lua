@@ -5,7 +5,8 @@
 -- KEYS[1] the key of one (algorithm, user key) pair
 -- ARGV[1] now in microseconds, or 'server' to read the server's clock
 -- ARGV[2] limit   ARGV[3] window (us)   ARGV[4] cost   ARGV[5] expiry margin (ms)
--- ARGV[6] GCRA emission interval (us), GCRA only
+-- ARGV[6] GCRA emission interval (us), GCRA only (any number otherwise)
+-- ARGV[7] 'peek' to answer what the request would get and write nothing
 -- Returns {allowed (0|1), remaining, reset_after_us, retry_after_us}.
 local key = KEYS[1]
 local now
@@ -22,6 +23,9 @@ local l = tonumber(ARGV[2])
 local w = tonumber(ARGV[3])
 local c = tonumber(ARGV[4])
 local margin = tonumber(ARGV[5])
+-- A peek runs the same decision and skips every write, so that it cannot
+-- drift from what a request gets.
+local peek = ARGV[7] == 'peek'
 
 -- Integers go to Redis as plain digits: tostring would switch to
 -- scientific notation for timestamps.

@@ -22,10 +22,17 @@ while lo < hi do
 end
 local expired = lo
 local count = n - expired
+-- Where the live entries start in the list: a peek leaves the expired ones.
+local base = 0
 if expired > 0 then
-  redis.call('LTRIM', key, expired, -1)
+  if peek then
+    base = expired
+  else
+    redis.call('LTRIM', key, expired, -1)
+  end
 end
 if count + c <= l then
+  if peek then return {1, l - count - c, sat(t + w - now), 0} end
   local ts = num(t)
   local left = c
   -- unpack() is bounded by Lua's C stack, so push in chunks.
@@ -41,6 +48,6 @@ if count + c <= l then
   return {1, l - count - c, sat(t + w - now), 0}
 end
 -- The (count + c - l)-th oldest live entry must expire first.
-local freeing = tonumber(redis.call('LINDEX', key, count + c - l - 1))
+local freeing = tonumber(redis.call('LINDEX', key, base + count + c - l - 1))
 if newest == nil then newest = t end
 return {0, sat(l - count), sat(newest + w - now), sat(freeing + w - now)}

@@ -50,7 +50,7 @@ if not allowed then
     retry_at = start + w + e
   end
 end
-if allowed then
+if allowed and not peek then
   if same then
     redis.call('HINCRBY', key, 'c', num(c))
   else
@@ -58,6 +58,8 @@ if allowed then
     redis.call('HSET', key, 's', num(start), 'c', num(cur), 'p', num(prev))
     redis.call('PEXPIRE', key, ttl(start + 2 * w - now))
   end
+end
+if allowed then
   return {1, rem, sat(reset_at - now), 0}
 end
 return {0, rem, sat(reset_at - now), sat(retry_at - now)}

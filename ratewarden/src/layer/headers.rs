@@ -2,9 +2,9 @@
 //! hand-written middleware.
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use ratewarden_core::{Decision, Limiter, Policy};
+use ratewarden_core::{Decision, Limiter};
 
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -18,6 +18,8 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
+/// A quota answer is the client's state at one moment: never to be reused.
+const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 
 /// Which rate-limit headers responses carry. `Retry-After` is written on
 /// every refusal whatever the mode: it is plain HTTP (RFC 9110), not a
@@ -46,54 +48,6 @@ impl HeaderMode {
     fn legacy(self) -> bool {
         matches!(self, HeaderMode::Both | HeaderMode::XRateLimit)
     }
-}
-
-/// One policy of a limiter as the headers name it.
-#[derive(Debug, Clone)]
-struct Described {
-    /// The list member's name: the rule's name, `/durable` after it for an
-    /// escalating rule's durable policy (rule names hold no `/`, so it never
-    /// equals another rule's).
-    name: String,
-    /// The policy's window in whole seconds, rounded up.
-    window: u64,
-    /// What a response's headers take from the policy.
-    values: PolicyValues,
-}
-
-/// The header values of one policy that do not depend on a decision, as
-/// `'static` text ([`ratewarden_core::intern`]: they come from configuration),
-/// so that copying them into a response costs neither an allocation nor a
-/// reference count on a line every request would share.
-#[derive(Debug, Clone, Copy)]
-struct PolicyValues {
-    /// The policy's limit, and as an `X-RateLimit-Limit` value.
-    limit: u32,
-    limit_value: &'static str,
-    /// `"name";r=`, the start of the `RateLimit` value.
-    ratelimit_prefix: &'static str,
-}
-
-impl Described {
-    fn new(name: String, policy: &Policy) -> Self {
-        let ratelimit_prefix = format!("{};r=", sf_string(&name));
-        Described {
-            name,
-            window: ceil_secs(policy.window()),
-            values: PolicyValues {
-                limit: policy.limit(),
-                limit_value: ratewarden_core::intern(&policy.limit().to_string()),
-                ratelimit_prefix: ratewarden_core::intern(&ratelimit_prefix),
-            },
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct RuleHeaders {
-    rule: String,
-    own: Described,
-    durable: Option<Described>,
 }
 
 /// The rate-limit headers of one [`Limiter`], built once and written on
@@ -151,95 +105,72 @@ struct RuleHeaders {
 /// # }
 /// # }
 /// ```
+///
+/// Everything else comes from the decision itself: the deciding rule's name
+/// ([`Source::rule`](ratewarden_core::Source::rule)) and the policy it was
+/// decided under ([`Source::policy`](ratewarden_core::Source::policy)).
 #[derive(Debug, Clone)]
 pub struct RateLimitHeaders {
-    mode: HeaderMode,
-    rules: Vec<RuleHeaders>,
-    /// The whole `RateLimit-Policy` value: it depends on the limiter only.
-    policy: Option<&'static str>,
+    writer: HeaderWriter,
 }
 
-/// Everything [`RateLimitHeaders::write`] needs for one decision, held by
-/// value: a response future of the layer carries it instead of a reference
-/// to the layer, whose count every request would write.
+/// Everything [`RateLimitHeaders::write`] needs besides the decision, held
+/// by value: a response future of the layer carries it instead of a
+/// reference to the layer, whose count every request would write.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HeaderWriter {
     mode: HeaderMode,
-    values: Option<PolicyValues>,
+    /// The whole `RateLimit-Policy` value: it depends on the limiter only,
+    /// as `'static` text ([`ratewarden_core::intern`]: it comes from
+    /// configuration), so that copying it into a response costs neither an
+    /// allocation nor a reference count on a line every request would share.
     policy: Option<&'static str>,
 }
 
 impl RateLimitHeaders {
     /// The headers of `limiter`'s decisions, in `mode`.
     pub fn new(limiter: &Limiter, mode: HeaderMode) -> Self {
-        let rules: Vec<RuleHeaders> = limiter
-            .rules()
-            .iter()
-            .map(|rule| RuleHeaders {
-                rule: rule.name().to_owned(),
-                own: Described::new(rule.name().to_owned(), rule.policy()),
-                durable: rule
-                    .escalation_policy()
-                    .map(|p| Described::new(format!("{}/durable", rule.name()), p)),
-            })
-            .collect();
         let mut members = Vec::new();
-        for rule in &rules {
-            for described in std::iter::once(&rule.own).chain(&rule.durable) {
+        for rule in limiter.rules() {
+            let durable = rule.escalation_policy().map(|p| (true, p));
+            for (durable, policy) in std::iter::once((false, rule.policy())).chain(durable) {
+                let mut name = StackBuf::<{ MAX_SF_NAME }>::new();
+                name.push_sf_name(rule.name(), durable);
                 members.push(format!(
                     "{};q={};w={}",
-                    sf_string(&described.name),
-                    described.values.limit,
-                    described.window
+                    String::from_utf8_lossy(name.as_bytes()),
+                    policy.limit(),
+                    ceil_secs(policy.window())
                 ));
             }
         }
-        // sf_string output is printable ASCII: always a valid value, checked
-        // here all the same, since `HeaderValue::from_static` would panic
-        // on any other.
+        // The structured-field names are printable ASCII: always a valid
+        // value, checked here all the same, since `HeaderValue::from_static`
+        // would panic on any other.
         let policy = members.join(", ");
         let policy = HeaderValue::from_str(&policy)
             .is_ok()
             .then(|| ratewarden_core::intern(&policy));
         RateLimitHeaders {
-            mode,
-            rules,
-            policy,
+            writer: HeaderWriter { mode, policy },
         }
     }
 
     /// The header mode.
     pub fn mode(&self) -> HeaderMode {
-        self.mode
-    }
-
-    /// The policy that made `decision`: an escalating rule's durable refusal
-    /// carries the durable policy's limit, so it names that policy and its
-    /// window too.
-    fn described(&self, decision: &Decision) -> Option<&Described> {
-        let name = decision.source.rule?;
-        let rule = self.rules.iter().find(|r| r.rule == name)?;
-        let durable = decision.source.escalated && !decision.allowed;
-        Some(match (&rule.durable, durable) {
-            (Some(d), true) => d,
-            _ => &rule.own,
-        })
+        self.writer.mode
     }
 
     /// Writes the headers of `decision` into `headers`, replacing any of the
     /// same names: the rate-limit headers of the mode, and `Retry-After` if
     /// `decision` is a refusal.
     pub fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
-        self.writer(decision).write(decision, headers);
+        self.writer.write(decision, headers);
     }
 
-    /// What writing `decision`'s headers takes from these.
-    pub(crate) fn writer(&self, decision: &Decision) -> HeaderWriter {
-        HeaderWriter {
-            mode: self.mode,
-            values: self.described(decision).map(|d| d.values),
-            policy: self.policy,
-        }
+    /// What writing a decision's headers takes from these.
+    pub(crate) fn writer(&self) -> HeaderWriter {
+        self.writer
     }
 
     /// The `429 Too Many Requests` response to `decision`: the headers of
@@ -262,17 +193,60 @@ impl RateLimitHeaders {
         Refusal { response }
     }
 
+    /// The `200 OK` answer to a quota request, from a peeked `decision`
+    /// ([`Limiter::peek`](ratewarden_core::Limiter::peek)): the headers of
+    /// [`write`](Self::write), exactly as a decided request's response
+    /// carries them, and a JSON body.
+    ///
+    /// ```json
+    /// {"allowed":true,"limit":60,"remaining":59,"reset":60,"retry_after":0,
+    ///  "policy":"search","window":60}
+    /// ```
+    pub fn quota(&self, decision: &Decision) -> Response<Bytes> {
+        let name = decision.source.rule.map_or("default", json_safe);
+        let window = decision.source.policy.map_or(0, |p| ceil_secs(p.window()));
+        let mut body = StackBuf::<{ MAX_REFUSAL_BODY }>::new();
+        body.push(b"{\"allowed\":");
+        body.push(if decision.allowed { b"true" } else { b"false" });
+        body.push(b",\"limit\":");
+        body.push_u64(u64::from(decision.limit));
+        body.push(b",\"remaining\":");
+        body.push_u64(u64::from(decision.remaining));
+        body.push(b",\"reset\":");
+        body.push_u64(decision.reset_after_secs());
+        body.push(b",\"retry_after\":");
+        body.push_u64(if decision.allowed {
+            0
+        } else {
+            decision.retry_after_secs()
+        });
+        body.push(b",\"policy\":\"");
+        body.push(name.as_bytes());
+        if durable(decision) && name != "default" {
+            body.push(b"/durable");
+        }
+        body.push(b"\",\"window\":");
+        body.push_u64(window);
+        body.push(b"}");
+        let mut response = Response::new(Bytes::copy_from_slice(body.as_bytes()));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, APPLICATION_JSON);
+        headers.insert(CACHE_CONTROL, NO_STORE);
+        self.write(decision, headers);
+        response
+    }
+
     /// How many headers [`refusal`](Self::refusal) writes: `Content-Type`,
     /// the mode's and `Retry-After`.
     fn refusal_headers(&self) -> usize {
-        2 + 3 * usize::from(self.mode.legacy()) + 2 * usize::from(self.mode.draft())
+        let mode = self.writer.mode;
+        2 + 3 * usize::from(mode.legacy()) + 2 * usize::from(mode.draft())
     }
 
     fn refusal_body(&self, decision: &Decision) -> Bytes {
         let retry_after = decision.retry_after_secs();
-        let (name, window) = self
-            .described(decision)
-            .map_or(("default", 0), |d| (d.name.as_str(), d.window));
+        let name = decision.source.rule.map_or("default", json_safe);
+        let window = decision.source.policy.map_or(0, |p| ceil_secs(p.window()));
         // Written by hand rather than through serde: a handful of integers
         // and one name that needs no escaping (rule names are
         // `A-Z a-z 0-9 _ - .`, with `/durable` at most), in the documented
@@ -288,7 +262,10 @@ impl RateLimitHeaders {
         body.push(b",\"reset\":");
         body.push_u64(decision.reset_after_secs());
         body.push(b",\"policy\":\"");
-        body.push(json_safe(name).as_bytes());
+        body.push(name.as_bytes());
+        if durable(decision) && name != "default" {
+            body.push(b"/durable");
+        }
         body.push(b"\",\"window\":");
         body.push_u64(window);
         body.push(b",\"message\":\"Too many requests. Retry in ");
@@ -303,11 +280,7 @@ impl HeaderWriter {
     pub(crate) fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
         let reset = decision.reset_after_secs();
         if self.mode.legacy() {
-            let limit = match self.values {
-                Some(v) if v.limit == decision.limit => HeaderValue::from_static(v.limit_value),
-                _ => number(u64::from(decision.limit)),
-            };
-            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_LIMIT, number(u64::from(decision.limit)));
             headers.insert(X_RATELIMIT_REMAINING, number(u64::from(decision.remaining)));
             headers.insert(X_RATELIMIT_RESET, number(reset));
         }
@@ -315,9 +288,10 @@ impl HeaderWriter {
             if let Some(policy) = self.policy {
                 headers.insert(RATELIMIT_POLICY, HeaderValue::from_static(policy));
             }
-            if let Some(values) = self.values {
+            if let Some(rule) = decision.source.rule {
                 let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
-                buf.push(values.ratelimit_prefix.as_bytes());
+                buf.push_sf_name(rule, durable(decision));
+                buf.push(b";r=");
                 buf.push_u64(u64::from(decision.remaining));
                 buf.push(b";t=");
                 buf.push_u64(reset);
@@ -359,6 +333,12 @@ impl axum::response::IntoResponse for Refusal {
     fn into_response(self) -> axum::response::Response {
         self.response.map(axum::body::Body::from)
     }
+}
+
+/// The decision is an escalating rule's durable refusal, made under the
+/// durable policy, which the headers name `{rule}/durable`.
+fn durable(decision: &Decision) -> bool {
+    decision.source.escalated && !decision.allowed
 }
 
 /// Rule names are validated by `ratewarden-core`; this keeps a body valid JSON
@@ -457,7 +437,11 @@ fn number(n: u64) -> HeaderValue {
 /// The longest `RateLimit` value: a name of at most 64 characters and
 /// `/durable` (escaped: at most twice as long, and quotes), then two
 /// integers of at most 20 digits.
-const MAX_RATELIMIT_LEN: usize = 2 * 72 + 2 + 3 + 20 + 3 + 20;
+const MAX_RATELIMIT_LEN: usize = MAX_SF_NAME + 3 + 20 + 3 + 20;
+
+/// The longest structured-field name: a rule name of at most 64 characters
+/// and `/durable`, escaped (at most twice as long), and quotes.
+const MAX_SF_NAME: usize = 2 * 72 + 2;
 
 /// The longest refusal body: its fixed text (136 bytes), a policy name of
 /// at most [`MAX_RULE_NAME`](ratewarden_core::MAX_RULE_NAME) and `/durable`,
@@ -488,6 +472,25 @@ impl<const N: usize> StackBuf<N> {
         self.len += n;
     }
 
+    /// `name` (and `/durable`) as a structured-field string (RFC 9651
+    /// §3.3.3): printable ASCII, with `"` and `\` escaped. Other characters
+    /// cannot be represented and become `_`, so any name yields a valid
+    /// header.
+    fn push_sf_name(&mut self, name: &str, durable: bool) {
+        self.push(b"\"");
+        for c in name.chars() {
+            match c {
+                '"' | '\\' => self.push(&[b'\\', c as u8]),
+                ' '..='~' => self.push(&[c as u8]),
+                _ => self.push(b"_"),
+            }
+        }
+        if durable {
+            self.push(b"/durable");
+        }
+        self.push(b"\"");
+    }
+
     fn push_u64(&mut self, n: u64) {
         self.push(itoa::Buffer::new().format(n).as_bytes());
     }
@@ -495,26 +498,6 @@ impl<const N: usize> StackBuf<N> {
     fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
-}
-
-/// `name` as a structured-field string (RFC 9651 §3.3.3): printable ASCII,
-/// with `"` and `\` escaped. Other characters cannot be represented and
-/// become `_`, so any name yields a valid header.
-fn sf_string(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 2);
-    out.push('"');
-    for c in name.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
-        }
-    }
-    out.push('"');
-    out
 }
 
 fn ceil_secs(d: std::time::Duration) -> u64 {
@@ -526,11 +509,18 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    fn sf_name(name: &str, durable: bool) -> String {
+        let mut buf = StackBuf::<{ MAX_SF_NAME }>::new();
+        buf.push_sf_name(name, durable);
+        String::from_utf8(buf.as_bytes().to_vec()).unwrap()
+    }
+
     #[test]
     fn sf_strings_escape_and_replace() {
-        assert_eq!(sf_string("search"), "\"search\"");
-        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
-        assert_eq!(sf_string("tab\there é"), "\"tab_here _\"");
+        assert_eq!(sf_name("search", false), "\"search\"");
+        assert_eq!(sf_name("search", true), "\"search/durable\"");
+        assert_eq!(sf_name("a\"b\\c", false), "\"a\\\"b\\\\c\"");
+        assert_eq!(sf_name("tab\there é", false), "\"tab_here _\"");
     }
 
     #[test]
@@ -541,11 +531,10 @@ mod tests {
 
     #[test]
     fn the_longest_ratelimit_value_fits() {
-        let name = "x".repeat(ratewarden_core::MAX_RULE_NAME) + "/durable";
-        let policy = Policy::fixed_window(1, Duration::from_secs(1)).unwrap();
-        let prefix = Described::new(name, &policy).values.ratelimit_prefix;
+        let name = "\"".repeat(ratewarden_core::MAX_RULE_NAME);
         let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
-        buf.push(prefix.as_bytes());
+        buf.push_sf_name(&name, true);
+        buf.push(b";r=");
         buf.push_u64(u64::MAX);
         buf.push(b";t=");
         buf.push_u64(u64::MAX);

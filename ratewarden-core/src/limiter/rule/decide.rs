@@ -1,24 +1,48 @@
-//! How a rule decides one request: the inline path, the awaited call under
-//! its timeout and breaker, the fallback and failure policy, escalation,
-//! abuse events, refunds and the refusal cache.
+//! How a rule decides one request, in two steps: [`Rule::local_now`] decides
+//! everything that needs no waiting (a store answering inline, an open
+//! breaker, a fallback answering inline) and asks the rule's store inline
+//! exactly once; [`Rule::resume`] awaits what is left, under the rule's
+//! timeout and breaker, and never asks inline again. Then the fallback and
+//! failure policy, escalation, abuse events, refunds and the refusal cache.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use crate::abuse::Writes;
 use crate::breaker::{Breaker, BreakerState, Permit, Transition};
 use crate::counter::bump;
-use crate::decision::{Decision, Source};
+use crate::decision::Decision;
 use crate::error::{ErrorKind, StoreError};
 use crate::policy::Policy;
 use crate::store::Store;
 use crate::time::{Clock, Timestamp};
 
-use super::{
-    Applied, CLIENT_KEY, Called, Charge, Holder, KEY_HEAD, ProbeGuard, Rule, StorageKey, micros,
-};
+use crate::breaker::ProbeGuard;
+use crate::time::duration_to_micros as micros;
+
+use super::{Applied, CLIENT_KEY, Called, Charge, Holder, KEY_HEAD, Rule, StorageKey};
+
+/// What [`Rule::local_now`] learned before it had to stop: what
+/// [`Rule::resume`] must await, so that nothing is asked twice.
+pub(crate) enum Tried {
+    /// The rule's store must be awaited (it did not answer inline) and its
+    /// breaker lets the call through.
+    Store,
+    /// The rule's store failed or is skipped by its breaker, and the
+    /// fallback must be awaited (it did not answer inline).
+    Fallback,
+    /// The local decision is made; the escalation is left.
+    Local(Decision, Option<Holder>),
+}
+
+/// A rule's local decision, made at once or left to await.
+pub(crate) enum Local {
+    /// Decided without waiting, with the store that holds the admission.
+    Now(Decision, Option<Holder>),
+    /// [`Rule::resume`] decides.
+    Wait(Tried),
+}
 
 impl Rule {
     fn holder(&self, holder: Holder) -> Option<(&dyn Store, &Policy)> {
@@ -34,7 +58,7 @@ impl Rule {
 
     /// Writes the storage key into `buf`, which a request reuses for each of
     /// its rules instead of moving a new key through every call.
-    // Inlined: it is called from `Limiter::check_inline` in another codegen
+    // Inlined: it is called from `Limiter::begin` in another codegen
     // unit, on the path of every decision answered in place.
     #[inline]
     pub(crate) fn fill_storage_key<'b>(&self, buf: &'b mut StorageKey, key: &[u8]) -> &'b [u8] {
@@ -68,12 +92,9 @@ impl Rule {
         #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
         let call = store.decide(key, policy, cost, now);
-        // Boxed: the timer's state would otherwise be part of every future
-        // that awaits this one, up to `Limiter::check`'s, which every caller
-        // of `check` carries. A store that must be awaited is a round trip
-        // away, beside which one allocation is nothing; an inline store
-        // never comes here.
-        let result = match Box::pin(tokio::time::timeout(self.timeout, call)).await {
+        // Not boxed: the whole awaited path is, once, where the limiter
+        // leaves its inline step (`Limiter::check`).
+        let result = match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
         };
@@ -87,14 +108,14 @@ impl Rule {
     /// timing would double.
     #[cfg(feature = "metrics")]
     fn store_call_took(&self, store: &'static str, op: &'static str, started: std::time::Instant) {
-        metrics::histogram!("ratewarden_store_call_seconds",
-            "rule" => self.label, "store" => store, "op" => op)
-        .record(started.elapsed().as_secs_f64());
+        self.metric_keys
+            .store_call_took(store, op, started.elapsed().as_secs_f64());
     }
 
-    /// One store call under a timeout and a breaker. A store that answers
-    /// inline needs neither: it cannot hang, and a failure costs nothing to
-    /// retry.
+    /// One call to an escalation's durable store, inline if it answers so,
+    /// else under the rule's timeout and the store's breaker. A store that
+    /// answers inline needs neither: it cannot hang, and a failure costs
+    /// nothing to retry.
     // The request's inputs, one by one: a struct bundling them would be
     // built on every decision for the sake of a lint.
     #[allow(clippy::too_many_arguments)]
@@ -117,6 +138,22 @@ impl Rule {
                 }
             };
         }
+        self.called(store, breaker, key, policy, cost, now, clock)
+            .await
+    }
+
+    /// One awaited store call under the rule's timeout and `breaker`.
+    #[allow(clippy::too_many_arguments)]
+    async fn called(
+        &self,
+        store: &dyn Store,
+        breaker: &Breaker,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+        clock: &dyn Clock,
+    ) -> Called {
         let permit = breaker.permit(|| micros(clock.monotonic()));
         if permit == Permit::Skip {
             return Called::Skipped;
@@ -191,49 +228,90 @@ impl Rule {
         Decision::degraded(self.on_failure, &self.policy, store)
     }
 
-    /// The authoritative store, else the fallback, else the failure policy;
+    /// The local decision that [`local_now`](Self::local_now) left to wait for: the
+    /// authoritative store's, else the fallback's, else the failure policy's;
     /// with the store that holds the admission, if one does.
-    async fn decide_local(
+    async fn local_awaited(
         &self,
         key: &[u8],
         cost: u32,
         now: Timestamp,
         clock: &dyn Clock,
+        tried: Tried,
     ) -> (Decision, Option<Holder>) {
-        match self
-            .guarded(
-                self.store.as_ref(),
-                &self.breaker,
-                key,
-                &self.policy,
-                cost,
-                now,
-                clock,
-            )
-            .await
-        {
-            Called::Answered(d) => return (d, Some(Holder::Authoritative)),
-            // The request itself is wrong: the fallback would refuse it too.
-            Called::Failed(e) if e.kind() == ErrorKind::InvalidRequest => {
-                return (self.degraded(self.store.name()), None);
+        match tried {
+            Tried::Local(decision, holder) => (decision, holder),
+            Tried::Fallback => self.fallback_awaited(key, cost, now).await,
+            Tried::Store => {
+                let store = self.store.as_ref();
+                match self
+                    .called(store, &self.breaker, key, &self.policy, cost, now, clock)
+                    .await
+                {
+                    Called::Answered(d) => (d, Some(Holder::Authoritative)),
+                    // The request itself is wrong: the fallback would refuse it too.
+                    Called::Failed(e) if e.kind() == ErrorKind::InvalidRequest => {
+                        (self.degraded(store.name()), None)
+                    }
+                    Called::Failed(_) => self.fallback_any(key, cost, now).await,
+                    // The breaker opened between the step and this call.
+                    Called::Skipped => {
+                        bump(&self.counters.short_circuited);
+                        self.fallback_any(key, cost, now).await
+                    }
+                }
             }
-            Called::Failed(_) => {}
-            Called::Skipped => bump(&self.counters.short_circuited),
         }
+    }
+
+    /// The fallback's answer, inline if it gives one; the failure policy's
+    /// without a fallback.
+    async fn fallback_any(
+        &self,
+        key: &[u8],
+        cost: u32,
+        now: Timestamp,
+    ) -> (Decision, Option<Holder>) {
+        match self.fallback_now(key, cost, now) {
+            Some(answer) => answer,
+            None => self.fallback_awaited(key, cost, now).await,
+        }
+    }
+
+    /// The fallback's answer, awaited: it did not answer inline. The
+    /// fallback has no breaker of its own: it is asked only when the
+    /// authoritative store has failed.
+    async fn fallback_awaited(
+        &self,
+        key: &[u8],
+        cost: u32,
+        now: Timestamp,
+    ) -> (Decision, Option<Holder>) {
         let Some(fallback) = &self.fallback else {
             return (self.degraded(self.store.name()), None);
         };
-        // The fallback has no breaker of its own: it is asked only when the
-        // authoritative store has failed, inline if it can answer so, else
-        // under the rule's timeout.
-        let answer = match fallback.decide_inline(key, &self.policy, cost, now) {
-            Some(answer) => answer,
-            None => {
-                self.awaited(fallback.as_ref(), key, &self.policy, cost, now)
-                    .await
-            }
-        };
+        let answer = self
+            .awaited(fallback.as_ref(), key, &self.policy, cost, now)
+            .await;
         self.fallen_back(fallback.as_ref(), answer)
+    }
+
+    /// The fallback's answer if it gives one inline, the failure policy's
+    /// without a fallback; `None`, having asked nothing else, when the
+    /// fallback must be awaited.
+    fn fallback_now(
+        &self,
+        key: &[u8],
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<(Decision, Option<Holder>)> {
+        let Some(fallback) = &self.fallback else {
+            return Some((self.degraded(self.store.name()), None));
+        };
+        // `None` from `decide_inline` decides nothing (the `Store`
+        // contract), so leaving to await it counts nothing twice.
+        let answer = fallback.decide_inline(key, &self.policy, cost, now)?;
+        Some(self.fallen_back(fallback.as_ref(), answer))
     }
 
     /// The rule's answer from its fallback, asked because the authoritative
@@ -259,37 +337,6 @@ impl Rule {
         }
     }
 
-    /// The answer of [`decide_local`](Self::decide_local) when the breaker
-    /// keeps the authoritative store from being called and nothing else
-    /// needs waiting for: the fallback's, if it answers inline, or the
-    /// failure policy's. `None`, having counted nothing, when the store may
-    /// be called (a closed breaker, or a cool-down just over: the probe's
-    /// turn) or the fallback must be awaited: the full path decides then.
-    ///
-    /// A store that is down costs every request this while its breaker is
-    /// open; through the full path it also cost a boxed future and two more
-    /// calls asking the dead store to answer inline.
-    fn short_circuited(
-        &self,
-        storage_key: &[u8],
-        cost: u32,
-        now: Timestamp,
-        clock: &dyn Clock,
-    ) -> Option<(Decision, Option<Holder>)> {
-        if !self.breaker.skips(|| micros(clock.monotonic())) {
-            return None;
-        }
-        let Some(fallback) = &self.fallback else {
-            bump(&self.counters.short_circuited);
-            return Some((self.degraded(self.store.name()), None));
-        };
-        // `None` from `decide_inline` decides nothing (the `Store`
-        // contract), so leaving for the full path here counts nothing twice.
-        let answer = fallback.decide_inline(storage_key, &self.policy, cost, now)?;
-        bump(&self.counters.short_circuited);
-        Some(self.fallen_back(fallback.as_ref(), answer))
-    }
-
     /// What a decision leaves behind besides itself: a refusal that a store
     /// made goes into the refusal cache, and an admission that a later rule
     /// could undo (`keep`) is charged to the store that holds it.
@@ -301,14 +348,29 @@ impl Rule {
         holder: Option<Holder>,
         keep: bool,
     ) -> SmallVec<[Charge; 2]> {
+        self.settle_one(key, now, decision, holder, keep)
+            .into_iter()
+            .collect()
+    }
+
+    /// [`settle`](Self::settle) of a local decision, which holds at most
+    /// one admission.
+    #[inline]
+    pub(crate) fn settle_one(
+        &self,
+        key: &[u8],
+        now: Timestamp,
+        decision: &Decision,
+        holder: Option<Holder>,
+        keep: bool,
+    ) -> Option<Charge> {
         if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
             cache.put(key, now, decision);
         }
-        let mut charges = SmallVec::new();
-        if let (true, true, Some(holder)) = (keep, decision.allowed, holder) {
-            charges.push(Charge::of(holder, decision));
+        match (keep, decision.allowed, holder) {
+            (true, true, Some(holder)) => Some(Charge::of(holder, decision)),
+            _ => None,
         }
-        charges
     }
 
     async fn record_abuse(&self, key: &[u8], d: &Decision, now: Timestamp, clock: &dyn Clock) {
@@ -338,66 +400,106 @@ impl Rule {
         now: Timestamp,
     ) {
         for charge in charges.iter().rev() {
-            let Some((store, policy)) = self.holder(charge.holder) else {
-                continue;
-            };
-            // A store whose breaker is open has just failed: a refund would
-            // cost a timeout to save a unit, and failing it is the strict
-            // side anyway.
-            let skip = match charge.holder {
-                Holder::Authoritative => self.breaker.state() == BreakerState::Open,
-                Holder::Durable => self
-                    .escalation
-                    .as_ref()
-                    .is_some_and(|e| e.breaker.state() == BreakerState::Open),
-                Holder::Fallback => false,
-            };
-            let result = if skip {
-                Err(StoreError::new(
-                    ErrorKind::CircuitOpen,
-                    store.name(),
-                    "breaker open; refund skipped",
-                ))
-            } else {
-                let admitted = Decision {
-                    allowed: true,
-                    limit: policy.limit(),
-                    remaining: 0,
-                    reset_after: charge.reset_after,
-                    retry_after: Duration::ZERO,
-                    source: Source::store(store.name()),
-                };
-                match store.refund_inline(storage_key, policy, cost, now, &admitted) {
-                    Some(r) => r,
-                    None => {
-                        #[cfg(feature = "metrics")]
-                        let started = std::time::Instant::now();
-                        let call = store.refund(storage_key, policy, cost, now, &admitted);
-                        // Boxed, as in `awaited`.
-                        let bounded = Box::pin(tokio::time::timeout(self.timeout, call));
-                        let result = match bounded.await {
-                            Ok(r) => r,
-                            Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
-                        };
-                        #[cfg(feature = "metrics")]
-                        self.store_call_took(store.name(), "refund", started);
-                        result
-                    }
-                }
-            };
-            match result {
-                Ok(()) => bump(&self.counters.refunds),
-                Err(e) => {
-                    bump(&self.counters.refund_failures);
-                    tracing::warn!(rule = %self.name, store = store.name(), error = %e,
-                        "refund failed; the admission stays counted");
-                }
+            if let Some((store, result)) = self.refund_now(storage_key, charge, cost, now) {
+                self.refunded(store, result);
+            } else if let Some((store, policy)) = self.holder(charge.holder) {
+                let result = self
+                    .refund_awaited(store, policy, storage_key, charge, cost, now)
+                    .await;
+                self.refunded(store, result);
             }
         }
     }
 
-    /// Applies the rule for one request: the local decision, then the
-    /// escalation, with the admissions a later refusal must undo.
+    /// Refunds `charge` now if that needs no waiting; `false`, having done
+    /// nothing, when it must be awaited ([`refund`](Self::refund)).
+    pub(crate) fn refund_charge_now(
+        &self,
+        storage_key: &[u8],
+        charge: &Charge,
+        cost: u32,
+        now: Timestamp,
+    ) -> bool {
+        match self.refund_now(storage_key, charge, cost, now) {
+            Some((store, result)) => {
+                self.refunded(store, result);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A refund that needs no waiting: skipped (the holder's breaker is
+    /// open) or answered inline. `None`, having done nothing, when it must
+    /// be awaited.
+    fn refund_now(
+        &self,
+        storage_key: &[u8],
+        charge: &Charge,
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<(&dyn Store, Result<(), StoreError>)> {
+        let (store, policy) = self.holder(charge.holder)?;
+        // A store whose breaker is open has just failed: a refund would
+        // cost a timeout to save a unit, and failing it is the strict
+        // side anyway.
+        let skip = match charge.holder {
+            Holder::Authoritative => self.breaker.state() == BreakerState::Open,
+            Holder::Durable => self
+                .escalation
+                .as_ref()
+                .is_some_and(|e| e.breaker.state() == BreakerState::Open),
+            Holder::Fallback => false,
+        };
+        if skip {
+            let e = StoreError::new(
+                ErrorKind::CircuitOpen,
+                store.name(),
+                "breaker open; refund skipped",
+            );
+            return Some((store, Err(e)));
+        }
+        let admitted = charge.admitted(policy, store.name());
+        let result = store.refund_inline(storage_key, policy, cost, now, &admitted)?;
+        Some((store, result))
+    }
+
+    /// A refund that must wait, under the rule's timeout.
+    async fn refund_awaited(
+        &self,
+        store: &dyn Store,
+        policy: &Policy,
+        storage_key: &[u8],
+        charge: &Charge,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        #[cfg(feature = "metrics")]
+        let started = std::time::Instant::now();
+        let admitted = charge.admitted(policy, store.name());
+        let call = store.refund(storage_key, policy, cost, now, &admitted);
+        // Unboxed, as in `awaited`: a refund that must wait is made on the
+        // limiter's boxed, awaited path.
+        let result = match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+        };
+        #[cfg(feature = "metrics")]
+        self.store_call_took(store.name(), "refund", started);
+        result
+    }
+
+    fn refunded(&self, store: &dyn Store, result: Result<(), StoreError>) {
+        match result {
+            Ok(()) => bump(&self.counters.refunds),
+            Err(e) => {
+                bump(&self.counters.refund_failures);
+                tracing::warn!(rule = %self.name, store = store.name(), error = %e,
+                    "refund failed; the admission stays counted");
+            }
+        }
+    }
+
     /// The refusal cache's answer for `key`, if it holds one, counted as an
     /// abuse event like any refusal.
     pub(crate) async fn cached_refusal(
@@ -413,47 +515,95 @@ impl Rule {
         Some(d)
     }
 
-    /// [`apply`](Self::apply) for a rule without escalation that needs no
-    /// waiting: its store answers inline, or its breaker is open and its
-    /// fallback answers inline or it has none (see
-    /// [`short_circuited`](Self::short_circuited)). `None` when the rule
-    /// needs awaiting (an escalation, a store that must be awaited, or one
-    /// that failed, which the full path asks again and handles). `asked`:
-    /// the store was just asked to answer inline and did not.
-    // The request's inputs, one by one, as `apply` takes them.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn apply_inline(
-        &self,
-        key: &[u8],
-        storage_key: &[u8],
-        cost: u32,
-        now: Timestamp,
-        clock: &dyn Clock,
-        keep: bool,
-        asked: bool,
-    ) -> Option<Applied> {
-        if self.escalation.is_some() {
-            return None;
-        }
-        let answer = if asked {
-            None
-        } else {
-            self.store
-                .decide_inline(storage_key, &self.policy, cost, now)
-        };
-        let (decision, holder) = match answer {
-            Some(Ok(decision)) => (decision, Some(Holder::Authoritative)),
-            Some(Err(_)) => return None,
-            None => self.short_circuited(storage_key, cost, now, clock)?,
-        };
-        let charges = self.settle(key, now, &decision, holder, keep);
-        Some(Applied { decision, charges })
+    /// [`cached_refusal`](Self::cached_refusal) for a rule that records no
+    /// abuse events, so that nothing waits.
+    pub(crate) fn cached_refusal_now(&self, key: &[u8], now: Timestamp) -> Option<Decision> {
+        debug_assert!(!self.records_abuse());
+        let mut d = self.refusals.as_ref()?.get(key, now)?;
+        bump(&self.counters.refusals_cached);
+        self.finish(&mut d);
+        Some(d)
     }
 
-    /// `keep` says whether a later refusal could need this rule's
-    /// admission undone: not for the last rule of a limiter, which then
-    /// skips copying its decision.
-    pub(crate) async fn apply(
+    /// The rule writes abuse events, which may wait on their sink.
+    pub(crate) fn records_abuse(&self) -> bool {
+        self.escalation.as_ref().is_some_and(|e| e.abuse.is_some())
+    }
+
+    /// The local decision as far as it goes without waiting, asking the
+    /// rule's store inline once: a store answering inline, a store whose
+    /// breaker is open (then the fallback inline, or the failure policy), an
+    /// inline store's error (the same); with the store that holds the
+    /// admission. [`Local::Wait`] says what is left for
+    /// [`resume`](Self::resume), with nothing counted twice. An escalating
+    /// rule is always resumed: its durable call and abuse writes may wait.
+    #[inline]
+    pub(crate) fn local_now(
+        &self,
+        storage_key: &[u8],
+        cost: u32,
+        now: Timestamp,
+        clock: &dyn Clock,
+    ) -> Local {
+        let answer = self.ask_inline(storage_key, cost, now);
+        self.local_after(answer, storage_key, cost, now, clock)
+    }
+
+    /// The rule's store asked to answer inline: the one time a request asks.
+    #[inline]
+    pub(crate) fn ask_inline(
+        &self,
+        storage_key: &[u8],
+        cost: u32,
+        now: Timestamp,
+    ) -> Option<Result<Decision, StoreError>> {
+        self.store
+            .decide_inline(storage_key, &self.policy, cost, now)
+    }
+
+    /// [`local_now`](Self::local_now) given the store's inline `answer`.
+    pub(crate) fn local_after(
+        &self,
+        answer: Option<Result<Decision, StoreError>>,
+        storage_key: &[u8],
+        cost: u32,
+        now: Timestamp,
+        clock: &dyn Clock,
+    ) -> Local {
+        let (decision, holder) = match answer {
+            Some(Ok(decision)) => (decision, Some(Holder::Authoritative)),
+            Some(Err(e)) => {
+                self.store_failed(self.store.name(), &e);
+                if e.kind() == ErrorKind::InvalidRequest {
+                    // The request itself is wrong: the fallback would refuse it too.
+                    (self.degraded(self.store.name()), None)
+                } else {
+                    match self.fallback_now(storage_key, cost, now) {
+                        Some(answer) => answer,
+                        None => return Local::Wait(Tried::Fallback),
+                    }
+                }
+            }
+            None => {
+                if !self.breaker.skips(|| micros(clock.monotonic())) {
+                    return Local::Wait(Tried::Store);
+                }
+                // A store that is down costs every request this while its
+                // breaker is open.
+                bump(&self.counters.short_circuited);
+                match self.fallback_now(storage_key, cost, now) {
+                    Some(answer) => answer,
+                    None => return Local::Wait(Tried::Fallback),
+                }
+            }
+        };
+        Local::Now(decision, holder)
+    }
+
+    /// Decides what [`local_now`](Self::local_now) left: the awaited local decision,
+    /// then the escalation, with the admissions a later refusal must undo.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn resume(
         &self,
         key: &[u8],
         storage_key: &[u8],
@@ -461,21 +611,11 @@ impl Rule {
         now: Timestamp,
         clock: &dyn Clock,
         keep: bool,
+        tried: Tried,
     ) -> Applied {
-        // A store answering inline, the common case of a local tier, is
-        // decided without building the awaiting machinery at all; a failure
-        // takes the full path, which asks again and handles it.
-        let inline = match self
-            .store
-            .decide_inline(storage_key, &self.policy, cost, now)
-        {
-            Some(Ok(d)) => Some((d, Some(Holder::Authoritative))),
-            _ => None,
-        };
-        let (decision, holder) = match inline {
-            Some(answer) => answer,
-            None => self.decide_local(storage_key, cost, now, clock).await,
-        };
+        let (decision, holder) = self
+            .local_awaited(storage_key, cost, now, clock, tried)
+            .await;
         let keep = keep || self.escalation.is_some();
         let mut charges = self.settle(key, now, &decision, holder, keep);
         let Some(escalation) = &self.escalation else {
@@ -521,7 +661,7 @@ impl Rule {
     }
 
     pub(crate) fn finish(&self, decision: &mut Decision) {
-        decision.source.rule = Some(self.label);
+        self.label(decision);
         if decision.allowed {
             self.counters.allowed.bump();
         } else {
@@ -529,6 +669,117 @@ impl Rule {
         }
         #[cfg(feature = "metrics")]
         self.metric_keys.count(decision);
+    }
+
+    /// Names the rule, and the policy it decided under, in `decision`.
+    fn label(&self, decision: &mut Decision) {
+        decision.source.rule = Some(self.label);
+        decision.source.policy = Some(match &self.escalation {
+            Some(e) if decision.source.escalated && !decision.allowed => e.policy_label,
+            _ => self.policy_label,
+        });
+    }
+
+    /// What a request of `cost` units for `key` would get from this rule at
+    /// `now`, changing nothing: the refusal cache's standing refusal, else
+    /// the store's [`peek`](Store::peek) under the rule's timeout, else the
+    /// fallback's, else the failure policy's answer. Counted in no
+    /// statistic and reported to no breaker (a peek is not a decision), but
+    /// an open breaker is respected. The escalation's durable store is not
+    /// asked: a request reaches it only when sampled, and its refusals are
+    /// in the refusal cache.
+    pub(crate) async fn peek_at(
+        &self,
+        key: &[u8],
+        cost: u32,
+        now: Timestamp,
+        clock: &dyn Clock,
+    ) -> Decision {
+        if let Some(mut d) = self.refusals.as_ref().and_then(|c| c.get(key, now)) {
+            self.label(&mut d);
+            return d;
+        }
+        let mut buf = StorageKey::new();
+        let storage_key = self.fill_storage_key(&mut buf, key);
+        let mut d = 'peeked: {
+            if !self.breaker.skips(|| micros(clock.monotonic())) {
+                match self
+                    .peeked(self.store.as_ref(), storage_key, cost, now)
+                    .await
+                {
+                    Ok(d) => break 'peeked d,
+                    Err(e) if e.kind() == ErrorKind::InvalidRequest => {
+                        break 'peeked Decision::degraded(
+                            self.on_failure,
+                            &self.policy,
+                            self.store.name(),
+                        );
+                    }
+                    Err(_) => {}
+                }
+            }
+            if let Some(fallback) = &self.fallback
+                && let Ok(d) = self.peeked(fallback.as_ref(), storage_key, cost, now).await
+            {
+                break 'peeked d;
+            }
+            Decision::degraded(self.on_failure, &self.policy, self.store.name())
+        };
+        self.label(&mut d);
+        d
+    }
+
+    /// One peek under the rule's timeout.
+    async fn peeked(
+        &self,
+        store: &dyn Store,
+        storage_key: &[u8],
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        let call = store.peek(storage_key, &self.policy, cost, now);
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+        }
+    }
+
+    /// What a request for `key` would get from this rule now, changing
+    /// nothing; see [`Limiter::peek`](crate::Limiter::peek).
+    pub async fn peek(&self, key: &[u8], clock: &dyn Clock) -> Decision {
+        self.peek_at(key, self.cost, clock.now(), clock).await
+    }
+
+    /// Forgets `key` in every store of this rule (its store, its fallback
+    /// and its escalation's durable store, each under the rule's timeout)
+    /// and in this instance's refusal cache: the key's next requests get
+    /// the rule's full limit. Every store is asked even when one fails;
+    /// the first error is returned. See
+    /// [`Limiter::reset`](crate::Limiter::reset) for what other instances
+    /// still answer.
+    pub async fn reset(&self, key: &[u8]) -> Result<(), StoreError> {
+        let storage_key = self.storage_key(key);
+        let stores = std::iter::once((&self.store, &self.policy))
+            .chain(self.fallback.as_ref().map(|f| (f, &self.policy)))
+            .chain(self.escalation.as_ref().map(|e| (&e.store, &e.policy)));
+        let mut first_error = None;
+        for (store, policy) in stores {
+            let call = store.reset(&storage_key, policy);
+            let result = match tokio::time::timeout(self.timeout, call).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+            };
+            if let Err(e) = result {
+                self.store_failed(store.name(), &e);
+                first_error.get_or_insert(e);
+            }
+        }
+        // After the stores: a refusal cached by a request decided while
+        // they were being reset is forgotten too.
+        if let Some(cache) = &self.refusals {
+            cache.remove(key);
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Applies this rule alone to `key` at the clock's current time,
@@ -540,8 +791,19 @@ impl Rule {
         }
         let mut buf = StorageKey::new();
         let storage_key = self.fill_storage_key(&mut buf, key);
+        let tried = match self.local_now(storage_key, self.cost, now, clock) {
+            Local::Now(decision, holder) if self.escalation.is_none() => {
+                // No later rule can refuse: nothing to keep for a refund.
+                self.settle_one(key, now, &decision, holder, false);
+                let mut decision = decision;
+                self.finish(&mut decision);
+                return decision;
+            }
+            Local::Now(decision, holder) => Tried::Local(decision, holder),
+            Local::Wait(tried) => tried,
+        };
         let mut decision = self
-            .apply(key, storage_key, self.cost, now, clock, false)
+            .resume(key, storage_key, self.cost, now, clock, false, tried)
             .await
             .decision;
         self.finish(&mut decision);

@@ -22,6 +22,9 @@ const DECISIONS: &str = "ratewarden_decisions_total";
 /// The metric every decision its fallback answered counts.
 const FALLBACKS: &str = "ratewarden_fallbacks_total";
 
+/// The histogram of every awaited store call's latency.
+const CALLS: &str = "ratewarden_store_call_seconds";
+
 /// What `counter!` in this module would pass as the metadata.
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
@@ -69,6 +72,10 @@ pub(crate) struct DecisionKeys {
     store: StoreKeys,
     fallback: Option<StoreKeys>,
     fallbacks: Key,
+    /// `ratewarden_store_call_seconds` of the rule's store's `decide`: the
+    /// call every request on a store that must be awaited makes.
+    store_decide: Key,
+    store_name: &'static str,
 }
 
 impl DecisionKeys {
@@ -78,6 +85,27 @@ impl DecisionKeys {
             store: StoreKeys::new(rule, store),
             fallback: None,
             fallbacks: Key::from_parts(FALLBACKS, vec![Label::from_static_parts("rule", rule)]),
+            // In `histogram!`'s label order, as for the decision keys.
+            store_decide: Key::from_parts(
+                CALLS,
+                vec![
+                    Label::from_static_parts("rule", rule),
+                    Label::from_static_parts("store", store),
+                    Label::from_static_parts("op", "decide"),
+                ],
+            ),
+            store_name: store,
+        }
+    }
+
+    /// Records the latency of an awaited call `op` to `store`, in seconds.
+    pub(crate) fn store_call_took(&self, store: &'static str, op: &'static str, seconds: f64) {
+        if (store, op) == (self.store_name, "decide") {
+            metrics::with_recorder(|r| r.register_histogram(&self.store_decide, &METADATA))
+                .record(seconds);
+        } else {
+            metrics::histogram!(CALLS, "rule" => self.rule, "store" => store, "op" => op)
+                .record(seconds);
         }
     }
 

@@ -2,10 +2,10 @@
 //! against one backend and prints one line per scenario with its evidence.
 //!
 //! ```text
-//! cargo run -p ratewarden --features scorecard --bin ratewarden-scorecard -- memory
-//! cargo run -p ratewarden --features redis,scorecard --bin ratewarden-scorecard -- redis://127.0.0.1:6379
-//! cargo run -p ratewarden --features postgres,scorecard --bin ratewarden-scorecard -- postgres://postgres@127.0.0.1/postgres
-//! cargo run -p ratewarden --features scorecard --bin ratewarden-scorecard -- broken:insertion-order-eviction
+//! cargo run -p ratewarden-scorecard -- memory
+//! cargo run -p ratewarden-scorecard --features redis -- redis://127.0.0.1:6379
+//! cargo run -p ratewarden-scorecard --features postgres -- postgres://postgres@127.0.0.1/postgres
+//! cargo run -p ratewarden-scorecard -- broken:insertion-order-eviction
 //! ```
 //!
 //! Exits 0 when every scenario passes, 1 when any fails, 2 on bad usage.
@@ -132,11 +132,11 @@ fn shared_factory(target: &str) -> Result<Arc<dyn StoreFactory>, String> {
         }
         #[cfg(not(feature = "redis"))]
         "redis" | "rediss" | "redis+cluster" => {
-            Err("redis URLs need the `redis` feature: cargo run -p ratewarden --features redis,scorecard --bin ratewarden-scorecard -- URL".into())
+            Err("redis URLs need the `redis` feature: cargo run -p ratewarden-scorecard --features redis -- URL".into())
         }
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => {
-            Err("postgres URLs need the `postgres` feature: cargo run -p ratewarden --features postgres,scorecard --bin ratewarden-scorecard -- URL".into())
+            Err("postgres URLs need the `postgres` feature: cargo run -p ratewarden-scorecard --features postgres -- URL".into())
         }
         _ => Err(format!("unknown target {target:?}")),
     }

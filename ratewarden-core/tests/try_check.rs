@@ -1,6 +1,6 @@
-//! `Limiter::check_inline`: a limiter of one rule on a store that answers
-//! inline is decided at once, exactly as `check` decides it, and everything
-//! else is left to `check` with nothing decided or counted.
+//! `Limiter::try_check`: a limiter whose stores answer inline is decided at
+//! once, exactly as `check` decides it; one that must wait on a store gives
+//! a `PendingCheck` that finishes the decision, with nothing asked twice.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +41,7 @@ async fn one_inline_rule_is_decided_at_once_as_check_decides_it() {
     let awaited = limiter(&clock, inline_rule("r"), None);
     for step in 0..8 {
         let got = inline
-            .check_inline(b"client")
+            .try_check(b"client")
             .expect("an inline store answers");
         let want = awaited.check(b"client").await;
         assert_eq!(got, want, "request {step}");
@@ -49,7 +49,7 @@ async fn one_inline_rule_is_decided_at_once_as_check_decides_it() {
         clock.advance(Duration::from_secs(7));
     }
     // Both paths count alike, and share the rule's state: `check` after
-    // `check_inline` sees the units it spent.
+    // `try_check` sees the units it spent.
     assert_eq!(inline.stats(), awaited.stats());
     let stats = &inline.stats()[0];
     assert!(stats.allowed > 0 && stats.refused > 0, "{stats:?}");
@@ -60,21 +60,12 @@ async fn one_inline_rule_is_decided_at_once_as_check_decides_it() {
 }
 
 #[tokio::test]
-async fn compositions_that_may_wait_are_left_to_check_with_nothing_counted() {
+async fn compositions_of_inline_stores_are_decided_at_once() {
     let clock = ManualClock::new();
-    let awaited = Switch::<dyn Store>::new(inline_store());
     let cases: Vec<(&str, Limiter)> = vec![
         (
             "two rules",
             limiter(&clock, inline_rule("a"), Some(inline_rule("b"))),
-        ),
-        (
-            "a store that must be awaited",
-            limiter(
-                &clock,
-                Rule::new("a", awaited.clone(), policy()).unwrap(),
-                None,
-            ),
         ),
         (
             "a refusal cache",
@@ -84,49 +75,97 @@ async fn compositions_that_may_wait_are_left_to_check_with_nothing_counted() {
                 None,
             ),
         ),
-        (
-            "an escalation",
-            limiter(
-                &clock,
-                inline_rule("a")
-                    .with_escalation(inline_store(), policy(), 1, None)
-                    .unwrap(),
-                None,
-            ),
-        ),
     ];
     for (case, limiter) in cases {
-        assert_eq!(limiter.check_inline(b"client"), None, "{case}");
-        for stats in limiter.stats() {
-            assert_eq!((stats.allowed, stats.refused), (0, 0), "{case}: {stats:?}");
+        for want_remaining in [2, 1, 0] {
+            let decision = limiter.try_check(b"client").expect(case);
+            assert!(decision.allowed, "{case}");
+            assert_eq!(decision.remaining, want_remaining, "{case}");
         }
-        // Nothing was spent: `check` still finds the whole quota.
-        let decision = limiter.check(b"client").await;
-        assert!(decision.allowed, "{case}");
-        assert_eq!(decision.remaining, 2, "{case}");
+        let refused = limiter.try_check(b"client").expect(case);
+        assert!(!refused.allowed, "{case}");
+        assert_eq!(limiter.stats()[0].allowed, 3, "{case}");
     }
-    assert_eq!(awaited.calls(), 1, "only `check` reached the awaited store");
+}
+
+/// One rule on a store that must be awaited (Redis, Postgres): asked
+/// inline once and awaited once, through `check`, through `try_check` and
+/// its `PendingCheck`, and with a memory tier in front.
+#[tokio::test]
+async fn an_awaited_store_is_asked_inline_once_per_request() {
+    let clock = ManualClock::new();
+    // Never answers inline, as a network store; counts inline asks and calls.
+    let store = Switch::<dyn Store>::new(inline_store());
+    let shared = || {
+        Rule::new("shared", store.clone(), policy())
+            .unwrap()
+            .without_refusal_cache()
+    };
+    let counts = || (store.inline_asks(), store.calls());
+    let one = limiter(&clock, shared(), None);
+    assert!(one.check(b"a").await.allowed);
+    assert_eq!(counts(), (1, 1), "check");
+    let pending = one.try_check(b"b").expect_err("the store must be awaited");
+    assert_eq!(counts(), (2, 1), "try_check asked inline, awaited nothing");
+    assert_eq!(one.stats()[0].allowed, 1, "nothing counted before the wait");
+    assert!(pending.decide().await.allowed);
+    assert_eq!(
+        counts(),
+        (2, 2),
+        "the pending check awaited, asked nothing inline"
+    );
+    let tiers = limiter(&clock, inline_rule("local"), Some(shared()));
+    assert!(tiers.check(b"c").await.allowed);
+    assert_eq!(counts(), (3, 3), "behind a memory tier");
+}
+
+/// A `PendingCheck` is decided as `check` decides: an escalating rule
+/// always waits (its durable call may), and nothing is counted until it does.
+#[tokio::test]
+async fn a_pending_check_decides_as_check_does() {
+    let clock = ManualClock::new();
+    let escalating = || {
+        inline_rule("a")
+            .with_escalation(inline_store(), policy(), 1, None)
+            .unwrap()
+    };
+    let pending = limiter(&clock, escalating(), None);
+    let checked = limiter(&clock, escalating(), None);
+    for step in 0..5 {
+        let waiting = pending
+            .try_check(b"client")
+            .expect_err("an escalation waits");
+        let stats = &pending.stats()[0];
+        assert_eq!(
+            stats.allowed + stats.refused,
+            step,
+            "nothing counted before the wait: {stats:?}"
+        );
+        let got = waiting.decide().await;
+        let want = checked.check(b"client").await;
+        assert_eq!(got, want, "request {step}");
+    }
+    assert_eq!(pending.stats(), checked.stats());
 }
 
 #[tokio::test]
-async fn an_inline_store_error_is_left_to_the_failure_policy() {
+async fn an_inline_store_error_is_decided_at_once_by_the_failure_policy() {
     let clock = ManualClock::new();
     let limiter = limiter(&clock, inline_rule("r"), None);
     let too_long = [b'k'; 100];
-    assert_eq!(limiter.check_inline(&too_long), None);
-    assert_eq!(limiter.stats()[0].store_errors, 0, "nothing counted yet");
-    let decision = limiter.check(&too_long).await;
+    let decision = limiter.try_check(&too_long).expect("decided inline");
     assert!(decision.source.degraded, "{decision:?}");
     assert!(decision.allowed, "the default failure policy admits");
     let stats = &limiter.stats()[0];
     assert_eq!((stats.store_errors, stats.degraded), (1, 1), "{stats:?}");
+    assert_eq!(limiter.check(&too_long).await, decision);
 }
 
 /// A store that answers every call inline with one fixed decision.
 #[derive(Debug)]
 struct Fixed(ratewarden_core::Decision);
 
-#[async_trait::async_trait]
+#[ratewarden_core::async_trait]
 impl Store for Fixed {
     fn name(&self) -> &'static str {
         "fixed"
@@ -135,6 +174,21 @@ impl Store for Fixed {
     // An in-process store's, as the reference store declares them.
     fn capabilities(&self) -> ratewarden_core::Capabilities {
         inline_store().capabilities()
+    }
+
+    fn max_key_len(&self) -> usize {
+        64
+    }
+
+    async fn refund(
+        &self,
+        _: &[u8],
+        _: &Policy,
+        _: u32,
+        _: ratewarden_core::Timestamp,
+        _: &ratewarden_core::Decision,
+    ) -> Result<(), ratewarden_core::StoreError> {
+        Ok(())
     }
 
     async fn decide(
@@ -156,11 +210,29 @@ impl Store for Fixed {
     ) -> Option<Result<ratewarden_core::Decision, ratewarden_core::StoreError>> {
         Some(Ok(self.0.clone()))
     }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: ratewarden_core::Timestamp,
+    ) -> Result<ratewarden_core::Decision, ratewarden_core::StoreError> {
+        let _ = (key, policy, cost, now);
+        Ok(self.0.clone())
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), ratewarden_core::StoreError> {
+        let _ = (key, policy);
+        Ok(())
+    }
 }
 
-/// The limiter copies the store's decision field by field (see
-/// `ratewarden_core::limiter::copied`): every field must arrive as the store
-/// gave it, whichever flags are set, with the rule's name added.
+/// The rule's policy, as `Source::policy` names it.
+static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(policy);
+
+/// Every field of an inline store's decision arrives as the store gave it,
+/// whichever flags are set, with the rule's name and policy added.
 #[test]
 fn an_inline_decision_keeps_every_field_of_the_stores() {
     for flags in 0..16u8 {
@@ -169,21 +241,25 @@ fn an_inline_decision_keeps_every_field_of_the_stores() {
         source.degraded = flags & 2 != 0;
         source.escalated = flags & 4 != 0;
         source.cached = flags & 8 != 0;
-        let given = ratewarden_core::Decision {
-            allowed: flags % 3 == 0,
-            limit: 7,
-            remaining: 5,
-            reset_after: Duration::new(3, 250_000_000),
-            retry_after: Duration::new(1, 500_000_001),
-            source,
-        };
+        let mut given = ratewarden_core::Decision::new(
+            flags % 3 == 0,
+            &Policy::fixed_window(7, Duration::from_secs(9)).unwrap(),
+            5,
+            Duration::new(3, 250_000_000),
+            Duration::new(1, 500_000_001),
+            "fixed",
+        );
+        given.source = source;
         let clock = ManualClock::new();
         let rule = Rule::new("r", Arc::new(Fixed(given.clone())), policy()).unwrap();
         let got = limiter(&clock, rule, None)
-            .check_inline(b"client")
+            .try_check(b"client")
             .expect("the store answers inline");
         let mut want = given;
         want.source.rule = Some("r");
+        // And the policy the rule decided under: a durable refusal's would
+        // be the escalation's, and this rule has none.
+        want.source.policy = Some(&*POLICY);
         assert_eq!(got, want, "flags {flags:#06b}");
     }
 }

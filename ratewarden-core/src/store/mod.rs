@@ -1,5 +1,7 @@
 //! The storage contract every backend implements.
 
+pub mod example;
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -12,7 +14,11 @@ use crate::time::Timestamp;
 
 /// What a store can do, declared so that composition and the conformance
 /// suite can adapt to it instead of guessing.
+///
+/// Build one with [`new`](Self::new) and the methods that apply; fields may
+/// be added.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// The algorithms the store implements.
     pub algorithms: &'static [Algorithm],
@@ -29,6 +35,37 @@ pub struct Capabilities {
     pub server_clock: bool,
 }
 
+impl Capabilities {
+    /// A store applying `algorithms`, unbounded in keys, private to its
+    /// process, on the caller's clock.
+    pub const fn new(algorithms: &'static [Algorithm]) -> Self {
+        Capabilities {
+            algorithms,
+            key_capacity: None,
+            shared: false,
+            server_clock: false,
+        }
+    }
+
+    /// Holds at most `keys` keys at once.
+    pub const fn with_key_capacity(mut self, keys: usize) -> Self {
+        self.key_capacity = Some(keys);
+        self
+    }
+
+    /// Shared by several processes.
+    pub const fn shared(mut self) -> Self {
+        self.shared = true;
+        self
+    }
+
+    /// Decides on its own server's clock.
+    pub const fn server_clock(mut self) -> Self {
+        self.server_clock = true;
+        self
+    }
+}
+
 /// A place that holds rate-limit state and applies a [`Policy`] to a key
 /// atomically.
 ///
@@ -41,63 +78,30 @@ pub struct Capabilities {
 ///
 /// # Implementing a store
 ///
-/// A complete, correct store: one map under one lock, every algorithm by
-/// [`algorithm::apply`](crate::algorithm::apply) and
-/// [`algorithm::refund`](crate::algorithm::refund), keys bounded in length.
-/// (It never evicts, so it is unbounded in key count: a real in-process
-/// store caps it, evicting the least recently *touched* key, refusals
-/// included.)
+/// Seven methods are required: [`name`](Store::name),
+/// [`capabilities`](Store::capabilities), [`max_key_len`](Store::max_key_len),
+/// [`decide`](Store::decide), [`refund`](Store::refund),
+/// [`peek`](Store::peek) and [`reset`](Store::reset); a store that
+/// implements them to the contract below passes the whole conformance suite.
+/// The three others have defaults that pass it too:
+/// [`check_policy`](Store::check_policy) reads the capabilities, and
+/// [`decide_inline`](Store::decide_inline) and
+/// [`refund_inline`](Store::refund_inline) say "await me", which only an
+/// in-process store should override. The trait is async through
+/// [`async_trait`](crate::async_trait), re-exported here so that a store
+/// crate needs no dependency of its own for it (the trait must stay object
+/// safe, as `Arc<dyn Store>`, which native `async fn` in traits is not).
+///
+/// A complete, correct store ([`example::MapStore`], the one the tests run):
 ///
 /// ```
-/// use std::collections::HashMap;
-/// use std::sync::Mutex;
-/// use ratewarden_core::algorithm::{self, KeyState};
-/// use ratewarden_core::{
-///     Algorithm, Capabilities, Decision, Policy, Store, StoreError, Timestamp,
-///     DEFAULT_MAX_KEY_LEN, check_key, check_refund, check_request,
-/// };
-///
-/// #[derive(Debug, Default)]
-/// struct MapStore(Mutex<HashMap<(Algorithm, Vec<u8>), Option<KeyState>>>);
-///
-/// #[async_trait::async_trait]
-/// impl Store for MapStore {
-///     fn name(&self) -> &'static str { "map" }
-///
-///     fn capabilities(&self) -> Capabilities {
-///         Capabilities { algorithms: &Algorithm::ALL, key_capacity: None, shared: false, server_clock: false }
-///     }
-///
-///     fn max_key_len(&self) -> Option<usize> { Some(DEFAULT_MAX_KEY_LEN) }
-///
-///     async fn decide(&self, key: &[u8], policy: &Policy, cost: u32, now: Timestamp)
-///         -> Result<Decision, StoreError>
-///     {
-///         check_request("map", policy, cost, key, DEFAULT_MAX_KEY_LEN)?;
-///         // The whole algorithm under the lock: never read, then write.
-///         let mut map = self.0.lock().unwrap();
-///         let state = map.entry((policy.algorithm(), key.to_vec())).or_default();
-///         let verdict = algorithm::apply(state, policy, cost, now.as_micros());
-///         Ok(Decision::from_verdict(verdict, policy, "map"))
-///     }
-///
-///     async fn refund(&self, key: &[u8], policy: &Policy, cost: u32, now: Timestamp,
-///         admitted: &Decision) -> Result<(), StoreError>
-///     {
-///         check_refund("map", policy, cost, admitted)?;
-///         check_key("map", key, DEFAULT_MAX_KEY_LEN)?;
-///         if let Some(state) = self.0.lock().unwrap().get_mut(&(policy.algorithm(), key.to_vec())) {
-///             let reset_after = admitted.reset_after.as_micros() as u64;
-///             algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
-///         }
-///         Ok(())
-///     }
-/// }
+#[doc = include_str!("example.rs")]
+/// # fn main() {}
 /// ```
 ///
 /// Then two lines in the store crate's `tests/conformance.rs` run every
-/// scenario of the contract below against it, and a third the composition
-/// scenarios with it as a limiter's shared tier (`ratewarden-conformance`):
+/// scenario of the contract below against it, and the composition scenarios
+/// with it as a limiter's shared tier (`ratewarden-conformance`):
 ///
 /// ```text
 /// async fn store() -> Arc<dyn Store> { Arc::new(MapStore::default()) }
@@ -146,6 +150,20 @@ pub struct Capabilities {
 ///   key as if the request had never been admitted, for every algorithm and
 ///   cost, and a refund of units that are no longer held (a closed window, a
 ///   later GCRA admission) never makes the key more permissive.
+/// * `peek_never_records` — [`peek`](Store::peek) answers exactly what
+///   `decide` would at that moment, for every algorithm and cost, and
+///   changes nothing: peeking a fresh key opens no window, peeking a
+///   refused key extends nothing, and any number of peeks leave every later
+///   decision as it would have been.
+/// * `reset_is_exact` — after [`reset`](Store::reset) an exhausted key
+///   admits exactly its full limit, also to concurrent callers, for every
+///   algorithm; other keys, and the same key under other algorithms, keep
+///   their state; resetting a key never seen is not an error.
+/// * `policy_change` — state is kept per (algorithm, key), not per policy:
+///   a key decided under one limit and then another of the same window (a
+///   plan upgrade or downgrade) is decided on its whole usage, so switching
+///   back and forth never admits more than the limit each request is
+///   decided under allows.
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// A short, stable name (`"memory"`, `"redis"`, …), reported in every
@@ -191,8 +209,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// short lock, no I/O. `None` (the default) means the store must be
     /// awaited.
     ///
-    /// A [`Limiter`](crate::Limiter) asks this first and, when it answers,
-    /// spends nothing else on the call: no boxed future, no timeout timer
+    /// A [`Limiter`](crate::Limiter) asks this once per rule and request,
+    /// before anything else, and when it answers spends nothing else on the
+    /// call: no boxed future, no timeout timer
     /// and no circuit breaker, which exist for stores that can hang. A store
     /// that answers here must never block the thread for longer than a lock
     /// held for one key's update, and must answer exactly as `decide` would
@@ -234,16 +253,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// with [`check_key`]). Bounded memory per key is an invariant: an
     /// application passing attacker-chosen bytes must not be able to grow a
     /// store by making keys longer. [`DEFAULT_MAX_KEY_LEN`] is a good
-    /// default.
+    /// default; the conformance suite checks bounds up to 1 MiB.
     ///
     /// # Migration
     ///
-    /// Added after the first release with a default of `None` (no bound
-    /// declared): an existing store keeps compiling, and the conformance
-    /// scenario `key_length_bound` fails until it declares and enforces one.
-    fn max_key_len(&self) -> Option<usize> {
-        None
-    }
+    /// Required, and a `usize`: it was an `Option<usize>` with a default of
+    /// `None` (no bound), which compiled and then failed the conformance
+    /// scenario `key_length_bound`. A store that declared `Some(n)` now
+    /// returns `n`.
+    fn max_key_len(&self) -> usize;
 
     /// Undoes one admission that [`decide`](Store::decide) made: `admitted`
     /// is the decision it returned for `key`, `policy`, `cost` and `now`, or
@@ -259,14 +277,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// permissive. Refunding a refusal is an
     /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
     ///
+    /// A store that cannot undo an admission answers
+    /// [`ErrorKind::Unsupported`]: a `Limiter` then keeps the admission
+    /// (stricter, counted in
+    /// [`RuleStats::refund_failures`](crate::RuleStats::refund_failures)),
+    /// and the conformance scenario `refund_exactness` fails.
+    ///
     /// # Migration
     ///
-    /// Added after the first release with a default that answers
-    /// [`ErrorKind::Unsupported`]: an existing store keeps compiling, a
-    /// `Limiter` keeps the admission (stricter, and counted in
-    /// [`RuleStats::refund_failures`](crate::RuleStats::refund_failures)),
-    /// and the conformance scenario `refund_exactness` fails until the store
-    /// implements it.
+    /// Required: its default answered `Unsupported`, which compiled and then
+    /// failed `refund_exactness`.
     async fn refund(
         &self,
         key: &[u8],
@@ -274,14 +294,51 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         cost: u32,
         now: Timestamp,
         admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        let _ = (key, policy, cost, now, admitted);
-        Err(StoreError::new(
-            ErrorKind::Unsupported,
-            self.name(),
-            "this store does not implement refund",
-        ))
-    }
+    ) -> Result<(), StoreError>;
+
+    /// The decision [`decide`](Store::decide) would return for the same
+    /// arguments, changing nothing: no unit counted, no window opened, no
+    /// expiry moved, no key created or touched (so a peek can neither evict
+    /// a key nor keep one from being evicted), no abuse event. What a later
+    /// request gets is what it would have got without the peek. The same
+    /// errors as `decide`, checked the same way.
+    ///
+    /// For telling a client its quota without spending it. Off the hot
+    /// path: a store may answer it as a decision it then undoes inside its
+    /// own transaction, or from a copy of the state, at a little more cost
+    /// than a decision.
+    ///
+    /// # Migration
+    ///
+    /// Added after the first listing, required (the conformance scenario
+    /// `peek_never_records` needs it, and a default could only guess): a
+    /// store whose state lives in one structure can copy it and call
+    /// [`algorithm::peek`](crate::algorithm::peek).
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError>;
+
+    /// Forgets what the store holds for `key` under `policy`'s algorithm,
+    /// atomically: the next requests get exactly the policy's full limit,
+    /// as a key never seen would. A key the store does not hold is not an
+    /// error. A key longer than [`max_key_len`](Store::max_key_len) is an
+    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error, as for
+    /// `decide`.
+    ///
+    /// For operators lifting a limit (a customer locked out by mistake, a
+    /// test account). Only the state for that algorithm is forgotten: a
+    /// [`Limiter`](crate::Limiter) namespaces each rule's keys, and
+    /// [`Limiter::reset`](crate::Limiter::reset) resets every rule's.
+    ///
+    /// # Migration
+    ///
+    /// Added after the first listing, required (the conformance scenario
+    /// `reset_is_exact` needs it): remove the key's entry, row or hash.
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError>;
 }
 
 /// Checks the arguments every [`Store::decide`] shares: a valid cost, then a
@@ -358,8 +415,22 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).refund(key, policy, cost, now, admitted).await
     }
 
-    fn max_key_len(&self) -> Option<usize> {
+    fn max_key_len(&self) -> usize {
         (**self).max_key_len()
+    }
+
+    async fn peek(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Decision, StoreError> {
+        (**self).peek(key, policy, cost, now).await
+    }
+
+    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+        (**self).reset(key, policy).await
     }
 
     fn decide_inline(
@@ -383,6 +454,11 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).refund_inline(key, policy, cost, now, admitted)
     }
 }
+
+/// The most keys an in-process store holds unless configured otherwise
+/// (`ratewarden_memory::MemoryStore::default()`, a `memory://` URL without
+/// `?capacity=`): 100,000 keys, a few tens of MiB at most.
+pub const DEFAULT_KEY_CAPACITY: usize = 100_000;
 
 /// The longest key a store accepts unless configured otherwise: 16 KiB.
 /// Room for any rule name and client key a limiter builds (an HMAC client

@@ -1,6 +1,6 @@
 //! The scorecard command: every scenario passes on the memory store, and
 //! every deliberately broken store makes it fail.
-#![cfg(feature = "scorecard")]
+#![cfg(feature = "memory")]
 
 use std::process::Command;
 
@@ -43,6 +43,20 @@ fn every_broken_store_fails_the_scorecard() {
         "refund-blind",
         "unbounded-keys",
         "inline-records-refusals",
+        "invalid-costs-clamped",
+        "long-windows-forgotten",
+        "huge-key-bound",
+        "refunds-refusals",
+        "ghost-refund-credits",
+        "inline-skips-key-bound",
+        "inline-accepts-invalid-costs",
+        "inline-refunds-refusals",
+        "inline-refund-ignored",
+        "peek-records",
+        "peek-opens-window",
+        "reset-ignored",
+        "reset-keeps-previous",
+        "state-per-policy",
     ];
     assert_eq!(
         defects.len(),

@@ -1,0 +1,438 @@
+//! `peek_never_records`, `reset_is_exact` and `policy_change`: the
+//! operations beside a decision, and a key moved between plans.
+
+use std::sync::Arc;
+
+use ratewarden_core::{Algorithm, Clock, Decision, ErrorKind, Policy, StoreError};
+use tokio::sync::Barrier;
+
+use crate::support::{MS, Probe, S, T0, decide_preferring, evidence, fail, panic_message, policy};
+use crate::{Failure, ScenarioResult, StoreFactory};
+
+/// One step of the peek table: at `at` µs after t0, peek every cost on the
+/// peeked key, then decide `cost` on it and on its twin, which is never
+/// peeked; `cost` 0 peeks only.
+struct Step {
+    at: u64,
+    cost: u32,
+}
+
+const PEEK_LIMIT: u32 = 5;
+const PEEK_WINDOW: u64 = 10 * S;
+
+/// Crosses each algorithm's boundaries: a fresh key peeked seconds before
+/// its first request, admissions up to the limit, a refusal peeked and
+/// hammered with peeks, the window's end, and a request of the whole limit.
+const PEEK_TABLE: [Step; 10] = [
+    Step { at: S, cost: 0 },
+    Step { at: 4 * S, cost: 2 },
+    Step {
+        at: 4 * S + S / 2,
+        cost: 2,
+    },
+    Step { at: 5 * S, cost: 2 },
+    Step { at: 6 * S, cost: 0 },
+    Step { at: 9 * S, cost: 1 },
+    Step {
+        at: 13 * S,
+        cost: 1,
+    },
+    Step {
+        at: 14 * S + S / 2,
+        cost: 3,
+    },
+    Step {
+        at: 20 * S,
+        cost: 0,
+    },
+    Step {
+        at: 40 * S,
+        cost: PEEK_LIMIT,
+    },
+];
+
+/// The numbers a client sees, for comparing a peek with a decision.
+fn seen(d: &Decision) -> (bool, u32, u128, u128) {
+    (
+        d.allowed,
+        d.remaining,
+        d.reset_after.as_micros(),
+        d.retry_after.as_micros(),
+    )
+}
+
+fn show(d: &Decision) -> String {
+    format!(
+        "{}, remaining {}, reset_after {:?}, retry_after {:?}",
+        if d.allowed { "admitted" } else { "refused" },
+        d.remaining,
+        d.reset_after,
+        d.retry_after
+    )
+}
+
+async fn peek(
+    probe: &Probe,
+    key: &[u8],
+    p: &Policy,
+    cost: u32,
+    what: &str,
+) -> Result<Decision, Failure> {
+    let now = probe.clock.now();
+    probe.store.peek(key, p, cost, now).await.map_err(|e| {
+        Failure(format!(
+            "{}: peek of cost {cost} ({what}) returned an error: {e}",
+            p.algorithm()
+        ))
+    })
+}
+
+fn must_be_invalid(result: Result<Decision, StoreError>, what: &str) -> Result<(), Failure> {
+    match result {
+        Err(e) if e.kind() == ErrorKind::InvalidRequest => Ok(()),
+        Err(e) => fail(format!(
+            "{what} must be an InvalidRequest error, as for decide; got {e}"
+        )),
+        Ok(d) => fail(format!(
+            "{what} must be an InvalidRequest error, as for decide; the store answered {}",
+            show(&d)
+        )),
+    }
+}
+
+pub(crate) async fn peek_never_records(factory: &dyn StoreFactory) -> ScenarioResult {
+    let probe = Probe::new(factory).await?;
+    let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
+    let mut parts = Vec::new();
+    for algorithm in algorithms {
+        let p = policy(algorithm, PEEK_LIMIT, PEEK_WINDOW)?;
+        let peeked = format!("peek/{algorithm}/peeked").into_bytes();
+        let twin = format!("peek/{algorithm}/twin").into_bytes();
+        let mut peeks = 0;
+        let mut decisions = 0;
+        for (n, step) in PEEK_TABLE.iter().enumerate() {
+            probe.at(step.at);
+            let at = format!("step {n}, t0+{} ms", step.at / 1_000);
+            let mut asked = Vec::new();
+            // Every cost, several times: only the last may matter if peeks
+            // leave no trace.
+            for cost in 1..=PEEK_LIMIT {
+                for _ in 0..3 {
+                    asked.push((cost, peek(&probe, &peeked, &p, cost, &at).await?));
+                    peeks += 1;
+                }
+            }
+            if step.cost == 0 {
+                continue;
+            }
+            let mine = probe.hit(&peeked, &p, step.cost).await?;
+            let theirs = probe.hit(&twin, &p, step.cost).await?;
+            decisions += 1;
+            if seen(&mine) != seen(&theirs) {
+                return fail(format!(
+                    "{algorithm}: at {at}, a request of cost {} on a key peeked {peeks} times \
+                     was {}, but on a key never peeked {}: the peeks changed the key's state",
+                    step.cost,
+                    show(&mine),
+                    show(&theirs)
+                ));
+            }
+            let Some((_, said)) = asked.iter().rev().find(|(c, _)| *c == step.cost) else {
+                return fail("scenario bug: no peek of the step's cost");
+            };
+            if seen(said) != seen(&mine) {
+                return fail(format!(
+                    "{algorithm}: at {at}, a peek of cost {} answered {}, but the request that \
+                     followed at the same instant was {}: a peek must answer exactly what \
+                     decide would",
+                    step.cost,
+                    show(said),
+                    show(&mine)
+                ));
+            }
+        }
+        probe.at(50 * S);
+        must_be_invalid(
+            probe.store.peek(&peeked, &p, 0, probe.clock.now()).await,
+            &format!("{algorithm}: a peek of cost 0"),
+        )?;
+        let long = vec![b'k'; probe.store.max_key_len().saturating_add(1)];
+        must_be_invalid(
+            probe.store.peek(&long, &p, 1, probe.clock.now()).await,
+            &format!("{algorithm}: a peek of a key one byte over the declared bound"),
+        )?;
+        parts.push(format!(
+            "{algorithm}: {peeks} peeks around {decisions} requests each answered what the next \
+             request got, and left the key deciding exactly as an unpeeked twin"
+        ));
+    }
+    parts.extend(skipped);
+    evidence(parts)
+}
+
+const RESET_LIMIT: u32 = 20;
+const RESET_WINDOW: u64 = 60 * S;
+const TASKS: usize = 32;
+const PER_TASK: usize = 2;
+
+/// Admits on `key` until refused; the count admitted.
+async fn exhaust(probe: &Probe, key: &[u8], p: &Policy) -> Result<u32, Failure> {
+    let mut admitted = 0;
+    while probe.hit(key, p, 1).await?.allowed {
+        admitted += 1;
+        if admitted > 10 * RESET_LIMIT {
+            return fail(format!(
+                "{}: {admitted} requests at one instant were all admitted; the limit is \
+                 {RESET_LIMIT}",
+                p.algorithm()
+            ));
+        }
+    }
+    Ok(admitted)
+}
+
+async fn reset(probe: &Probe, key: &[u8], p: &Policy, what: &str) -> Result<(), Failure> {
+    probe.store.reset(key, p).await.map_err(|e| {
+        Failure(format!(
+            "{}: reset of {what} returned an error: {e}",
+            p.algorithm()
+        ))
+    })
+}
+
+/// `TASKS × PER_TASK` concurrent requests on `key` at the clock's time: the
+/// `remaining` of each admitted one.
+async fn hammer(probe: &Probe, key: &[u8], p: &Policy) -> Result<Vec<u32>, Failure> {
+    let now = probe.clock.now();
+    let key: Arc<[u8]> = key.into();
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let store = Arc::clone(&probe.store);
+            let (key, barrier, p) = (Arc::clone(&key), Arc::clone(&barrier), *p);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut out = Vec::with_capacity(PER_TASK);
+                for i in 0..PER_TASK {
+                    let path = if (t + i) % 2 == 1 {
+                        crate::support::Path::Inline
+                    } else {
+                        crate::support::Path::Awaited
+                    };
+                    out.push(decide_preferring(&*store, path, &key, &p, 1, now).await.1);
+                }
+                out
+            })
+        })
+        .collect();
+    let mut remaining = Vec::new();
+    for task in tasks {
+        let results = match task.await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => {
+                return fail(format!(
+                    "{}: the store panicked under concurrent calls: {}",
+                    p.algorithm(),
+                    panic_message(e.into_panic().as_ref())
+                ));
+            }
+            Err(e) => return fail(format!("{}: a caller task failed: {e}", p.algorithm())),
+        };
+        for r in results {
+            match r {
+                Ok(d) if d.allowed => remaining.push(d.remaining),
+                Ok(_) => {}
+                Err(e) => {
+                    return fail(format!(
+                        "{}: a concurrent request returned an error: {e}",
+                        p.algorithm()
+                    ));
+                }
+            }
+        }
+    }
+    remaining.sort_unstable();
+    Ok(remaining)
+}
+
+pub(crate) async fn reset_is_exact(factory: &dyn StoreFactory) -> ScenarioResult {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return fail(
+            "reset_is_exact must run inside a tokio runtime (multi-thread for real \
+             parallelism): it spawns its callers as tasks",
+        );
+    }
+    let probe = Probe::new(factory).await?;
+    // A second store that sees the other key's traffic and no reset: what
+    // the other key must answer.
+    let control = Probe::new(factory).await?;
+    let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
+    let mut parts = Vec::new();
+    for &algorithm in &algorithms {
+        let p = policy(algorithm, RESET_LIMIT, RESET_WINDOW)?;
+        let key = format!("reset/{algorithm}").into_bytes();
+        let other = format!("reset/{algorithm}/other").into_bytes();
+        // Exhausted half-way through a window and again half-way through
+        // the next, so that a sliding window's previous count still weighs
+        // when the key is reset.
+        probe.at(RESET_WINDOW / 2);
+        control.at(RESET_WINDOW / 2);
+        exhaust(&probe, &key, &p).await?;
+        for _ in 0..5 {
+            probe.hit(&other, &p, 1).await?;
+            control.hit(&other, &p, 1).await?;
+        }
+        probe.at(RESET_WINDOW + RESET_WINDOW / 2);
+        exhaust(&probe, &key, &p).await?;
+        reset(&probe, &key, &p, "an exhausted key").await?;
+        let remaining = hammer(&probe, &key, &p).await?;
+        if remaining != (0..RESET_LIMIT).collect::<Vec<_>>() {
+            return fail(format!(
+                "{algorithm}: after a reset, {} of {} concurrent requests were admitted, \
+                 reporting remaining {remaining:?}; a reset key must admit exactly its full \
+                 limit of {RESET_LIMIT}, remaining {}..=0 once each",
+                remaining.len(),
+                TASKS * PER_TASK,
+                RESET_LIMIT - 1
+            ));
+        }
+        // A reset at the instant of the last request, then the same request
+        // on the reset key and on a key never seen: the same numbers, so
+        // the reset opened no window and kept nothing.
+        let t = RESET_WINDOW + RESET_WINDOW / 2 + S;
+        probe.at(t);
+        control.at(t);
+        exhaust(&probe, &key, &p).await?;
+        reset(&probe, &key, &p, "a key exhausted at this instant").await?;
+        let after = probe.hit(&key, &p, 3).await?;
+        let fresh = probe
+            .hit(format!("reset/{algorithm}/fresh").as_bytes(), &p, 3)
+            .await?;
+        if seen(&after) != seen(&fresh) {
+            return fail(format!(
+                "{algorithm}: a request of cost 3 just after a reset was {}, but on a key never \
+                 seen {}: a reset must leave the key as if it had never been seen",
+                show(&after),
+                show(&fresh)
+            ));
+        }
+        let untouched = probe.hit(&other, &p, 1).await?;
+        let expected = control.hit(&other, &p, 1).await?;
+        if seen(&untouched) != seen(&expected) {
+            return fail(format!(
+                "{algorithm}: another key answered {} after the reset, but {} in a store where \
+                 nothing was reset: a reset must forget one key only",
+                show(&untouched),
+                show(&expected)
+            ));
+        }
+        reset(&probe, b"reset/never-seen", &p, "a key never seen").await?;
+        let never = probe.hit(b"reset/never-seen", &p, 1).await?;
+        if !never.allowed || never.remaining != RESET_LIMIT - 1 {
+            return fail(format!(
+                "{algorithm}: a key reset before it was ever seen then answered {}; expected \
+                 admitted with remaining {}",
+                show(&never),
+                RESET_LIMIT - 1
+            ));
+        }
+        let long = vec![b'k'; probe.store.max_key_len().saturating_add(1)];
+        match probe.store.reset(&long, &p).await {
+            Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+            other => {
+                return fail(format!(
+                    "{algorithm}: a reset of a key one byte over the declared bound must be an \
+                     InvalidRequest error, as for decide; got {other:?}"
+                ));
+            }
+        }
+        parts.push(format!(
+            "{algorithm}: an exhausted key reset then admitted exactly {RESET_LIMIT} of {} \
+             concurrent requests (remaining {}..=0 once each) and decided as a key never seen",
+            TASKS * PER_TASK,
+            RESET_LIMIT - 1
+        ));
+    }
+    // The same bytes under another algorithm are another state: a reset
+    // under one leaves the other exhausted.
+    if let [first, second, ..] = algorithms[..] {
+        let a = policy(first, RESET_LIMIT, RESET_WINDOW)?;
+        let b = policy(second, RESET_LIMIT, RESET_WINDOW)?;
+        probe.at(10 * RESET_WINDOW);
+        exhaust(&probe, b"reset/shared-bytes", &a).await?;
+        exhaust(&probe, b"reset/shared-bytes", &b).await?;
+        reset(&probe, b"reset/shared-bytes", &a, "one algorithm's key").await?;
+        let kept = probe.hit(b"reset/shared-bytes", &b, 1).await?;
+        if kept.allowed {
+            return fail(format!(
+                "a reset under {first} also reset the same key under {second}, which answered \
+                 {}: state is kept per (algorithm, key)",
+                show(&kept)
+            ));
+        }
+        parts.push(format!(
+            "a reset under {first} left the same key under {second} exhausted"
+        ));
+    }
+    parts.extend(skipped);
+    evidence(parts)
+}
+
+const FREE: u32 = 4;
+const PRO: u32 = 10;
+const PLAN_WINDOW: u64 = 10 * S;
+const PLAN_STEPS: u64 = 48;
+
+pub(crate) async fn policy_change(factory: &dyn StoreFactory) -> ScenarioResult {
+    let probe = Probe::new(factory).await?;
+    let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
+    let mut parts = Vec::new();
+    for algorithm in algorithms {
+        let free = policy(algorithm, FREE, PLAN_WINDOW)?;
+        let pro = policy(algorithm, PRO, PLAN_WINDOW)?;
+        let key = format!("plan/{algorithm}").into_bytes();
+        // The reference: one state per (algorithm, key), whatever the plan.
+        let mut state = None;
+        let (mut on_free, mut on_pro) = (0, 0);
+        for i in 0..PLAN_STEPS {
+            // Upgrades and downgrades inside windows: three requests on the
+            // paid plan, two on the free one, one request in seven of cost 2.
+            let (plan, name) = if i % 5 < 3 {
+                (&pro, "pro")
+            } else {
+                (&free, "free")
+            };
+            let cost = if i % 7 == 0 { 2 } else { 1 };
+            let at = i * 700 * MS;
+            probe.at(at);
+            let expected = ratewarden_core::algorithm::apply(&mut state, plan, cost, T0 + at);
+            let expected = Decision::from_verdict(expected, plan, "reference");
+            let got = probe.hit(&key, plan, cost).await?;
+            if seen(&got) != seen(&expected) {
+                return fail(format!(
+                    "{algorithm}: request {i} (cost {cost}, on the {name} plan, limit {}) at \
+                     t0+{} ms was {}, but {} by the key's usage under both plans: usage counted \
+                     under one plan must carry over to the other",
+                    plan.limit(),
+                    at / 1_000,
+                    show(&got),
+                    show(&expected)
+                ));
+            }
+            if got.allowed {
+                if name == "pro" {
+                    on_pro += cost;
+                } else {
+                    on_free += cost;
+                }
+            }
+        }
+        parts.push(format!(
+            "{algorithm}: {PLAN_STEPS} requests moving between limits {PRO} and {FREE} (same \
+             window) decided on the key's whole usage: {on_pro} units admitted on {PRO}, \
+             {on_free} on {FREE}"
+        ));
+    }
+    parts.extend(skipped);
+    evidence(parts)
+}
