@@ -37,6 +37,7 @@ mod error;
 mod intern;
 pub mod lease;
 mod limiter;
+mod plans;
 pub mod policy;
 mod refusal_cache;
 mod store;
@@ -58,6 +59,7 @@ pub use limiter::{
     Admission, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME,
     PendingCheck, Rule, RuleStats,
 };
+pub use plans::{Plans, PlansBuilder};
 pub use policy::parse::{ParsePolicyError, parse_policies};
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use refusal_cache::REFUSAL_CACHE_KEYS;

@@ -171,6 +171,7 @@ fn demo(stores: Stores) -> Router {
         clock: Arc::new(SystemClock),
         on_failure: FailurePolicy::Open,
         admin_token: None,
+        api_keys: Default::default(),
     };
     ratewarden_demo::app(&settings).expect("the demo's default limits are valid")
 }

@@ -172,7 +172,7 @@ pub async fn reset(
     let key = routes.identity.key_for_addr(addr);
     let mut reset = Vec::new();
     for (name, layer) in chosen {
-        if let Err(e) = layer.limiter().reset(key.as_bytes()).await {
+        if let Err(e) = layer.plans().reset(key.as_bytes()).await {
             tracing::error!(%caller, route = name, key = key.as_str(), error = %e,
                 "admin reset failed");
             return error(

@@ -11,6 +11,9 @@
 //! counts only failed attempts: 5 per 15 minutes, a success spends nothing
 //! ([`LOGIN_FAILURES`]).
 //!
+//! `GET /api/reports` has a limit per plan: 10 a minute on the free plan,
+//! 100 with an API key of the pro plan ([`plans`]).
+//!
 //! Beside them, `GET /api/quota[?route=NAME]` tells a client its quota on
 //! one route (`search` unless named) without spending it, and, only when
 //! the server is given an admin token, `POST /admin/reset?client=ADDR
@@ -23,6 +26,7 @@
 
 pub mod admin;
 pub mod limits_file;
+pub mod plans;
 pub mod prometheus;
 pub mod server;
 
@@ -40,7 +44,7 @@ use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
 use ratewarden::memory::MemoryStore;
 use ratewarden::store::DEFAULT_MEMORY_CAPACITY;
 use ratewarden::{
-    AddressSource, ClientIdentity, Clock, ConfigError, FailurePolicy, Limiter, Policy,
+    AddressSource, ClientIdentity, Clock, ConfigError, FailurePolicy, Limiter, Plans, Policy,
     RateLimitLayer, Rule, Store,
 };
 
@@ -165,6 +169,8 @@ pub struct Settings {
     /// The token `POST /admin/reset` requires; without one the route does
     /// not exist.
     pub admin_token: Option<admin::AdminToken>,
+    /// The API keys that put a caller on the pro plan of `GET /api/reports`.
+    pub api_keys: plans::ApiKeys,
 }
 
 /// The demo's router: the three endpoints, each with its own rate limit
@@ -202,6 +208,27 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         .build()?;
     router = router.route(login.path, post(check_password).route_layer(layer.clone()));
     layers.push((login.name, layer));
+    // One limiter per plan, all counting in the rule `reports`: the plan
+    // the authentication middleware found chooses the limit.
+    let mut reports = Vec::new();
+    for (plan, text) in plans::REPORT_PLANS {
+        let endpoint = Endpoint {
+            name: "reports",
+            method: "GET",
+            path: "/api/reports",
+            policy: text
+                .parse()
+                .map_err(|e| ConfigError::Invalid(format!("{e}")))?,
+        };
+        reports.push((plan, limiter(settings, &endpoint)?));
+    }
+    let reports = Plans::new(plans::REPORT_PLANS[0].0, reports)?;
+    let layer = RateLimitLayer::builder(reports, settings.identity.clone())
+        .plan(|parts| parts.extensions.get::<plans::Plan>().map(|plan| plan.0))
+        .build()?;
+    let handler = get(|| async { json(r#"{"reports":[]}"#) });
+    router = router.route("/api/reports", handler.route_layer(layer.clone()));
+    layers.push(("reports", layer));
     let routes = admin::Routes::new(layers, settings.identity.clone());
     router = router.route("/api/quota", get(admin::quota).with_state(routes.clone()));
     if let Some(token) = &settings.admin_token {
@@ -210,7 +237,12 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
             post(admin::reset).with_state((routes, token.clone())),
         );
     }
-    Ok(router)
+    // In front of every route, as an application's authentication would
+    // be, so that `/api/quota?route=reports` sees the caller's plan too.
+    Ok(router.layer(axum::middleware::from_fn_with_state(
+        settings.api_keys.clone(),
+        plans::authenticate,
+    )))
 }
 
 /// The demo's one account: the password `demo`, sent as the form field
@@ -323,6 +355,16 @@ pub fn cli() -> Command {
                 .help("Serve POST /admin/reset, authorized by this bearer token (at least 16 bytes); without it the route does not exist"),
         )
         .arg(
+            Arg::new("api-key")
+                .long("api-key")
+                .env("RATEWARDEN_API_KEYS")
+                .value_name("KEY=PLAN")
+                .action(ArgAction::Append)
+                .value_delimiter(',')
+                .hide_env_values(true)
+                .help("An API key (at least 16 bytes) and its plan (free or pro) for GET /api/reports, sent as X-Api-Key; repeat for more, or comma-separate them in the environment"),
+        )
+        .arg(
             Arg::new("fail-closed")
                 .long("fail-closed")
                 .env("RATEWARDEN_FAIL_CLOSED")
@@ -405,6 +447,8 @@ pub struct Config {
     pub config_file: Option<PathBuf>,
     /// The admin token, if one was given.
     pub admin_token: Option<admin::AdminToken>,
+    /// The API keys given, and their plans.
+    pub api_keys: plans::ApiKeys,
 }
 
 impl Config {
@@ -458,6 +502,12 @@ impl Config {
             admin_token: get("admin-token")
                 .map(|t| admin::AdminToken::new(&t))
                 .transpose()?,
+            api_keys: plans::ApiKeys::parse(
+                m.get_many::<String>("api-key")
+                    .into_iter()
+                    .flatten()
+                    .map(String::as_str),
+            )?,
         })
     }
 

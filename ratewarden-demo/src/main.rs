@@ -38,6 +38,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         clock: Arc::new(SystemClock),
         on_failure: config.on_failure,
         admin_token: config.admin_token.clone(),
+        api_keys: config.api_keys.clone(),
     };
     let router = app(&settings)?.merge(metrics.router());
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -63,6 +64,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "  POST /api/login      {} failed attempts per 15 min (-d password=demo succeeds, and is not counted)",
         ratewarden_demo::LOGIN_FAILURES
+    );
+    println!(
+        "  GET  /api/reports    {} a minute; {} with an X-Api-Key given by --api-key KEY=pro ({} keys given)",
+        ratewarden_demo::plans::REPORT_PLANS[0]
+            .1
+            .trim_end_matches("/min"),
+        ratewarden_demo::plans::REPORT_PLANS[1]
+            .1
+            .trim_end_matches("/min"),
+        config.api_keys.len()
     );
     println!("  GET  /api/quota      your quota on ?route=NAME (search), spending nothing");
     if settings.admin_token.is_some() {

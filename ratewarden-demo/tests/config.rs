@@ -73,6 +73,7 @@ async fn a_valid_file_is_applied_and_decides_through_the_memory_store() {
         clock: Arc::new(clock.clone()),
         on_failure: FailurePolicy::Open,
         admin_token: None,
+        api_keys: Default::default(),
     };
     let client = TestClient::new(serve(app(&settings).unwrap()).await, None);
     for i in 0..20u64 {

@@ -24,6 +24,7 @@ fn settings(clock: &ManualClock) -> Settings {
         clock: Arc::new(clock.clone()),
         on_failure: FailurePolicy::Open,
         admin_token: None,
+        api_keys: Default::default(),
     }
 }
 
@@ -450,7 +451,7 @@ async fn an_operator_resets_a_client_with_the_admin_token() {
     let body: serde_json::Value = serde_json::from_str(&all.body).unwrap();
     assert_eq!(
         body["reset"],
-        serde_json::json!(["feedback", "contact", "search", "login"])
+        serde_json::json!(["feedback", "contact", "search", "login", "reports"])
     );
     assert_eq!(
         client
@@ -510,4 +511,54 @@ async fn the_login_counts_only_failed_attempts() {
     assert_eq!(body["allowed"], false);
     clock.advance(Duration::from_secs(15 * 60));
     assert_eq!(login("demo").await.status, StatusCode::OK);
+}
+
+const PRO_KEY: &str = "a pro key of 16+ bytes";
+
+#[tokio::test]
+async fn an_api_key_chooses_the_plan_and_usage_carries_over() {
+    let clock = ManualClock::new();
+    let mut with_keys = settings(&clock);
+    with_keys.api_keys =
+        ratewarden_demo::plans::ApiKeys::parse([format!("{PRO_KEY}=pro").as_str()]).unwrap();
+    let client = TestClient::new(start(&with_keys).await, Some("127.0.0.4".parse().unwrap()));
+    let pro = [("x-api-key", PRO_KEY)];
+    // Without a key: the free plan, 10 a minute.
+    for i in 1..=10u64 {
+        let reply = client.get("/api/reports").await;
+        assert_eq!(reply.status, StatusCode::OK, "report {i}");
+        assert_eq!(reply.header_u64("x-ratelimit-limit"), 10);
+        assert_eq!(reply.header("ratelimit-policy"), "\"reports\";q=10;w=60");
+    }
+    assert_eq!(
+        client.get("/api/reports").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // An unknown key is refused before it is counted or limited.
+    let unknown = client
+        .send(
+            Method::GET,
+            "/api/reports",
+            &[("x-api-key", "a guessed key of 16 bytes")],
+        )
+        .await;
+    assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
+    // The pro key: 100 a minute, and the 10 already spent count.
+    let quota = client
+        .send(Method::GET, "/api/quota?route=reports", &pro)
+        .await;
+    assert_eq!(quota.status, StatusCode::OK);
+    assert_eq!(quota.header_u64("x-ratelimit-limit"), 100);
+    assert_eq!(quota.header_u64("x-ratelimit-remaining"), 89);
+    let mut admitted = 0;
+    while client.send(Method::GET, "/api/reports", &pro).await.status == StatusCode::OK {
+        admitted += 1;
+    }
+    assert_eq!(admitted, 90);
+    let refused = client.send(Method::GET, "/api/reports", &pro).await;
+    assert_eq!(refused.header("ratelimit-policy"), "\"reports\";q=100;w=60");
+    // A minute later each plan has its whole limit again.
+    clock.advance(Duration::from_secs(61));
+    let reply = client.send(Method::GET, "/api/reports", &pro).await;
+    assert_eq!(reply.header_u64("x-ratelimit-remaining"), 99);
 }

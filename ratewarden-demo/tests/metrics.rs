@@ -60,6 +60,7 @@ fn settings(clock: &ManualClock, stores: Stores, search_per_minute: u32) -> Sett
         clock: Arc::new(clock.clone()),
         on_failure: FailurePolicy::Open,
         admin_token: None,
+        api_keys: Default::default(),
     }
 }
 

@@ -110,7 +110,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use ratewarden_core::{ConfigError, Decision, Limiter};
+use ratewarden_core::{ConfigError, Decision, Limiter, Plans};
 use tower::{Layer, Service};
 
 use crate::identity::{ClientIdentity, ClientKey};
@@ -127,6 +127,7 @@ pub use headers::{
 type SkipFn = dyn Fn(&Parts) -> bool + Send + Sync;
 type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
 type CountsFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+type ChooseFn = dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// A custom refusal, its body collected: `None` if the body failed.
 type RefusalFn = dyn Fn(&Decision) -> BoxFuture<Option<Response<Bytes>>> + Send + Sync;
@@ -161,7 +162,10 @@ pub struct RateLimitLayer {
 }
 
 struct Shared {
-    limiter: Limiter,
+    plans: Plans,
+    /// Each plan's limiter and headers, in `plans`' order.
+    limiters: Vec<(Limiter, RateLimitHeaders)>,
+    choose: Option<Box<ChooseFn>>,
     identity: ClientIdentity,
     key: Box<dyn KeyExtractor>,
     missing: Missing,
@@ -172,7 +176,6 @@ struct Shared {
     cost: Option<Box<CostFn>>,
     counts: Option<Box<CountsFn>>,
     refusal: Option<Box<RefusalFn>>,
-    headers: RateLimitHeaders,
 }
 
 /// What the layer does with a request `key` has no key for.
@@ -190,7 +193,7 @@ enum Missing {
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("limiter", &self.limiter)
+            .field("plans", &self.plans)
             .field("identity", &self.identity)
             .field("key", &self.key)
             .field("on_missing_key", &self.missing)
@@ -198,7 +201,8 @@ impl fmt::Debug for Shared {
             .field("cost", &self.cost.is_some())
             .field("count_only", &self.counts.is_some())
             .field("custom_refusal", &self.refusal.is_some())
-            .field("headers", &self.headers.mode())
+            .field("headers", &self.limiters[0].1.mode())
+            .field("choose_plan", &self.choose.is_some())
             .finish()
     }
 }
@@ -207,19 +211,24 @@ impl RateLimitLayer {
     /// A layer deciding with `limiter`, keying requests by client address
     /// through `identity`, writing every rate-limit header.
     ///
+    /// `limiter` is a [`Limiter`], or [`Plans`] with a limiter per plan
+    /// (chosen per request by [`plan`](RateLimitLayerBuilder::plan)).
+    ///
     /// Refuses what [`build`](RateLimitLayerBuilder::build) refuses: a
     /// [random identity](ClientIdentity::random) in front of a store that
     /// other processes share.
-    pub fn new(limiter: Limiter, identity: ClientIdentity) -> Result<Self, ConfigError> {
+    pub fn new(limiter: impl Into<Plans>, identity: ClientIdentity) -> Result<Self, ConfigError> {
         RateLimitLayer::builder(limiter, identity).build()
     }
 
-    /// A builder of a layer deciding with `limiter`. `identity` holds the
-    /// secret every key is hashed with, and keys requests by client address
-    /// unless [`key`](RateLimitLayerBuilder::key) says otherwise.
-    pub fn builder(limiter: Limiter, identity: ClientIdentity) -> RateLimitLayerBuilder {
+    /// A builder of a layer deciding with `limiter` (a [`Limiter`], or
+    /// [`Plans`]). `identity` holds the secret every key is hashed with, and
+    /// keys requests by client address unless
+    /// [`key`](RateLimitLayerBuilder::key) says otherwise.
+    pub fn builder(limiter: impl Into<Plans>, identity: ClientIdentity) -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
-            limiter,
+            plans: limiter.into(),
+            choose: None,
             identity,
             key: None,
             on_missing_key: MissingKey::default(),
@@ -231,9 +240,15 @@ impl RateLimitLayer {
         }
     }
 
-    /// The limiter.
+    /// The limiter; with several [`Plans`], the default plan's.
     pub fn limiter(&self) -> &Limiter {
-        &self.shared.limiter
+        self.shared.plans.default_limiter()
+    }
+
+    /// The plans: one, named `default`, for a layer built from a single
+    /// [`Limiter`].
+    pub fn plans(&self) -> &Plans {
+        &self.shared.plans
     }
 
     /// The client identity.
@@ -242,9 +257,10 @@ impl RateLimitLayer {
     }
 
     /// The headers the layer writes, for a middleware of its own that
-    /// answers as the layer does.
+    /// answers as the layer does; with several [`Plans`], the default
+    /// plan's.
     pub fn headers(&self) -> &RateLimitHeaders {
-        &self.shared.headers
+        &self.shared.limiters[0].1
     }
 
     /// The decision the layer would make for a request with these `parts`
@@ -252,13 +268,18 @@ impl RateLimitLayer {
     /// rules, no unit spent. `None` for a request the layer would not decide:
     /// one it skips, or one without a key (which it answers with an error).
     pub async fn peek(&self, parts: &Parts) -> Option<Decision> {
+        self.peek_on(parts).await.map(|(decision, _)| decision)
+    }
+
+    async fn peek_on(&self, parts: &Parts) -> Option<(Decision, usize)> {
         match self.shared.plan(parts) {
-            Plan::Check(key, cost) => self
+            Plan::Check(key, cost, plan) => self
                 .shared
-                .limiter
+                .limiter(plan)
                 .peek_cost(key.as_bytes(), cost)
                 .await
-                .ok(),
+                .ok()
+                .map(|decision| (decision, plan)),
             Plan::Skip | Plan::Reject(_) | Plan::NoAddress => None,
         }
     }
@@ -290,8 +311,8 @@ impl RateLimitLayer {
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     pub async fn quota(&self, parts: &Parts) -> Response<Bytes> {
-        match self.peek(parts).await {
-            Some(decision) => self.shared.headers.quota(&decision),
+        match self.peek_on(parts).await {
+            Some((decision, plan)) => self.shared.headers(plan).quota(&decision),
             None => {
                 let mut response = Response::new(Bytes::from_static(NOT_LIMITED_BODY));
                 *response.status_mut() = StatusCode::NOT_FOUND;
@@ -306,7 +327,8 @@ impl RateLimitLayer {
 
 /// Builds a [`RateLimitLayer`]; see [`RateLimitLayer::builder`].
 pub struct RateLimitLayerBuilder {
-    limiter: Limiter,
+    plans: Plans,
+    choose: Option<Box<ChooseFn>>,
     identity: ClientIdentity,
     key: Option<Box<dyn KeyExtractor>>,
     on_missing_key: MissingKey,
@@ -320,7 +342,7 @@ pub struct RateLimitLayerBuilder {
 impl fmt::Debug for RateLimitLayerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
-            .field("limiter", &self.limiter)
+            .field("plans", &self.plans)
             .field("key", &self.key)
             .field("on_missing_key", &self.on_missing_key)
             .field("headers", &self.mode)
@@ -363,6 +385,42 @@ impl RateLimitLayerBuilder {
     /// client into a retry loop.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.cost = Some(Box::new(cost));
+        self
+    }
+
+    /// Decides each request under the plan `choose` names, among the
+    /// [`Plans`] the layer was built with: the plan an authentication layer
+    /// put in the request's extensions, or one looked up from the request.
+    /// A request for which it names none, or a plan that does not exist,
+    /// gets the default plan. Every plan counts the same usage, so a
+    /// client's requests count on its new plan after it changes.
+    ///
+    /// Whatever `choose` reads must be something a client cannot forge
+    /// (a verified token, not a header it writes itself), or every client
+    /// will claim the largest plan.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use ratewarden::{ClientIdentity, Plans, RateLimitLayer, Store};
+    /// # fn f(store: Arc<dyn Store>) -> Result<(), ratewarden::ConfigError> {
+    /// /// Set by the application's authentication layer.
+    /// #[derive(Clone)]
+    /// struct Customer { plan: &'static str }
+    ///
+    /// let plans = Plans::builder("api", store)
+    ///     .plan("free", "100/h")
+    ///     .plan("pro", "1000/h")
+    ///     .build()?;
+    /// let layer = RateLimitLayer::builder(plans, ClientIdentity::new([7u8; 32])?)
+    ///     .plan(|parts| parts.extensions.get::<Customer>().map(|c| c.plan))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn plan<F>(mut self, choose: F) -> Self
+    where
+        F: for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync + 'static,
+    {
+        self.choose = Some(Box::new(choose));
         self
     }
 
@@ -442,12 +500,21 @@ impl RateLimitLayerBuilder {
     /// identity](ClientIdentity::random) with a rule whose store other
     /// processes share: each process would key a client differently, so a
     /// fleet of `N` would admit `N` times the limit.
+    ///
+    /// Refuses a [`plan`](Self::plan) chooser with a single plan: every
+    /// request would get the same limit whatever it names.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        if self.choose.is_some() && self.plans.iter().len() == 1 {
+            return Err(ConfigError::Invalid(
+                "a plan chooser needs several plans to choose from: build the layer from Plans"
+                    .into(),
+            ));
+        }
         if self.identity.is_random()
             && let Some(rule) = self
-                .limiter
-                .rules()
+                .plans
                 .iter()
+                .flat_map(|(_, limiter)| limiter.rules())
                 .find(|rule| rule.store().capabilities().shared)
         {
             return Err(ConfigError::Invalid(format!(
@@ -469,7 +536,11 @@ impl RateLimitLayerBuilder {
     }
 
     fn finish(self) -> RateLimitLayer {
-        let headers = RateLimitHeaders::new(&self.limiter, self.mode);
+        let limiters = self
+            .plans
+            .iter()
+            .map(|(_, limiter)| (limiter.clone(), RateLimitHeaders::new(limiter, self.mode)))
+            .collect();
         let address = || ClientAddress::new(self.identity.clone());
         let (key, missing): (Box<dyn KeyExtractor>, _) = match (self.key, self.on_missing_key) {
             (None, _) => (Box::new(address()), Missing::NoAddress),
@@ -478,7 +549,9 @@ impl RateLimitLayerBuilder {
         };
         RateLimitLayer {
             shared: Arc::new(Shared {
-                limiter: self.limiter,
+                plans: self.plans,
+                limiters,
+                choose: self.choose,
                 identity: self.identity,
                 key,
                 missing,
@@ -487,7 +560,6 @@ impl RateLimitLayerBuilder {
                 cost: self.cost,
                 counts: self.counts,
                 refusal: self.refusal,
-                headers,
             }),
         }
     }
@@ -517,7 +589,8 @@ enum Plan {
     Reject(StatusCode),
     /// Keyed by address, with none to be had: the server's mistake.
     NoAddress,
-    Check(ClientKey, u32),
+    /// The key, the cost, and the plan's place in the layer's plans.
+    Check(ClientKey, u32, usize),
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
@@ -549,21 +622,22 @@ where
         // one that must wait carries what was asked into the boxed future,
         // which asks nothing again.
         let mut pending = None;
-        if let (Plan::Check(key, 1), None) = (&plan, &self.shared.counts) {
-            match self.shared.limiter.try_check(key.as_bytes()) {
+        if let (Plan::Check(key, 1, plan), None) = (&plan, &self.shared.counts) {
+            let plan = *plan;
+            match self.shared.limiter(plan).try_check(key.as_bytes()) {
                 Ok(decision) => {
                     if decision.allowed {
-                        let headers = self.shared.headers.writer();
+                        let headers = self.shared.headers(plan).writer();
                         request.extensions_mut().insert(decision.clone());
                         return ResponseFuture::inner(self.inner.call(request), decision, headers);
                     }
                     if self.shared.refusal.is_none() {
-                        return ResponseFuture::ready(self.shared.default_refusal(&decision));
+                        return ResponseFuture::ready(self.shared.default_refusal(&decision, plan));
                     }
                     let shared = self.shared.clone();
-                    return ResponseFuture::boxed(
-                        async move { Ok(shared.refusal(&decision).await) },
-                    );
+                    return ResponseFuture::boxed(async move {
+                        Ok(shared.refusal(&decision, plan).await)
+                    });
                 }
                 Err(waiting) => pending = Some(waiting),
             }
@@ -574,8 +648,8 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::boxed(async move {
-            let (key, cost) = match plan {
-                Plan::Check(key, cost) => (key, cost),
+            let (key, cost, plan) = match plan {
+                Plan::Check(key, cost, plan) => (key, cost, plan),
                 Plan::Skip => {
                     let response = inner.call(request).await?;
                     return Ok(response.map(RateLimitBody::inner));
@@ -589,25 +663,30 @@ where
                 }
             };
             if let Some(counts) = &shared.counts {
-                let Ok(admission) = shared.limiter.check_admission(key.as_bytes(), cost).await
+                let Ok(admission) = shared
+                    .limiter(plan)
+                    .check_admission(key.as_bytes(), cost)
+                    .await
                 else {
                     return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, COST_BODY));
                 };
                 let decision = admission.decision().clone();
                 if !decision.allowed {
-                    return Ok(shared.refusal(&decision).await);
+                    return Ok(shared.refusal(&decision, plan).await);
                 }
                 request.extensions_mut().insert(decision.clone());
                 let mut response = inner.call(request).await?;
                 if !counts(response.status()) {
                     admission.refund().await;
                 }
-                shared.headers.write(&decision, response.headers_mut());
+                shared
+                    .headers(plan)
+                    .write(&decision, response.headers_mut());
                 return Ok(response.map(RateLimitBody::inner));
             }
             let decision = match pending {
                 Some(pending) => pending.decide().await,
-                None => match shared.limiter.check_cost(key.as_bytes(), cost).await {
+                None => match shared.limiter(plan).check_cost(key.as_bytes(), cost).await {
                     Ok(decision) => decision,
                     Err(_) => {
                         return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, COST_BODY));
@@ -615,11 +694,13 @@ where
                 },
             };
             if !decision.allowed {
-                return Ok(shared.refusal(&decision).await);
+                return Ok(shared.refusal(&decision, plan).await);
             }
             request.extensions_mut().insert(decision.clone());
             let mut response = inner.call(request).await?;
-            shared.headers.write(&decision, response.headers_mut());
+            shared
+                .headers(plan)
+                .write(&decision, response.headers_mut());
             Ok(response.map(RateLimitBody::inner))
         })
     }
@@ -758,7 +839,19 @@ impl Shared {
             },
         };
         let cost = self.cost.as_ref().map_or(1, |cost| cost(parts).max(1));
-        Plan::Check(key, cost)
+        let plan = self
+            .choose
+            .as_ref()
+            .map_or(0, |choose| self.plans.position(choose(parts)));
+        Plan::Check(key, cost, plan)
+    }
+
+    fn limiter(&self, plan: usize) -> &Limiter {
+        &self.limiters[plan].0
+    }
+
+    fn headers(&self, plan: usize) -> &RateLimitHeaders {
+        &self.limiters[plan].1
     }
 
     /// A request keyed by address has none: no peer address in its
@@ -777,22 +870,22 @@ impl Shared {
         Plan::NoAddress
     }
 
-    fn default_refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
-        self.headers
+    fn default_refusal<B>(&self, decision: &Decision, plan: usize) -> Response<RateLimitBody<B>> {
+        self.headers(plan)
             .refusal(decision)
             .into_http()
             .map(RateLimitBody::full)
     }
 
-    async fn refusal<B>(&self, decision: &Decision) -> Response<RateLimitBody<B>> {
+    async fn refusal<B>(&self, decision: &Decision, plan: usize) -> Response<RateLimitBody<B>> {
         let custom = match &self.refusal {
             Some(refusal) => refusal(decision).await,
             None => None,
         };
         let Some(mut response) = custom else {
-            return self.default_refusal(decision);
+            return self.default_refusal(decision, plan);
         };
-        self.headers.write(decision, response.headers_mut());
+        self.headers(plan).write(decision, response.headers_mut());
         response.map(RateLimitBody::full)
     }
 }

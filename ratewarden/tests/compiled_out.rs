@@ -37,3 +37,15 @@ fn redis_fuzz_regressions_compiled_out() {}
 #[ignore = "the memory-store refund case of tests/http_builder.rs needs the memory feature: \
             cargo test -p ratewarden --all-features, or scripts/test.sh"]
 fn memory_refund_case_compiled_out() {}
+
+#[cfg(not(feature = "redis"))]
+#[test]
+#[ignore = "the Redis cases of tests/count_only.rs and tests/plans.rs need the redis feature: \
+            cargo test -p ratewarden --all-features, or scripts/test.sh"]
+fn redis_count_only_and_plans_compiled_out() {}
+
+#[cfg(not(feature = "postgres"))]
+#[test]
+#[ignore = "the PostgreSQL case of tests/plans.rs needs the postgres feature: \
+            cargo test -p ratewarden --all-features, or scripts/test.sh"]
+fn postgres_plans_compiled_out() {}

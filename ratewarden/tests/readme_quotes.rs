@@ -1,6 +1,6 @@
 //! The README's Rust snippets are quoted from examples that compile
 //! (`examples/quickstart.rs`, `examples/shared_store.rs`,
-//! `examples/compositions.rs`): this keeps the quotes true to them.
+//! `examples/compositions.rs`, `examples/plans.rs`): this keeps the quotes true to them.
 
 /// Checks that every ```rust block of the README section under `heading`
 /// (up to the next heading of the same level or above, `until`) appears in
@@ -81,4 +81,9 @@ fn the_readme_quotes_the_shared_store_example_verbatim() {
 #[test]
 fn the_readme_quotes_the_composition_example_verbatim() {
     assert_quoted("### Compose stores", "\n### ", "compositions.rs", 1);
+}
+
+#[test]
+fn the_readme_quotes_the_plans_example_verbatim() {
+    assert_quoted("### Limits per plan", "\n## ", "plans.rs", 1);
 }

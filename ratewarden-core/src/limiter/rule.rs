@@ -549,6 +549,14 @@ impl Rule {
         written
     }
 
+    /// Drops `key` from this instance's refusal cache, for a reset made
+    /// through another limiter counting the same state ([`crate::Plans`]).
+    pub(crate) fn forget_refusal(&self, key: &[u8]) {
+        if let Some(cache) = &self.refusals {
+            cache.remove(key);
+        }
+    }
+
     /// The key this rule stores for a client key: the rule's name, `:`,
     /// then the client key. Names hold no `:`, so two rules never share
     /// state, and the key is printable whenever the client key is.
@@ -561,7 +569,7 @@ impl Rule {
 /// The longest rule name accepted.
 pub const MAX_RULE_NAME: usize = 64;
 
-fn check_rule_name(name: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_rule_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_RULE_NAME
         && name
