@@ -152,6 +152,11 @@ pub enum Defect {
     /// and forth gets each plan's whole limit in the same window
     /// (`policy_change`).
     StatePerPolicy,
+    /// Answers [`Store::penalize`] by deciding the penalty: it is recorded
+    /// only when it fits, so a key already over its limit, the one a late
+    /// charge is meant to hold back longer, is never charged
+    /// (`penalty_is_counted`).
+    PenaltyOnlyWhenItFits,
 }
 
 /// The longest window whose state a [`Defect::LongWindowsForgotten`] store
@@ -163,7 +168,7 @@ const HUGE_KEY_BOUND: usize = 2 << 20;
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 30] = [
+    pub const ALL: [Defect; 31] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
@@ -194,6 +199,7 @@ impl Defect {
         Defect::ResetIgnored,
         Defect::ResetKeepsPrevious,
         Defect::StatePerPolicy,
+        Defect::PenaltyOnlyWhenItFits,
     ];
 
     /// The store name of a [`BrokenStore`] with this defect.
@@ -229,6 +235,7 @@ impl Defect {
             Defect::ResetIgnored => "broken-reset-ignored",
             Defect::ResetKeepsPrevious => "broken-reset-keeps-previous",
             Defect::StatePerPolicy => "broken-state-per-policy",
+            Defect::PenaltyOnlyWhenItFits => "broken-penalty-only-when-it-fits",
         }
     }
 }
@@ -753,6 +760,30 @@ impl Core {
     }
 }
 
+impl Core {
+    /// `penalize`: [`algorithm::penalize`] on the key's state, which is
+    /// touched and inserted as by an admission.
+    fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        if self.has(Defect::PenaltyOnlyWhenItFits) {
+            return self.decide_now(key, policy, cost, now, false).map(|_| ());
+        }
+        let cost = self.check_request(key, policy, cost, false)?;
+        let t = now.as_micros();
+        let map_key = self.map_key(policy, key);
+        let mut keys = self.lock();
+        let mut state = keys.map.get_mut(&map_key).and_then(|e| e.state.take());
+        algorithm::penalize(&mut state, policy, cost, t);
+        self.store(&mut keys, map_key, state, t, true);
+        Ok(())
+    }
+}
+
 /// What a refund that does not locate its admission does.
 fn refund_blindly(state: &mut Option<KeyState>, policy: &Policy, cost: u32) {
     let c = u64::from(cost);
@@ -878,6 +909,16 @@ macro_rules! impl_store {
             async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
                 self.core.reset(key, policy)
             }
+
+            async fn penalize(
+                &self,
+                key: &[u8],
+                policy: &Policy,
+                cost: u32,
+                now: Timestamp,
+            ) -> Result<(), StoreError> {
+                self.core.penalize(key, policy, cost, now)
+            }
         }
     };
 }
@@ -981,6 +1022,10 @@ impl Store for Unavailable {
     }
 
     async fn reset(&self, _: &[u8], _: &Policy) -> Result<(), StoreError> {
+        Err(refused())
+    }
+
+    async fn penalize(&self, _: &[u8], _: &Policy, _: u32, _: Timestamp) -> Result<(), StoreError> {
         Err(refused())
     }
 }

@@ -326,6 +326,14 @@ scenarios! {
     /// limit carries over to the other and no plan change buys a fresh
     /// quota.
     policy_change in operations => "a plan change that forgets the usage already counted",
+    /// Per algorithm, a table of penalties and requests across two windows
+    /// (limit 10): a key that spent 8 is charged 5, then 7 while over its
+    /// limit, and a new key is charged before its first request; every
+    /// decision is the reference's with [`algorithm::penalize`](ratewarden_core::algorithm::penalize)
+    /// applied to the same state, so a penalty records its units whether or
+    /// not they fit, within its bounds. A cost of 0 or over the limit
+    /// and a key over the bound are `InvalidRequest` errors.
+    penalty_is_counted in operations => "a late charge recorded only when it fits, so an over-limit key is never charged",
 }
 
 /// Runs every scenario in [`SCENARIOS`] order, one after the other, each

@@ -182,6 +182,9 @@ teeth! {
     policy_change {
         StatePerPolicy => ["sliding_log", "on the free plan", "must carry over"],
     }
+    penalty_is_counted {
+        PenaltyOnlyWhenItFits => ["sliding_log", "with the penalties counted", "whether or not they fit"],
+    }
 }
 
 /// The table's first direction: a scenario with no broken store it is
@@ -290,6 +293,16 @@ impl Store for AwaitedOnly {
 
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.0.reset(key, policy).await
+    }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.0.penalize(key, policy, cost, now).await
     }
 }
 

@@ -139,6 +139,98 @@ pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64)
     }
 }
 
+/// Records `cost` units on one key's `state` at `now` whether or not they
+/// fit: an application's late charge ([`Store::penalize`](crate::Store::penalize)),
+/// such as a failed payment costing 5. The units are counted as an
+/// admission at `now` would count them, so that the key waits longer, even
+/// when it is already over its limit. Bounded, so that memory per key and
+/// the backends' exact arithmetic stay bounded and no run of penalties
+/// locks a key out for more than about one window:
+///
+/// | algorithm | penalty | longest wait it can cause |
+/// |---|---|---|
+/// | sliding log | `c` entries at `now`; the oldest beyond `L` entries are dropped | `W` |
+/// | fixed window | `count = min(count + c, L)` in the open window, or a window opened at `now` | the window's end |
+/// | sliding window | `current = min(current + c, L)`, after the roll-over `apply` makes | the window's end, then `W / L` |
+/// | GCRA | `tat = min(max(tat, now) + c·T, now + L·T + W − T)` | `W` |
+///
+/// A penalty never makes a key more permissive: each bound keeps what was
+/// already there when that is more (a clock behind the key's time). An
+/// invalid cost changes nothing; the caller checks it with
+/// [`Policy::check_cost`] and answers an error.
+pub fn penalize(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) {
+    if policy.check_cost(cost).is_err() {
+        return;
+    }
+    if state
+        .as_ref()
+        .is_some_and(|s| s.algorithm() != policy.algorithm())
+    {
+        *state = None;
+    }
+    let l = u64::from(policy.limit());
+    let w = policy.window_micros();
+    let c = u64::from(cost);
+    match policy.algorithm() {
+        Algorithm::SlidingLog => {
+            let log = match state.get_or_insert_with(|| KeyState::SlidingLog(VecDeque::new())) {
+                KeyState::SlidingLog(log) => log,
+                _ => unreachable!("state was reset to this algorithm above"),
+            };
+            let t = now.max(log.back().copied().unwrap_or(0));
+            while log.front().is_some_and(|&e| e.saturating_add(w) <= t) {
+                log.pop_front();
+            }
+            log.extend(std::iter::repeat_n(t, c as usize));
+            while log.len() as u64 > l {
+                log.pop_front();
+            }
+        }
+        Algorithm::FixedWindow => {
+            let (start, count) = match *state {
+                Some(KeyState::FixedWindow { start, count }) if now < start.saturating_add(w) => {
+                    (start, count)
+                }
+                _ => (now, 0),
+            };
+            let count = count.max((count + c).min(l));
+            *state = Some(KeyState::FixedWindow { start, count });
+        }
+        Algorithm::SlidingWindow => {
+            // Rolled over to `now`'s window as `apply` rolls it.
+            let aligned = now - now % w;
+            let (start, current, previous) = match *state {
+                Some(KeyState::SlidingWindow {
+                    start,
+                    current,
+                    previous,
+                }) if start >= aligned => (start, current, previous),
+                Some(KeyState::SlidingWindow { start, current, .. }) if start + w == aligned => {
+                    (aligned, 0, current)
+                }
+                _ => (aligned, 0, 0),
+            };
+            let current = current.max((current + c).min(l));
+            *state = Some(KeyState::SlidingWindow {
+                start,
+                current,
+                previous,
+            });
+        }
+        Algorithm::Gcra => {
+            let t = policy.emission_interval_micros();
+            let tat = match *state {
+                Some(KeyState::Gcra { tat }) => tat.max(now),
+                _ => now,
+            };
+            // A full bucket (`now + L·T`) and one window more, less the
+            // unit a request asks for: a wait of at most `W`.
+            let tat = tat.max((tat + c * t).min(now + l * t + w - t));
+            *state = Some(KeyState::Gcra { tat });
+        }
+    }
+}
+
 fn to_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }

@@ -617,4 +617,22 @@ impl Store for LeasedStore {
         bump(&self.round_trips);
         self.shared.reset(key, policy).await
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        // The units this instance holds were counted when they were bought;
+        // spending them after the penalty would let the key go on as if it
+        // had not been charged, so they are given up (stricter), after any
+        // batch in flight, which would otherwise land after the penalty.
+        let refill = self.refill_gate(key, policy);
+        let _one_at_a_time = refill.gate.lock().await;
+        self.lock().remove(&(policy.algorithm(), key.to_vec()));
+        bump(&self.round_trips);
+        self.shared.penalize(key, policy, cost, now).await
+    }
 }

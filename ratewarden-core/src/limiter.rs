@@ -486,6 +486,48 @@ impl Limiter {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Charges `key` `weight` units in every rule now, whether or not they
+    /// fit ([`Rule::penalize`], [`Store::penalize`](crate::Store::penalize)):
+    /// for a cost the application learns after the request was decided (a
+    /// failed payment costs 5), so that the key waits longer even when it is
+    /// already over its limit. Nothing is decided and nothing is refused;
+    /// penalties are bounded so that no run of them locks a key out for
+    /// more than about one window of each rule
+    /// ([`algorithm::penalize`](crate::algorithm::penalize)). Every
+    /// rule is charged even when one fails; the first error is returned. A
+    /// weight some rule could never admit is an
+    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error, and
+    /// charges no rule.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use ratewarden_core::{Limiter, ManualClock, Policy, Rule, Store};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let store: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let limiter = Limiter::builder()
+    ///     .clock(ManualClock::new())
+    ///     .rule(Rule::new("payments", store, Policy::fixed_window(10, Duration::from_secs(3600))?)?)
+    ///     .build()?;
+    /// assert!(limiter.check(b"card:42").await.allowed);
+    /// limiter.penalize(b"card:42", 5).await?; // the payment failed
+    /// assert_eq!(limiter.peek(b"card:42").await.remaining, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    pub async fn penalize(&self, key: &[u8], weight: u32) -> Result<(), StoreError> {
+        for rule in self.rules.iter() {
+            rule.check_weight(weight)
+                .map_err(|e| StoreError::invalid_request(rule.store().name(), e))?;
+        }
+        let mut first_error = None;
+        for rule in self.rules.iter() {
+            if let Err(e) = rule.penalize(key, weight, &*self.clock).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// The decision if no store had to be awaited, else the progress left
     /// to [`finish`](Self::finish). `weight` was checked against every rule.
     #[inline]

@@ -387,6 +387,16 @@ impl Store for Slow {
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), ratewarden_core::StoreError> {
         self.0.reset(key, policy).await
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: ratewarden_core::Timestamp,
+    ) -> Result<(), ratewarden_core::StoreError> {
+        self.0.penalize(key, policy, cost, now).await
+    }
 }
 
 /// Eight callers find a key's batch empty at once. Each buying its own

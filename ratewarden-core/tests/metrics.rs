@@ -139,6 +139,16 @@ impl Store for Renamed {
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.0.reset(key, policy).await
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.0.penalize(key, policy, cost, now).await
+    }
 }
 
 fn decisions(rule: &str, outcome: &str, store: &str) -> String {

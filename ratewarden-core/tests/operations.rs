@@ -235,3 +235,53 @@ async fn an_admission_given_back_is_undone_in_every_tier() {
         "a weight above a limit"
     );
 }
+
+/// A late charge on every tier: counted even on a key over its limit, so
+/// it waits longer; a weight some tier never admits charges none.
+#[tokio::test]
+async fn a_penalty_charges_every_tier_even_over_the_limit() {
+    let clock = ManualClock::new();
+    let gcra = Policy::gcra(4, Duration::from_secs(4)).unwrap();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(Rule::new("burst", store(), gcra).unwrap())
+        .rule(Rule::new("daily", shared(), per_minute(10)).unwrap())
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        assert!(limiter.check(b"card").await.allowed);
+    }
+    let refused = limiter.check(b"card").await;
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, Duration::from_secs(1));
+    // Over the burst tier's limit, and charged all the same: three more
+    // seconds to wait there, three more units counted in the daily tier.
+    limiter.penalize(b"card", 3).await.unwrap();
+    let waiting = limiter.peek(b"card").await;
+    assert!(!waiting.allowed);
+    assert_eq!(waiting.source.rule, Some("burst"));
+    assert_eq!(waiting.retry_after, Duration::from_secs(4));
+    clock.advance(Duration::from_secs(4));
+    assert!(limiter.check(b"card").await.allowed);
+    // What the daily tier would leave after one more request.
+    let daily = limiter.rule("daily").unwrap();
+    assert_eq!(
+        daily.peek(b"card", &clock).await.remaining,
+        10 - 4 - 3 - 1 - 1
+    );
+
+    let e = limiter.penalize(b"card", 5).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert_eq!(
+        daily.peek(b"card", &clock).await.remaining,
+        1,
+        "nothing charged"
+    );
+    // A store that is down: the error is returned, nothing is decided.
+    let down = Limiter::builder()
+        .rule(Rule::new("down", Arc::new(Unavailable), per_minute(10)).unwrap())
+        .build()
+        .unwrap();
+    let e = down.penalize(b"card", 1).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+}

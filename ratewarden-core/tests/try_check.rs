@@ -226,6 +226,17 @@ impl Store for Fixed {
         let _ = (key, policy);
         Ok(())
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: ratewarden_core::Timestamp,
+    ) -> Result<(), ratewarden_core::StoreError> {
+        let _ = (key, policy, cost, now);
+        Ok(())
+    }
 }
 
 /// The rule's policy, as `Source::policy` names it.

@@ -457,6 +457,26 @@ impl MemoryStore {
         Ok(Decision::from_verdict(verdict, policy, NAME))
     }
 
+    /// The same as [`Store::penalize`], without the future: the key is
+    /// touched, and inserted if new, as by a decision.
+    pub fn penalize_sync(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        ratewarden_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
+        let digest = self.digest(policy, key);
+        lock(&self.shards[self.shard_index(digest)]).penalize(
+            digest,
+            policy,
+            cost,
+            now.as_micros(),
+        );
+        Ok(())
+    }
+
     /// The same as [`Store::reset`], without the future.
     pub fn reset_sync(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         ratewarden_core::check_key(NAME, key, self.max_key_len)?;
@@ -568,6 +588,16 @@ impl Store for MemoryStore {
 
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.reset_sync(key, policy)
+    }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.penalize_sync(key, policy, cost, now)
     }
 }
 

@@ -215,6 +215,27 @@ impl Shard {
         cost: u32,
         now: u64,
     ) -> Verdict {
+        self.update(digest, |state| algorithm::apply(state, policy, cost, now))
+    }
+
+    /// Records a penalty on the key ([`algorithm::penalize`]), touching it
+    /// and inserting it as an admission would.
+    pub(crate) fn penalize(&mut self, digest: Digest, policy: &Policy, cost: u32, now: u64) {
+        self.update(digest, |state| {
+            algorithm::penalize(state, policy, cost, now)
+        });
+    }
+
+    /// Runs `transition` on the key's state, touching the key, or on an
+    /// empty state that is inserted if `transition` leaves something in it.
+    // Always inlined, so that `decide` compiles to what it was before it
+    // shared this with `penalize`: the verdict returned in registers.
+    #[inline(always)]
+    fn update<V>(
+        &mut self,
+        digest: Digest,
+        transition: impl FnOnce(&mut Option<KeyState>) -> V,
+    ) -> V {
         let hash = digest.index;
         if let Some(entry) = self.table.find_mut(hash, |e| e.digest == digest) {
             // Touched whatever the outcome: a refused request keeps its key
@@ -235,14 +256,14 @@ impl Shard {
             // moving the verdict through a tuple copied it twice with wide
             // loads of narrow stores just made, a store-forwarding stall
             // that cost a hot key a third of its time.
-            let verdict = algorithm::apply(&mut entry.state, policy, cost, now);
+            let verdict = transition(&mut entry.state);
             if moved {
                 self.compact();
             }
             return verdict;
         }
         let mut state = None;
-        let verdict = algorithm::apply(&mut state, policy, cost, now);
+        let verdict = transition(&mut state);
         if state.is_none() {
             // Nothing to remember (a refusal on an empty state records
             // nothing), so nothing is inserted and nothing evicted.

@@ -145,6 +145,7 @@ struct Shared {
     refund_sql: [String; 4],
     peek_sql: [String; 4],
     reset_sql: [String; 4],
+    penalize_sql: [String; 4],
     sweep_sql: Vec<(&'static str, String)>,
     record_sql: String,
     events_sql: String,
@@ -176,6 +177,12 @@ impl Shared {
                 a = a.as_str()
             )
         });
+        let penalize_sql = Algorithm::ALL.map(|a| {
+            format!(
+                "SELECT {s}.penalize_{a}($1, $2, $3, $4, $5, $6)",
+                a = a.as_str()
+            )
+        });
         // The state tables are named after their algorithms.
         let reset_sql = Algorithm::ALL.map(|a| {
             format!(
@@ -191,6 +198,7 @@ impl Shared {
             refund_sql,
             peek_sql,
             reset_sql,
+            penalize_sql,
             sweep_sql: sweep::sweep_statements(&s),
             record_sql: format!(
                 "INSERT INTO {s}.abuse_events \
@@ -441,7 +449,8 @@ impl Store for PostgresStore {
     }
 
     /// One statement, a call of the algorithm's `peek_*` function, which
-    /// runs its `decide_*` function and rolls it back (schema version 3).
+    /// runs its `decide_*` function and rolls it back (schema version 3 and
+    /// later).
     async fn peek(
         &self,
         key: &[u8],
@@ -450,6 +459,42 @@ impl Store for PostgresStore {
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
         self.decision(Asked::Peek, key, policy, cost, now).await
+    }
+
+    /// One statement, a call of the algorithm's `penalize_*` function
+    /// (schema version 4), under the key's row lock as a decision is.
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        ratewarden_core::check_request(
+            NAME,
+            policy,
+            cost,
+            key,
+            ratewarden_core::DEFAULT_MAX_KEY_LEN,
+        )?;
+        let shared = &self.inner.shared;
+        let now = if shared.server_clock {
+            None
+        } else {
+            Some(to_i64(now)?)
+        };
+        let index = algorithm_index(policy.algorithm());
+        let query = sqlx::query(&shared.penalize_sql[index])
+            .bind(key)
+            .bind(i64::from(policy.limit()))
+            .bind(policy.window_micros() as i64)
+            .bind(i64::from(cost))
+            .bind(now)
+            .bind(shared.gc_slack_us);
+        let mut lease = shared.lease("penalty").await?;
+        let answer = timeout_at(lease.deadline(), query.execute(lease.connection())).await;
+        lease.finish("penalty", answer)?;
+        Ok(())
     }
 
     /// One statement: a `DELETE` of the key's row in the algorithm's state

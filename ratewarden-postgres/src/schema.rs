@@ -14,7 +14,7 @@ use crate::quote_ident;
 
 /// The schema version this build creates and understands: the number of the
 /// last embedded migration.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The embedded migrations, in order. Applied ones are never edited (their
 /// checksums are checked against deployed schemas); changes are new files.
@@ -30,6 +30,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/0002_refunds_and_bounded_abuse_events.sql"),
     ),
     (3, "peeks", include_str!("../migrations/0003_peeks.sql")),
+    (
+        4,
+        "penalties",
+        include_str!("../migrations/0004_penalties.sql"),
+    ),
 ];
 
 /// The tables that hold per-key state, switched between logged and

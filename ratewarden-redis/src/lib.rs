@@ -328,15 +328,14 @@ impl RedisStore {
             .map_err(store_error)
     }
 
-    /// The decision script for `key`; with `peek`, the same script told to
-    /// write nothing.
+    /// The decision script for `key`, in `mode`.
     async fn run(
         &self,
         key: Vec<u8>,
         policy: &Policy,
         cost: u32,
         now: Timestamp,
-        peek: bool,
+        mode: Mode,
     ) -> Result<Value, StoreError> {
         let mut invocation = script(policy.algorithm()).key(key);
         if self.inner.server_clock {
@@ -351,11 +350,17 @@ impl RedisStore {
             .arg(self.inner.margin_ms);
         if policy.algorithm() == Algorithm::Gcra {
             invocation.arg(policy.emission_interval_micros());
-        } else if peek {
+        } else if mode != Mode::Decide {
             invocation.arg(0);
         }
-        if peek {
-            invocation.arg("peek");
+        match mode {
+            Mode::Decide => {}
+            Mode::Peek => {
+                invocation.arg("peek");
+            }
+            Mode::Penalize => {
+                invocation.arg("penalize");
+            }
         }
         self.invoke(invocation).await
     }
@@ -421,7 +426,7 @@ impl Store for RedisStore {
         ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
         let redis_key = self.redis_key(key, policy.algorithm());
         let value = self
-            .bounded(self.run(redis_key, policy, cost, now, false))
+            .bounded(self.run(redis_key, policy, cost, now, Mode::Decide))
             .await?;
         Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
     }
@@ -440,9 +445,28 @@ impl Store for RedisStore {
         ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
         let redis_key = self.redis_key(key, policy.algorithm());
         let value = self
-            .bounded(self.run(redis_key, policy, cost, now, true))
+            .bounded(self.run(redis_key, policy, cost, now, Mode::Peek))
             .await?;
         Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
+    }
+
+    /// One `EVALSHA` of the algorithm's decision script, told to record
+    /// the units whether or not they fit (its last argument, `penalize`),
+    /// within the bounds of `algorithm::penalize`. The
+    /// expiry follows the decision's rule: set when a window opens, moved
+    /// only by what moves a log's newest entry or GCRA's arrival time.
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
+        let redis_key = self.redis_key(key, policy.algorithm());
+        self.bounded(self.run(redis_key, policy, cost, now, Mode::Penalize))
+            .await
+            .map(|_| ())
     }
 
     /// One `DEL` of the key that holds `key`'s state under the policy's
@@ -494,4 +518,15 @@ impl Store for RedisStore {
         }
         refunded(self.bounded(self.invoke(invocation)).await?)
     }
+}
+
+/// What a decision script is asked to do with a request (its last argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Decide it, recording it if admitted.
+    Decide,
+    /// Answer what `Decide` would, writing nothing.
+    Peek,
+    /// Record it whether or not it fits.
+    Penalize,
 }

@@ -265,6 +265,55 @@ async fn one_evalsha_per_refund_and_nothing_else() {
     }
 }
 
+/// Seen from outside: a penalty is one `EVALSHA`, on a held key or a new
+/// one, and inside an open fixed window it counts the units without moving
+/// the expiry the window's opening set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_penalty_is_one_evalsha_and_keeps_a_windows_expiry() {
+    // A server of its own: nothing else may run commands on it.
+    let (_container, url) = fixture::start_redis().await;
+    let mut conn = fixture::admin(&url).await;
+    let store = builder(&url, "penalties").build().unwrap();
+    for p in policies() {
+        // Loads the script, and holds a key to penalize.
+        decide_guarded(&store, b"held", &p, T0).await.unwrap();
+    }
+    let fixed = policies()
+        .into_iter()
+        .find(|p| p.algorithm() == Algorithm::FixedWindow)
+        .unwrap();
+    let fixed_key = store.redis_key(b"held", Algorithm::FixedWindow);
+    let (_, ttl) = key_state(&mut conn, &fixed_key).await;
+    let monitor = Monitor::start(&url, &mut conn).await;
+    reset_stats(&mut conn).await;
+    let mut n = 0;
+    for p in policies() {
+        for key in [&b"held"[..], b"fresh"] {
+            let now = Timestamp::from_micros(T0 + 10_000);
+            store.penalize(key, &p, 2, now).await.unwrap();
+            n += 1;
+        }
+    }
+    assert_only_evalsha(monitor, &mut conn, n).await;
+    let (_, after) = key_state(&mut conn, &fixed_key).await;
+    assert!(
+        after <= ttl,
+        "a penalty moved the window's expiry: {ttl} -> {after}"
+    );
+    let count: i64 = redis::cmd("HGET")
+        .arg(&fixed_key)
+        .arg("n")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(count, 3, "one admitted, two charged");
+    let left = store
+        .peek(b"held", &fixed, 1, Timestamp::from_micros(T0 + 20_000))
+        .await
+        .unwrap();
+    assert_eq!(left.remaining, 1);
+}
+
 /// Seen from outside, as `redis-cli` would: a peek is one `EVALSHA` whose
 /// script runs read commands only (no write appears in the server's
 /// command statistics), it leaves a held key's value and expiry as they

@@ -57,6 +57,7 @@ fn every_broken_store_fails_the_scorecard() {
         "reset-ignored",
         "reset-keeps-previous",
         "state-per-policy",
+        "penalty-only-when-it-fits",
     ];
     assert_eq!(
         defects.len(),

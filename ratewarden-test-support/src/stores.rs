@@ -81,6 +81,16 @@ impl Store for MapStore {
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.inner.reset(key, policy).await
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner.penalize(key, policy, cost, now).await
+    }
 }
 
 /// Wraps a store and records the key of every decision that reaches it, so
@@ -164,6 +174,16 @@ impl<S: Store> Store for Recording<S> {
 
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.inner.reset(key, policy).await
+    }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner.penalize(key, policy, cost, now).await
     }
 }
 

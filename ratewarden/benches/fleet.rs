@@ -127,6 +127,17 @@ impl Store for Remote {
         self.call()?;
         self.inner.reset_sync(key, policy)
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.call()?;
+        self.inner.penalize_sync(key, policy, cost, now)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -110,7 +110,7 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use ratewarden_core::{ConfigError, Decision, Limiter, Plans};
+use ratewarden_core::{ConfigError, Decision, Limiter, Plans, StoreError};
 use tower::{Layer, Service};
 
 use crate::identity::{ClientIdentity, ClientKey};
@@ -269,6 +269,23 @@ impl RateLimitLayer {
     /// one it skips, or one without a key (which it answers with an error).
     pub async fn peek(&self, parts: &Parts) -> Option<Decision> {
         self.peek_on(parts).await.map(|(decision, _)| decision)
+    }
+
+    /// Charges the client of a request with these `parts` `units` more in
+    /// every rule of its plan, whether or not they fit
+    /// ([`Limiter::penalize`]): for what the application learns after the
+    /// response (a failed payment costs 5). `Ok(false)` for a request the
+    /// layer would not limit (skipped, or without a key).
+    pub async fn penalize(&self, parts: &Parts, units: u32) -> Result<bool, StoreError> {
+        match self.shared.plan(parts) {
+            Plan::Check(key, _, plan) => self
+                .shared
+                .limiter(plan)
+                .penalize(key.as_bytes(), units)
+                .await
+                .map(|()| true),
+            Plan::Skip | Plan::Reject(_) | Plan::NoAddress => Ok(false),
+        }
     }
 
     async fn peek_on(&self, parts: &Parts) -> Option<(Decision, usize)> {

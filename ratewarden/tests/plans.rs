@@ -300,3 +300,22 @@ fn a_plan_chooser_needs_plans() {
         .to_string();
     assert!(e.contains("needs several plans"), "{e}");
 }
+
+/// A late charge through the layer: the request's own key and plan.
+#[tokio::test]
+async fn the_layer_penalizes_the_requests_client_on_its_plan() {
+    let clock = ManualClock::new();
+    let (app, layer) = app(plans(Arc::new(ReferenceStore::new(100)), &clock));
+    assert_eq!(send(&app, Some("pro")).await.status(), StatusCode::OK);
+    let parts = request(Some("pro")).into_parts().0;
+    assert!(layer.penalize(&parts, 5).await.unwrap());
+    let left = layer.peek(&parts).await.unwrap().remaining;
+    assert_eq!(left, PRO - 1 - 5 - 1);
+    // More than the plan ever admits: refused, nothing charged.
+    assert!(layer.penalize(&parts, PRO + 1).await.is_err());
+    assert_eq!(layer.peek(&parts).await.unwrap().remaining, left);
+    // A request without a client address is not limited, nor charged.
+    let mut bare = Request::get("/reports").body(Body::empty()).unwrap();
+    bare.extensions_mut().insert(Customer { plan: "pro" });
+    assert!(!layer.penalize(&bare.into_parts().0, 1).await.unwrap());
+}

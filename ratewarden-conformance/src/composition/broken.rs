@@ -327,6 +327,16 @@ impl Store for BrokenLease {
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.shared.reset(key, policy).await
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.shared.penalize(key, policy, cost, now).await
+    }
 }
 
 /// The end of the window that counted a grant at `t`: a sliding window's
@@ -402,6 +412,16 @@ impl Store for InvalidAsFailure {
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.0.reset(key, policy).await
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.0.penalize(key, policy, cost, now).await
+    }
 }
 
 fn never_opens() -> Result<BreakerConfig, ConfigError> {
@@ -476,6 +496,16 @@ impl Store for NoRefund {
 
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.0.reset(key, policy).await
+    }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.0.penalize(key, policy, cost, now).await
     }
 }
 

@@ -166,6 +166,17 @@ impl Store for Switch<dyn Store> {
         self.gate(self.inner.name()).await?;
         self.inner.reset(key, policy).await
     }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.gate(self.inner.name()).await?;
+        self.inner.penalize(key, policy, cost, now).await
+    }
 }
 
 /// An abuse sink that keeps every event it is given, in order.
@@ -298,5 +309,15 @@ impl Store for Ledger {
 
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.inner.reset(key, policy).await
+    }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner.penalize(key, policy, cost, now).await
     }
 }

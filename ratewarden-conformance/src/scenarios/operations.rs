@@ -1,5 +1,6 @@
-//! `peek_never_records`, `reset_is_exact` and `policy_change`: the
-//! operations beside a decision, and a key moved between plans.
+//! `peek_never_records`, `reset_is_exact`, `policy_change` and
+//! `penalty_is_counted`: the operations beside a decision, and a key moved
+//! between plans.
 
 use std::sync::Arc;
 
@@ -431,6 +432,166 @@ pub(crate) async fn policy_change(factory: &dyn StoreFactory) -> ScenarioResult 
             "{algorithm}: {PLAN_STEPS} requests moving between limits {PRO} and {FREE} (same \
              window) decided on the key's whole usage: {on_pro} units admitted on {PRO}, \
              {on_free} on {FREE}"
+        ));
+    }
+    parts.extend(skipped);
+    evidence(parts)
+}
+
+const PENALTY_LIMIT: u32 = 10;
+const PENALTY_WINDOW: u64 = 10 * S;
+
+/// One step of the penalty table: at `at` µs after t0, `penalty` units
+/// charged (0: none), then a request of `cost` (0: none).
+struct Charge {
+    at: u64,
+    penalty: u32,
+    cost: u32,
+}
+
+/// A key that has spent some of its limit is charged more than it has
+/// left, then charged again while over it, then asked across two windows;
+/// a second key is charged before its first request.
+const PENALTY_TABLE: [Charge; 11] = [
+    Charge {
+        at: 0,
+        penalty: 0,
+        cost: 4,
+    },
+    Charge {
+        at: S,
+        penalty: 0,
+        cost: 4,
+    },
+    Charge {
+        at: 2 * S,
+        penalty: 5,
+        cost: 0,
+    },
+    Charge {
+        at: 2 * S + 100 * MS,
+        penalty: 0,
+        cost: 1,
+    },
+    Charge {
+        at: 3 * S,
+        penalty: 7,
+        cost: 1,
+    },
+    Charge {
+        at: 9 * S,
+        penalty: 0,
+        cost: 1,
+    },
+    Charge {
+        at: 11 * S,
+        penalty: 0,
+        cost: 2,
+    },
+    Charge {
+        at: 12 * S,
+        penalty: 0,
+        cost: 5,
+    },
+    Charge {
+        at: 14 * S,
+        penalty: 3,
+        cost: 0,
+    },
+    Charge {
+        at: 15 * S,
+        penalty: 0,
+        cost: 3,
+    },
+    Charge {
+        at: 25 * S,
+        penalty: 0,
+        cost: 10,
+    },
+];
+
+pub(crate) async fn penalty_is_counted(factory: &dyn StoreFactory) -> ScenarioResult {
+    let probe = Probe::new(factory).await?;
+    let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
+    let mut parts = Vec::new();
+    for algorithm in algorithms {
+        let p = policy(algorithm, PENALTY_LIMIT, PENALTY_WINDOW)?;
+        for (key, first) in [("penalty/spent", 0), ("penalty/charged-first", 2)] {
+            let key = format!("{key}/{algorithm}").into_bytes();
+            // The reference: the algorithm's own transitions, penalties
+            // included, on one state.
+            let mut state = None;
+            let mut refused_after_a_penalty = 0;
+            for (i, step) in PENALTY_TABLE.iter().enumerate().skip(first) {
+                probe.at(step.at);
+                let now = T0 + step.at;
+                if step.penalty > 0 {
+                    let charged = probe
+                        .store
+                        .penalize(&key, &p, step.penalty, probe.clock.now())
+                        .await;
+                    if let Err(e) = charged {
+                        return fail(format!(
+                            "{algorithm}: a penalty of {} at t0+{} ms returned an error: {e}",
+                            step.penalty,
+                            step.at / 1_000
+                        ));
+                    }
+                    ratewarden_core::algorithm::penalize(&mut state, &p, step.penalty, now);
+                }
+                if step.cost == 0 {
+                    continue;
+                }
+                let expected = ratewarden_core::algorithm::apply(&mut state, &p, step.cost, now);
+                let expected = Decision::from_verdict(expected, &p, "reference");
+                let got = probe.hit(&key, &p, step.cost).await?;
+                if seen(&got) != seen(&expected) {
+                    return fail(format!(
+                        "{algorithm}: step {i} (key {}, cost {}) at t0+{} ms was {}, but {} \
+                         with the penalties counted (limit {PENALTY_LIMIT}): a penalty must \
+                         record its units whether or not they fit, within algorithm::penalize's \
+                         bounds",
+                        String::from_utf8_lossy(&key),
+                        step.cost,
+                        step.at / 1_000,
+                        show(&got),
+                        show(&expected)
+                    ));
+                }
+                refused_after_a_penalty += u32::from(!got.allowed);
+            }
+            if refused_after_a_penalty == 0 {
+                return fail(format!(
+                    "{algorithm}: no request after a penalty was refused; the table is meant to \
+                     exhaust the key"
+                ));
+            }
+        }
+        let long = vec![b'k'; probe.store.max_key_len().saturating_add(1)];
+        for (what, key, cost) in [
+            ("a cost of 0", &b"penalty/zero"[..], 0),
+            (
+                "a cost over the limit",
+                &b"penalty/over"[..],
+                PENALTY_LIMIT + 1,
+            ),
+            ("a key one byte over the declared bound", &long[..], 1),
+        ] {
+            match probe.store.penalize(key, &p, cost, probe.clock.now()).await {
+                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+                other => {
+                    return fail(format!(
+                        "{algorithm}: a penalty with {what} must be an InvalidRequest error, as \
+                         for decide; got {other:?}"
+                    ));
+                }
+            }
+        }
+        parts.push(format!(
+            "{algorithm}: penalties on a key over its limit and on a new key decided as the \
+             reference's penalize (limit {PENALTY_LIMIT}, {} steps); invalid penalties are \
+             InvalidRequest errors",
+            PENALTY_TABLE.len()
         ));
     }
     parts.extend(skipped);

@@ -1,8 +1,8 @@
 //! A complete, correct store in one screen: the one the [`Store`] docs show
 //! and the conformance suite runs (`ratewarden-core/tests/example_store.rs`).
 //!
-//! One map under one lock, every algorithm by [`algorithm::apply`] and
-//! [`algorithm::refund`], keys bounded in length. It never evicts, so it is
+//! One map under one lock, every algorithm by [`algorithm::apply`],
+//! [`algorithm::refund`] and [`algorithm::penalize`], keys bounded in length. It never evicts, so it is
 //! unbounded in key count: a real in-process store caps it, evicting the
 //! least recently *touched* key, refusals included (`ratewarden-memory`).
 
@@ -90,6 +90,20 @@ impl Store for MapStore {
         check_key("map", key, DEFAULT_MAX_KEY_LEN)?;
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         keys.remove(&(policy.algorithm(), key.to_vec()));
+        Ok(())
+    }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        check_request("map", policy, cost, key, DEFAULT_MAX_KEY_LEN)?;
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = keys.entry((policy.algorithm(), key.to_vec())).or_default();
+        algorithm::penalize(state, policy, cost, now.as_micros());
         Ok(())
     }
 }

@@ -78,10 +78,11 @@ impl Capabilities {
 ///
 /// # Implementing a store
 ///
-/// Seven methods are required: [`name`](Store::name),
+/// Eight methods are required: [`name`](Store::name),
 /// [`capabilities`](Store::capabilities), [`max_key_len`](Store::max_key_len),
 /// [`decide`](Store::decide), [`refund`](Store::refund),
-/// [`peek`](Store::peek) and [`reset`](Store::reset); a store that
+/// [`peek`](Store::peek), [`reset`](Store::reset) and
+/// [`penalize`](Store::penalize); a store that
 /// implements them to the contract below passes the whole conformance suite.
 /// The three others have defaults that pass it too:
 /// [`check_policy`](Store::check_policy) reads the capabilities, and
@@ -164,6 +165,11 @@ impl Capabilities {
 ///   plan upgrade or downgrade) is decided on its whole usage, so switching
 ///   back and forth never admits more than the limit each request is
 ///   decided under allows.
+/// * `penalty_is_counted` — [`penalize`](Store::penalize) records its units
+///   whether or not they fit, within its bounds, exactly as
+///   [`algorithm::penalize`](crate::algorithm::penalize): a key already
+///   over its limit waits longer, a new key is created charged; an invalid
+///   cost or key is an `InvalidRequest` error.
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// A short, stable name (`"memory"`, `"redis"`, …), reported in every
@@ -339,6 +345,28 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Added after the first listing, required (the conformance scenario
     /// `reset_is_exact` needs it): remove the key's entry, row or hash.
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError>;
+
+    /// Records `cost` units for `key` at `now` whether or not they fit, as
+    /// [`algorithm::penalize`](crate::algorithm::penalize) does: a charge an
+    /// application decides late (a failed payment costs 5), which lengthens
+    /// the key's wait even when it is already over its limit. Atomic, like
+    /// `decide`; bounded as `algorithm::penalize` bounds it. The
+    /// same errors as `decide`, checked the same way
+    /// ([`check_request`]).
+    ///
+    /// # Migration
+    ///
+    /// Added after the first listing, required (the conformance scenario
+    /// `penalty_is_counted` needs it): apply `algorithm::penalize` to the
+    /// key's state where `decide` applies `algorithm::apply`; a wrapper
+    /// forwards it.
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
 }
 
 /// Checks the arguments every [`Store::decide`] shares: a valid cost, then a
@@ -417,6 +445,16 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn max_key_len(&self) -> usize {
         (**self).max_key_len()
+    }
+
+    async fn penalize(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        (**self).penalize(key, policy, cost, now).await
     }
 
     async fn peek(

@@ -14,6 +14,16 @@ else
   open = true
 end
 local e = start + w
+if penalize then
+  local n = math.max(count, math.min(count + c, l))
+  if open then
+    redis.call('HSET', key, 's', num(start), 'n', num(n))
+    redis.call('PEXPIRE', key, ttl(w))
+  else
+    redis.call('HSET', key, 'n', num(n))
+  end
+  return {0, 0, 0, 0}
+end
 if count + c <= l then
   if peek then
     -- nothing written

@@ -6,6 +6,12 @@ local tat = now
 if stored ~= nil and stored > now then tat = stored end
 local burst = l * T
 local new_tat = tat + c * T
+if penalize then
+  -- A full bucket and one window more, less one unit: a wait of at most w.
+  local capped = math.max(tat, math.min(new_tat, now + burst + w - T))
+  redis.call('SET', key, num(capped), 'PX', ttl(capped - now))
+  return {0, 0, 0, 0}
+end
 if new_tat - now <= burst then
   if not peek then
     redis.call('SET', key, num(new_tat), 'PX', ttl(new_tat - now))

@@ -6,7 +6,9 @@
 -- ARGV[1] now in microseconds, or 'server' to read the server's clock
 -- ARGV[2] limit   ARGV[3] window (us)   ARGV[4] cost   ARGV[5] expiry margin (ms)
 -- ARGV[6] GCRA emission interval (us), GCRA only (any number otherwise)
--- ARGV[7] 'peek' to answer what the request would get and write nothing
+-- ARGV[7] 'peek' to answer what the request would get and write nothing, or
+--         'penalize' to record the units whether or not they fit, within
+--         algorithm::penalize's bounds; its reply is not read
 -- Returns {allowed (0|1), remaining, reset_after_us, retry_after_us}.
 local key = KEYS[1]
 local now
@@ -26,6 +28,7 @@ local margin = tonumber(ARGV[5])
 -- A peek runs the same decision and skips every write, so that it cannot
 -- drift from what a request gets.
 local peek = ARGV[7] == 'peek'
+local penalize = ARGV[7] == 'penalize'
 
 -- Integers go to Redis as plain digits: tostring would switch to
 -- scientific notation for timestamps.

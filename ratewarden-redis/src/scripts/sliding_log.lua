@@ -31,8 +31,8 @@ if expired > 0 then
     redis.call('LTRIM', key, expired, -1)
   end
 end
-if count + c <= l then
-  if peek then return {1, l - count - c, sat(t + w - now), 0} end
+-- Appends `c` entries at `t`; the key lives exactly as long as its newest.
+local function push()
   local ts = num(t)
   local left = c
   -- unpack() is bounded by Lua's C stack, so push in chunks.
@@ -43,8 +43,17 @@ if count + c <= l then
     redis.call('RPUSH', key, unpack(args))
     left = left - k
   end
-  -- The key lives exactly as long as its newest entry.
   redis.call('PEXPIRE', key, ttl(t + w - now))
+end
+if penalize then
+  -- What does not fit replaces the oldest entries: at most `l` are kept.
+  push()
+  if count + c > l then redis.call('LTRIM', key, -l, -1) end
+  return {0, 0, 0, 0}
+end
+if count + c <= l then
+  if peek then return {1, l - count - c, sat(t + w - now), 0} end
+  push()
   return {1, l - count - c, sat(t + w - now), 0}
 end
 -- The (count + c - l)-th oldest live entry must expire first.

@@ -17,6 +17,16 @@ elseif s0 ~= nil and s0 + w == aligned then
 else
   start, cur, prev = aligned, 0, 0
 end
+if penalize then
+  local n = math.max(cur, math.min(cur + c, l))
+  if same then
+    redis.call('HSET', key, 'c', num(n))
+  else
+    redis.call('HSET', key, 's', num(start), 'c', num(n), 'p', num(prev))
+    redis.call('PEXPIRE', key, ttl(start + 2 * w - now))
+  end
+  return {0, 0, 0, 0}
+end
 local t = math.max(now, start)
 local elapsed = t - start
 local weighted = prev * (w - elapsed)

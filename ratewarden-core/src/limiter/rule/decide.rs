@@ -782,6 +782,35 @@ impl Rule {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Charges `key` this rule's share of `weight` units at the clock's
+    /// current time, admitted or not ([`Store::penalize`]): a late charge
+    /// that lengthens the key's wait. In the rule's store only (a fallback
+    /// or escalation store holds nothing to lengthen), within the rule's
+    /// timeout; a failure is returned, not answered by the failure policy,
+    /// since nothing is being decided. A weight the rule could never admit
+    /// is an [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
+    pub async fn penalize(
+        &self,
+        key: &[u8],
+        weight: u32,
+        clock: &dyn Clock,
+    ) -> Result<(), StoreError> {
+        self.check_weight(weight)
+            .map_err(|e| StoreError::invalid_request(self.store.name(), e))?;
+        let storage_key = self.storage_key(key);
+        let call =
+            self.store
+                .penalize(&storage_key, &self.policy, self.charge(weight), clock.now());
+        let result = match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::timeout(self.store.name(), self.timeout)),
+        };
+        if let Err(e) = &result {
+            self.store_failed(self.store.name(), e);
+        }
+        result
+    }
+
     /// Applies this rule alone to `key` at the clock's current time,
     /// following its fallback, escalation and failure policy.
     pub async fn check(&self, key: &[u8], clock: &dyn Clock) -> Decision {
