@@ -11,6 +11,10 @@
 //! counts only failed attempts: 5 per 15 minutes, a success spends nothing
 //! ([`LOGIN_FAILURES`]).
 //!
+//! `POST /api/checkout` allows 10 payments an hour, and a declined card
+//! (`-d card=declined`) costs 5 of them: the request, then a penalty of 4
+//! once the payment has failed ([`CHECKOUTS`], [`DECLINE_PENALTY`]).
+//!
 //! `GET /api/reports` has a limit per plan: 10 a minute on the free plan,
 //! 100 with an API key of the pro plan ([`plans`]).
 //!
@@ -229,6 +233,18 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
     let handler = get(|| async { json(r#"{"reports":[]}"#) });
     router = router.route("/api/reports", handler.route_layer(layer.clone()));
     layers.push(("reports", layer));
+    // Checkout: a declined card is charged more once the payment fails,
+    // a penalty the application decides after the request was admitted.
+    let checkout = Endpoint {
+        name: "checkout",
+        method: "POST",
+        path: "/api/checkout",
+        policy: Policy::fixed_window(CHECKOUTS, HOUR)?,
+    };
+    let layer = RateLimitLayer::new(limiter(settings, &checkout)?, settings.identity.clone())?;
+    let handler = post(pay).with_state(layer.clone());
+    router = router.route(checkout.path, handler.route_layer(layer.clone()));
+    layers.push((checkout.name, layer));
     let routes = admin::Routes::new(layers, settings.identity.clone());
     router = router.route("/api/quota", get(admin::quota).with_state(routes.clone()));
     if let Some(token) = &settings.admin_token {
@@ -243,6 +259,45 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         settings.api_keys.clone(),
         plans::authenticate,
     )))
+}
+
+/// `POST /api/checkout`: payments allowed per client, per hour.
+pub const CHECKOUTS: u32 = 10;
+
+/// What a declined payment costs on top of the request itself
+/// ([`RateLimitLayer::penalize`]): a declined card spends
+/// `1 + DECLINE_PENALTY` of [`CHECKOUTS`].
+pub const DECLINE_PENALTY: u32 = 4;
+
+/// The demo's payment: the card `declined` (`-d card=declined`) is
+/// declined with `402`, and its client charged [`DECLINE_PENALTY`] more;
+/// any other is paid.
+async fn pay(
+    axum::extract::State(layer): axum::extract::State<RateLimitLayer>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    let (parts, body) = request.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, 4096).await else {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            json(r#"{"error":"body_too_large"}"#),
+        )
+            .into_response();
+    };
+    if !body
+        .split(|&b| b == b'&')
+        .any(|field| field == b"card=declined")
+    {
+        return (StatusCode::OK, json(r#"{"status":"paid"}"#)).into_response();
+    }
+    if let Err(e) = layer.penalize(&parts, DECLINE_PENALTY).await {
+        tracing::warn!(error = %e, "checkout: the decline's penalty was not recorded");
+    }
+    (
+        StatusCode::PAYMENT_REQUIRED,
+        json(r#"{"error":"card_declined"}"#),
+    )
+        .into_response()
 }
 
 /// The demo's one account: the password `demo`, sent as the form field

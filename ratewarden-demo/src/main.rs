@@ -75,6 +75,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .trim_end_matches("/min"),
         config.api_keys.len()
     );
+    println!(
+        "  POST /api/checkout   {} payments per hour; -d card=declined is answered 402 and costs {} more",
+        ratewarden_demo::CHECKOUTS,
+        ratewarden_demo::DECLINE_PENALTY
+    );
     println!("  GET  /api/quota      your quota on ?route=NAME (search), spending nothing");
     if settings.admin_token.is_some() {
         println!("  POST /admin/reset    ?client=ADDR[&route=NAME], Authorization: Bearer <token>");

@@ -451,7 +451,9 @@ async fn an_operator_resets_a_client_with_the_admin_token() {
     let body: serde_json::Value = serde_json::from_str(&all.body).unwrap();
     assert_eq!(
         body["reset"],
-        serde_json::json!(["feedback", "contact", "search", "login", "reports"])
+        serde_json::json!([
+            "feedback", "contact", "search", "login", "reports", "checkout"
+        ])
     );
     assert_eq!(
         client
@@ -561,4 +563,31 @@ async fn an_api_key_chooses_the_plan_and_usage_carries_over() {
     clock.advance(Duration::from_secs(61));
     let reply = client.send(Method::GET, "/api/reports", &pro).await;
     assert_eq!(reply.header_u64("x-ratelimit-remaining"), 99);
+}
+
+#[tokio::test]
+async fn a_declined_card_costs_its_client_five_payments() {
+    let clock = ManualClock::new();
+    let client = TestClient::new(
+        start(&settings(&clock)).await,
+        Some("127.0.0.5".parse().unwrap()),
+    );
+    let paid = client
+        .send_body(Method::POST, "/api/checkout", &[], "card=4242".into())
+        .await;
+    assert_eq!(paid.status, StatusCode::OK);
+    assert_eq!(paid.header_u64("x-ratelimit-remaining"), 9);
+    for remaining in [8, 3] {
+        let declined = client
+            .send_body(Method::POST, "/api/checkout", &[], "card=declined".into())
+            .await;
+        assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+        // The headers are the decision's, made before the payment failed.
+        assert_eq!(declined.header_u64("x-ratelimit-remaining"), remaining);
+    }
+    // 1 + 5 + 5 of 10 would be 11: the second penalty filled the window.
+    let refused = client
+        .send_body(Method::POST, "/api/checkout", &[], "card=4242".into())
+        .await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
 }
