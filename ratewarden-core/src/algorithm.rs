@@ -173,43 +173,19 @@ pub fn penalize(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u
     let c = u64::from(cost);
     match policy.algorithm() {
         Algorithm::SlidingLog => {
-            let log = match state.get_or_insert_with(|| KeyState::SlidingLog(VecDeque::new())) {
-                KeyState::SlidingLog(log) => log,
-                _ => unreachable!("state was reset to this algorithm above"),
-            };
-            let t = now.max(log.back().copied().unwrap_or(0));
-            while log.front().is_some_and(|&e| e.saturating_add(w) <= t) {
-                log.pop_front();
-            }
+            let (log, t) = live_log(state, w, now);
             log.extend(std::iter::repeat_n(t, c as usize));
             while log.len() as u64 > l {
                 log.pop_front();
             }
         }
         Algorithm::FixedWindow => {
-            let (start, count) = match *state {
-                Some(KeyState::FixedWindow { start, count }) if now < start.saturating_add(w) => {
-                    (start, count)
-                }
-                _ => (now, 0),
-            };
+            let (start, count) = open_window(state, w, now);
             let count = count.max((count + c).min(l));
             *state = Some(KeyState::FixedWindow { start, count });
         }
         Algorithm::SlidingWindow => {
-            // Rolled over to `now`'s window as `apply` rolls it.
-            let aligned = now - now % w;
-            let (start, current, previous) = match *state {
-                Some(KeyState::SlidingWindow {
-                    start,
-                    current,
-                    previous,
-                }) if start >= aligned => (start, current, previous),
-                Some(KeyState::SlidingWindow { start, current, .. }) if start + w == aligned => {
-                    (aligned, 0, current)
-                }
-                _ => (aligned, 0, 0),
-            };
+            let (start, current, previous) = rolled_window(state, w, now);
             let current = current.max((current + c).min(l));
             *state = Some(KeyState::SlidingWindow {
                 start,
@@ -235,7 +211,9 @@ fn to_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-fn sliding_log(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -> Verdict {
+/// A sliding log's live entries at `now`, what has expired dropped, and
+/// the time they were judged at.
+fn live_log(state: &mut Option<KeyState>, w: u64, now: u64) -> (&mut VecDeque<u64>, u64) {
     let log = match state.get_or_insert_with(|| KeyState::SlidingLog(VecDeque::new())) {
         KeyState::SlidingLog(log) => log,
         _ => unreachable!("state was reset to this algorithm above"),
@@ -246,6 +224,41 @@ fn sliding_log(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -
     while log.front().is_some_and(|&e| e.saturating_add(w) <= t) {
         log.pop_front();
     }
+    (log, t)
+}
+
+/// The fixed window open at `now`, `(start, count)`: the stored one, or
+/// one opening now.
+fn open_window(state: &Option<KeyState>, w: u64, now: u64) -> (u64, u64) {
+    match *state {
+        // A clock behind `start` stays inside the open window.
+        Some(KeyState::FixedWindow { start, count }) if now < start.saturating_add(w) => {
+            (start, count)
+        }
+        _ => (now, 0),
+    }
+}
+
+/// A sliding window rolled over to `now`'s window, `(start, current,
+/// previous)`.
+fn rolled_window(state: &Option<KeyState>, w: u64, now: u64) -> (u64, u64, u64) {
+    let aligned = now - now % w;
+    match *state {
+        // A clock behind the stored window is clamped to its start.
+        Some(KeyState::SlidingWindow {
+            start,
+            current,
+            previous,
+        }) if start >= aligned => (start, current, previous),
+        Some(KeyState::SlidingWindow { start, current, .. }) if start + w == aligned => {
+            (aligned, 0, current)
+        }
+        _ => (aligned, 0, 0),
+    }
+}
+
+fn sliding_log(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -> Verdict {
+    let (log, t) = live_log(state, w, now);
     let count = log.len() as u64;
     if count + c <= l {
         log.extend(std::iter::repeat_n(t, c as usize));
@@ -269,13 +282,7 @@ fn sliding_log(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -
 }
 
 fn fixed_window(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -> Verdict {
-    let (start, count) = match *state {
-        // A clock behind `start` stays inside the open window.
-        Some(KeyState::FixedWindow { start, count }) if now < start.saturating_add(w) => {
-            (start, count)
-        }
-        _ => (now, 0),
-    };
+    let (start, count) = open_window(state, w, now);
     let end = start.saturating_add(w);
     if count + c <= l {
         *state = Some(KeyState::FixedWindow {
@@ -299,19 +306,7 @@ fn fixed_window(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) 
 }
 
 fn sliding_window(state: &mut Option<KeyState>, l: u64, w: u64, c: u64, now: u64) -> Verdict {
-    let aligned = now - now % w;
-    let (start, current, previous) = match *state {
-        // A clock behind the stored window is clamped to its start.
-        Some(KeyState::SlidingWindow {
-            start,
-            current,
-            previous,
-        }) if start >= aligned => (start, current, previous),
-        Some(KeyState::SlidingWindow { start, current, .. }) if start + w == aligned => {
-            (aligned, 0, current)
-        }
-        _ => (aligned, 0, 0),
-    };
+    let (start, current, previous) = rolled_window(state, w, now);
     let t = now.max(start);
     let elapsed = t - start;
     let weighted = previous * (w - elapsed);
