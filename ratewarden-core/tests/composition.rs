@@ -379,3 +379,59 @@ async fn a_shared_store_refusal_is_repeated_without_a_call_until_its_retry_time(
             .is_err()
     );
 }
+
+/// Tiers decided without a future while each store answers inline hand the
+/// request on at the first store that must be awaited: the tighter answer
+/// of an inline tier is still the one shown, and its admission is still
+/// given back when the awaited tier refuses.
+#[tokio::test(start_paused = true)]
+async fn an_inline_tier_before_an_awaited_one_keeps_its_answer_and_its_refund() {
+    let tiers = |burst: u32, hourly: u32| {
+        let local: Arc<dyn Store> = Arc::new(ReferenceStore::new(100));
+        let shared = switchable("shared");
+        let limiter = Limiter::builder()
+            .clock(ManualClock::new())
+            .rule(
+                Rule::new("burst", local.clone(), per_minute(burst))
+                    .unwrap()
+                    .without_refusal_cache(),
+            )
+            .rule(
+                Rule::new("hourly", shared.clone(), per_minute(hourly))
+                    .unwrap()
+                    .without_refusal_cache(),
+            )
+            .build()
+            .unwrap();
+        (limiter, local, shared)
+    };
+
+    // The inline tier is the tighter: its answer is shown.
+    let (limiter, _, shared) = tiers(2, 40);
+    let d = limiter.check(b"client").await;
+    assert!(d.allowed);
+    assert_eq!(d.source.rule, Some("burst"));
+    assert_eq!((d.limit, d.remaining), (2, 1));
+    assert_eq!(shared.calls(), 1);
+
+    // The awaited tier refuses: the inline tier's admission is undone.
+    let (limiter, local, _) = tiers(40, 1);
+    assert!(limiter.check(b"client").await.allowed);
+    let d = limiter.check(b"client").await;
+    assert!(!d.allowed);
+    assert_eq!(d.source.rule, Some("hourly"));
+    let burst = &limiter.rules()[0];
+    let counted = local
+        .peek(
+            &burst.storage_key(b"client"),
+            burst.policy(),
+            1,
+            limiter.clock().now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        counted.remaining, 38,
+        "only the admitted request is counted"
+    );
+}

@@ -662,6 +662,12 @@ impl Rule {
 
     pub(crate) fn finish(&self, decision: &mut Decision) {
         self.label(decision);
+        self.count(decision);
+    }
+
+    /// Counts `decision` in the rule's statistics and metrics.
+    #[inline]
+    pub(crate) fn count(&self, decision: &Decision) {
         if decision.allowed {
             self.counters.allowed.bump();
         } else {
@@ -672,7 +678,7 @@ impl Rule {
     }
 
     /// Names the rule, and the policy it decided under, in `decision`.
-    fn label(&self, decision: &mut Decision) {
+    pub(crate) fn label(&self, decision: &mut Decision) {
         decision.source.rule = Some(self.label);
         decision.source.policy = Some(match &self.escalation {
             Some(e) if decision.source.escalated && !decision.allowed => e.policy_label,
