@@ -38,7 +38,7 @@ mod intern;
 pub mod lease;
 mod limiter;
 mod plans;
-pub mod policy;
+mod policy;
 mod refusal_cache;
 mod store;
 mod time;
@@ -60,7 +60,7 @@ pub use limiter::{
     PendingCheck, Rule, RuleStats,
 };
 pub use plans::{Plans, PlansBuilder};
-pub use policy::parse::{ParsePolicyError, parse_policies};
+pub use policy::parse::{DEFAULT_ALGORITHM, ParsePolicyError, parse_policies};
 pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use refusal_cache::REFUSAL_CACHE_KEYS;
 pub use store::example;

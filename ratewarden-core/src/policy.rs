@@ -1,6 +1,6 @@
 //! Rate-limiting policies: an algorithm, a limit and a window, validated
 //! once when built, and written as text (`"60/minute"`,
-//! `"gcra 10/s burst 20"`) by [`parse`].
+//! `"gcra 10/s burst 20"`) (see [`Policy`]).
 
 pub mod parse;
 
@@ -76,9 +76,9 @@ pub const MAX_LIMIT: u32 = 1_000_000_000;
 /// A validated rate-limiting policy: at most `limit` units per `window`,
 /// applied with `algorithm`.
 ///
-/// Built by its constructors or parsed from text (the grammar is in
-/// [`parse`]); its `Display` is that text, and parses back to an equal
-/// policy.
+/// Built by its constructors or parsed from text (the grammar is below,
+/// [As text](#as-text)); its `Display` is that text, and parses back to an
+/// equal policy.
 ///
 /// ```
 /// use ratewarden_core::{Algorithm, Policy};
@@ -96,6 +96,69 @@ pub const MAX_LIMIT: u32 = 1_000_000_000;
 ///
 /// Equality compares the policy as it was written: `gcra 10/s burst 20`
 /// and `gcra 20/2s` decide identically, but are different values.
+///
+/// # As text
+///
+/// `"60/minute"`, `"sliding_log 60/min"`, `"gcra 10/s burst 20"`, for
+/// configuration files and command lines: [`FromStr`](std::str::FromStr),
+/// and [`parse_policies`](crate::parse_policies) for several in one string.
+///
+/// ## Grammar
+///
+/// ```text
+/// policy    = [ algorithm ] count ( "/" | "per" ) period [ "burst" count ]
+/// algorithm = "sliding_log" | "fixed_window" | "sliding_window" | "gcra"
+/// period    = [ count ] unit
+/// count     = decimal digits, at least 1
+/// unit      = us | ms | s | min | h | d | w, or a longer name:
+///             µs, micros, microsecond(s); millis, millisecond(s);
+///             sec(s), second(s); m, min(s), minute(s); hr(s), hour(s);
+///             day(s); week(s)
+/// ```
+///
+/// Words and numbers are separated by spaces where they would otherwise run
+/// together; spaces around `/` and between a period's count and unit are
+/// optional (`100/1h`, `100 / 1 h`, `5 per 2 hours`). Keywords and units
+/// are case-insensitive. `a/p` means at most `a` units per period `p`.
+///
+/// **Without an algorithm, the policy is a sliding-window log**
+/// ([`Algorithm::SlidingLog`]): the one algorithm under which "60/minute"
+/// means what it says, at most 60 in *any* minute. It stores one timestamp
+/// per admitted unit, so its limit is at most
+/// [`MAX_LOG_LIMIT`](crate::MAX_LOG_LIMIT); name another algorithm for more
+/// (`sliding_window 100000/h`). A `burst` implies GCRA:
+/// `10/s burst 20` is `gcra 10/s burst 20`,
+/// [`Policy::gcra_with_burst`]`(10, 1 s, 20)`, and applies only to it.
+///
+/// | text | policy |
+/// |---|---|
+/// | `60/minute`, `60 per minute`, `60/min`, `60/1m` | `Policy::sliding_log(60, 60 s)` |
+/// | `10/s` | `Policy::sliding_log(10, 1 s)` |
+/// | `fixed_window 1000/day` | `Policy::fixed_window(1000, 86 400 s)` |
+/// | `sliding_window 100/90s` | `Policy::sliding_window(100, 90 s)` |
+/// | `gcra 10/s` | `Policy::gcra(10, 1 s)` |
+/// | `gcra 10/s burst 20` | `Policy::gcra_with_burst(10, 1 s, 20)` |
+///
+/// A policy's `Display` is this text with the algorithm always named and
+/// the largest unit that divides the period (`sliding_log 60/min`,
+/// `fixed_window 1000/d`, `gcra 10/s burst 20`), and parses back to an
+/// equal policy. Limits and windows are validated by the constructors, so
+/// text is held to exactly the rules code is.
+///
+/// ```
+/// use ratewarden_core::{Algorithm, Policy};
+///
+/// let p: Policy = "gcra 10/s burst 20".parse()?;
+/// assert_eq!(p.algorithm(), Algorithm::Gcra);
+/// assert_eq!(p.burst(), Some(20));
+///
+/// let err = "60/fortnight".parse::<Policy>().unwrap_err();
+/// assert!(err.to_string().contains(r#"unknown unit "fortnight""#), "{err}");
+/// # Ok::<(), ratewarden_core::ParsePolicyError>(())
+/// ```
+///
+/// With the `serde` feature, [`Policy`] deserializes from this text and
+/// serializes to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Policy {
     algorithm: Algorithm,

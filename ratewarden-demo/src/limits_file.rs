@@ -11,7 +11,7 @@
 //!
 //! Each table under `routes` is one of the demo's routes (`feedback`,
 //! `contact`, `search`) and holds its `limit`, a policy in the text of
-//! [`ratewarden::policy::parse`]. A route the file leaves out keeps its
+//! [`ratewarden::Policy`]. A route the file leaves out keeps its
 //! built-in limit. Anything else — an unknown route or key, a policy that
 //! does not parse — is refused when the server starts, with the file's name
 //! and the line and column of the offending value.

@@ -203,7 +203,8 @@
 //! # let _ = (shared, durable, sink); Ok(()) }
 //! ```
 
-pub use ratewarden_core;
+// Each of the core's items is exported here once, at the root; the core
+// crate itself is not re-exported, which would name every item twice.
 pub use ratewarden_core::*;
 
 pub mod identity;

@@ -1,62 +1,4 @@
-//! Policies as text: `"60/minute"`, `"sliding_log 60/min"`,
-//! `"gcra 10/s burst 20"`, for configuration files and command lines.
-//!
-//! # Grammar
-//!
-//! ```text
-//! policy    = [ algorithm ] count ( "/" | "per" ) period [ "burst" count ]
-//! algorithm = "sliding_log" | "fixed_window" | "sliding_window" | "gcra"
-//! period    = [ count ] unit
-//! count     = decimal digits, at least 1
-//! unit      = us | ms | s | min | h | d | w, or a longer name:
-//!             µs, micros, microsecond(s); millis, millisecond(s);
-//!             sec(s), second(s); m, min(s), minute(s); hr(s), hour(s);
-//!             day(s); week(s)
-//! ```
-//!
-//! Words and numbers are separated by spaces where they would otherwise run
-//! together; spaces around `/` and between a period's count and unit are
-//! optional (`100/1h`, `100 / 1 h`, `5 per 2 hours`). Keywords and units
-//! are case-insensitive. `a/p` means at most `a` units per period `p`.
-//!
-//! **Without an algorithm, the policy is a sliding-window log**
-//! ([`Algorithm::SlidingLog`]): the one algorithm under which "60/minute"
-//! means what it says, at most 60 in *any* minute. It stores one timestamp
-//! per admitted unit, so its limit is at most
-//! [`MAX_LOG_LIMIT`]; name another algorithm for more
-//! (`sliding_window 100000/h`). A `burst` implies GCRA:
-//! `10/s burst 20` is `gcra 10/s burst 20`,
-//! [`Policy::gcra_with_burst`]`(10, 1 s, 20)`, and applies only to it.
-//!
-//! | text | policy |
-//! |---|---|
-//! | `60/minute`, `60 per minute`, `60/min`, `60/1m` | `Policy::sliding_log(60, 60 s)` |
-//! | `10/s` | `Policy::sliding_log(10, 1 s)` |
-//! | `fixed_window 1000/day` | `Policy::fixed_window(1000, 86 400 s)` |
-//! | `sliding_window 100/90s` | `Policy::sliding_window(100, 90 s)` |
-//! | `gcra 10/s` | `Policy::gcra(10, 1 s)` |
-//! | `gcra 10/s burst 20` | `Policy::gcra_with_burst(10, 1 s, 20)` |
-//!
-//! A policy's `Display` is this text with the algorithm always named and
-//! the largest unit that divides the period (`sliding_log 60/min`,
-//! `fixed_window 1000/d`, `gcra 10/s burst 20`), and parses back to an
-//! equal policy. Limits and windows are validated by the constructors, so
-//! text is held to exactly the rules code is.
-//!
-//! ```
-//! use ratewarden_core::{Algorithm, Policy};
-//!
-//! let p: Policy = "gcra 10/s burst 20".parse()?;
-//! assert_eq!(p.algorithm(), Algorithm::Gcra);
-//! assert_eq!(p.burst(), Some(20));
-//!
-//! let err = "60/fortnight".parse::<Policy>().unwrap_err();
-//! assert!(err.to_string().contains(r#"unknown unit "fortnight""#), "{err}");
-//! # Ok::<(), ratewarden_core::policy::parse::ParsePolicyError>(())
-//! ```
-//!
-//! With the `serde` feature, [`Policy`] deserializes from this text and
-//! serializes to it.
+//! Policies as text: the grammar is in [`Policy`]'s docs.
 //!
 //! About 490 lines of grammar and errors, then its tests.
 
@@ -430,7 +372,7 @@ impl<'a> Parser<'a> {
 /// Several policies in one string, separated by `;`: `"10/s; 1000/h"`,
 /// the limits of one route, each becoming a rule of one
 /// [`Limiter`](crate::Limiter) ([`Rule::tiers`](crate::Rule::tiers)).
-/// Each part follows the [grammar](self) above; an error names the part
+/// Each part follows the [grammar](crate::Policy#as-text); an error names the part
 /// at fault (its number, from 1, and its text), and its column is counted
 /// within the part. Refuses an empty part (`"10/s;;1000/h"`, a trailing
 /// `;`) and the same policy twice, which can only be a mistake.
@@ -481,7 +423,7 @@ pub fn parse_policies(input: &str) -> Result<Vec<Policy>, ParsePolicyError> {
 impl FromStr for Policy {
     type Err = ParsePolicyError;
 
-    /// Parses the [grammar](self) above.
+    /// Parses the [grammar](crate::Policy#as-text).
     fn from_str(input: &str) -> Result<Self, Self::Err> {
         let mut parser = Parser {
             input,
@@ -539,7 +481,7 @@ impl fmt::Display for Policy {
 
 #[cfg(feature = "serde")]
 impl<'de> serde::Deserialize<'de> for Policy {
-    /// From the text of the [grammar](self): `"60/minute"`.
+    /// From the text of the [grammar](crate::Policy#as-text): `"60/minute"`.
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Text;
         impl serde::de::Visitor<'_> for Text {
