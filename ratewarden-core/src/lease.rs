@@ -46,6 +46,40 @@
 //! A request refused after its unit was spent (by a later rule of a
 //! [`Limiter`](crate::Limiter)) gives the unit back to the lease, locally.
 //!
+//! # Over-demand
+//!
+//! A limiter matters most when a key is asked for past its limit, and then
+//! the refused part of the traffic must not cost the round trips a lease
+//! saves. When the shared store refuses a batch:
+//!
+//! * if its reply shows the request itself cannot fit, the refusal stands
+//!   without a second call. On a fixed window that refusal is exactly the
+//!   request's (any cost waits for the window to end);
+//! * the refusal is **held**: repeated without a round trip, and told to
+//!   the caller, until its retry time. A fixed window's hold is the store's
+//!   own retry time. A sliding window frees its units a few at a time, so
+//!   its retry times are short and a fleet would ask once per unit freed:
+//!   there the hold is the time the refused *batch* takes to come free,
+//!   doubled for each further refusal in the same window (never past its
+//!   end), and while the key stays asked for past its limit it is bought
+//!   in batches of at least half of `max_units`, never shrunk to a
+//!   trickle, nor topped up by a second call for the few units left;
+//! * a caller that waits the retry time it was told is asked for the batch
+//!   that was refused, which by then has come free unless other instances
+//!   took it.
+//!
+//! Holding is the strict side: a sliding window's key may be refused
+//! for longer than the shared store alone would say (its exact retry time
+//! is for one unit), never admitted more. What it costs the fleet is the
+//! units left unclaimed in the shared store while every instance waits for
+//! a whole batch: at most `max_units − 1` per key and window, besides the
+//! stranded units above. [`LeaseConfig::exact_refusals`] turns holding off,
+//! for the shared store's exact refusals at a round trip per refused
+//! request. The fleet simulator (`cargo bench -p ratewarden --bench fleet
+//! -- over`) and `tests/lease.rs` measure a fleet of eight at two and ten
+//! times the limit: at most 0.10 shared-store calls per admission, the
+//! limit never exceeded.
+//!
 //! One batch per key is asked for at a time. Concurrent requests that find
 //! the batch empty wait for the one in flight and are paid from it, rather
 //! than each buying a batch of its own: the shared store sees one round trip
@@ -76,7 +110,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 //!
-//! About 580 lines in one file, 90 of them these docs: the lease, its
+//! About 900 lines in one file, 120 of them these docs: the lease, its
 //! bookkeeping per key and the `Store` impl share one lock and one set of
 //! invariants, which read best side by side.
 
@@ -98,10 +132,12 @@ use crate::time::Timestamp;
 /// The algorithms a lease is sound for; see the [module docs](self).
 pub const LEASE_ALGORITHMS: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindow];
 
-/// How large a [`LeasedStore`]'s batches grow.
+/// How large a [`LeasedStore`]'s batches grow, and whether a key asked
+/// for past its limit is held ([the module docs](self#over-demand)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseConfig {
     max_units: u32,
+    exact: bool,
 }
 
 impl LeaseConfig {
@@ -113,12 +149,30 @@ impl LeaseConfig {
                 "a lease needs at least one unit".into(),
             ));
         }
-        Ok(LeaseConfig { max_units })
+        Ok(LeaseConfig {
+            max_units,
+            exact: false,
+        })
+    }
+
+    /// Refuses each request exactly as the shared store alone would, at the
+    /// price of the round trips a key asked for past its limit costs: no
+    /// refusal is held, and a sliding window's refused batch is followed by
+    /// a call for the request alone, for its exact retry time. See
+    /// [over-demand](self#over-demand) for what the default does instead.
+    pub fn exact_refusals(mut self) -> Self {
+        self.exact = true;
+        self
     }
 
     /// The largest batch.
     pub fn max_units(&self) -> u32 {
         self.max_units
+    }
+
+    /// Whether refusals are exact ([`exact_refusals`](Self::exact_refusals)).
+    pub fn is_exact(&self) -> bool {
+        self.exact
     }
 }
 
@@ -134,6 +188,9 @@ pub struct LeaseStats {
     pub leased: u64,
     /// Requests admitted from a batch in hand, without a round trip.
     pub local: u64,
+    /// Requests refused without a round trip, repeating the shared store's
+    /// standing refusal of the key.
+    pub held: u64,
     /// Units spent on admitted requests (from a batch or from the grant
     /// that started it), less those given back by refunds. Units leased
     /// and neither spent nor released were stranded, or are still in hand.
@@ -164,11 +221,70 @@ struct Lease {
     reset_after: u64,
     /// The end of the window that counted the units: none is spent after.
     until: u64,
+    /// The shared store's last refusal for the key, answered locally while
+    /// it stands: see [`Hold`].
+    hold: Hold,
+}
+
+/// A refusal of the shared store, repeated without a round trip while it
+/// stands: see [over-demand](self#over-demand).
+#[derive(Debug, Clone, Copy, Default)]
+struct Hold {
+    /// Until when requests of at least `cost` units are refused.
+    until: u64,
+    /// The cost of the request that was refused: a cheaper one may fit.
+    cost: u32,
+    /// Refusals so far in the window that ends at `window_end`, while the
+    /// key is asked for past its limit: each doubles a sliding window's
+    /// hold.
+    streak: u32,
+    window_end: u64,
+    /// The key is asked for past its limit: batches are not shrunk to what
+    /// the shared store said was left, which would buy the units a sliding
+    /// window frees one call at a time, and a refused batch is not followed
+    /// by a call for less.
+    hot: bool,
+    /// The batch whose refusal is held: asked for again when the hold ends
+    /// (the retry time the refusal gave is that batch's), a full one after
+    /// a grant.
+    size: u32,
+    /// What the refusal said: units left, and when the key's counted units
+    /// expire (absolute).
+    remaining: u32,
+    reset_at: u64,
+}
+
+impl Hold {
+    /// Whether the key is still asked for past its limit at `now`. A fixed
+    /// window's next window frees the whole limit, so there it ends with
+    /// the window of the key's last refusal, and a request that fits is
+    /// admitted; a sliding window frees its units gradually, across
+    /// windows, so there it ends only with a grant that leaves a whole
+    /// batch ([`LeasedStore::granted`]).
+    fn hot_at(&self, policy: &Policy, now: u64) -> bool {
+        self.hot && (policy.algorithm() == Algorithm::SlidingWindow || now < self.window_end)
+    }
 }
 
 impl Lease {
     fn live(&self, policy: &Policy, now: u64) -> bool {
         self.policy == *policy && self.granted_at <= now && now < self.until
+    }
+
+    /// The standing refusal for a request of `cost` at `now`, if any.
+    fn held(&self, policy: &Policy, cost: u32, now: u64, store: &'static str) -> Option<Decision> {
+        let h = &self.hold;
+        if self.policy != *policy || now >= h.until || cost < h.cost {
+            return None;
+        }
+        Some(Decision::new(
+            false,
+            policy,
+            h.remaining,
+            Duration::from_micros(h.reset_at.saturating_sub(now)),
+            Duration::from_micros(h.until - now),
+            store,
+        ))
     }
 
     /// The decision for a request paid from the batch: what the fleet has
@@ -203,6 +319,7 @@ pub struct LeasedStore {
     batches: AtomicU64,
     leased: AtomicU64,
     local: AtomicU64,
+    held: AtomicU64,
     spent: AtomicU64,
     released: AtomicU64,
 }
@@ -235,6 +352,7 @@ impl LeasedStore {
             batches: AtomicU64::new(0),
             leased: AtomicU64::new(0),
             local: AtomicU64::new(0),
+            held: AtomicU64::new(0),
             spent: AtomicU64::new(0),
             released: AtomicU64::new(0),
         }
@@ -247,6 +365,7 @@ impl LeasedStore {
             batches: load(&self.batches),
             leased: load(&self.leased),
             local: load(&self.local),
+            held: load(&self.held),
             spent: load(&self.spent),
             released: load(&self.released),
         }
@@ -318,12 +437,15 @@ impl LeasedStore {
             .map_err(|e| StoreError::invalid_request(self.shared.name(), e))
     }
 
-    /// Pays `cost` from the key's batch if it holds enough.
+    /// Pays `cost` from the key's batch if it holds enough, or repeats the
+    /// shared store's standing refusal ([`Hold`]).
     fn spend(&self, key: &[u8], policy: &Policy, cost: u32, now: u64) -> Option<Decision> {
         let mut leases = self.lock();
         let lease = leases.get_mut(&(policy.algorithm(), key.to_vec()))?;
         if !lease.live(policy, now) || lease.units < cost {
-            return None;
+            let refusal = lease.held(policy, cost, now, self.shared.name())?;
+            bump(&self.held);
+            return Some(refusal);
         }
         lease.units -= cost;
         lease.spent = lease.spent.saturating_add(cost);
@@ -341,7 +463,7 @@ impl LeasedStore {
         let mut leases = self.lock();
         let map_key = (policy.algorithm(), key.to_vec());
         if leases.len() >= MAX_LEASES && !leases.contains_key(&map_key) {
-            leases.retain(|_, l| now < l.until && l.units > 0);
+            leases.retain(|_, l| (now < l.until && l.units > 0) || now < l.hold.until);
             if leases.len() >= MAX_LEASES {
                 // No room to keep a batch: lease exactly the request, so
                 // nothing is stranded.
@@ -349,15 +471,22 @@ impl LeasedStore {
             }
         }
         let size = match leases.get(&map_key) {
+            // The key is asked for past its limit ([`Hold`]): the batch the
+            // client was told it could have when the hold ends, else a full one.
+            Some(l) if l.policy == *policy && l.hold.hot_at(policy, now) && l.hold.until != 0 => {
+                l.hold.size
+            }
+            Some(l) if l.policy == *policy && l.hold.hot_at(policy, now) => self.config.max_units,
             Some(l) if l.live(policy, now) => l
                 .size
                 .saturating_mul(2)
                 .min(self.config.max_units)
-                .min(l.shared_remaining / 2),
+                .min((l.shared_remaining / 2).max(self.config.max_units / 2)),
             Some(l) if l.policy == *policy => (l.spent / 2).clamp(1, self.config.max_units),
             _ => 1,
         };
-        size.max(cost)
+        // Never more than the limit: such a batch could never be granted.
+        size.min(policy.limit()).max(cost)
     }
 
     /// Records a grant of `size` units of which `cost` are spent now, in
@@ -384,10 +513,24 @@ impl LeasedStore {
         let map_key = (policy.algorithm(), key.to_vec());
         // Units still in hand from an earlier batch of the same window stay
         // spendable; they were counted in the window this one ends with.
-        let (carried, spent) = leases
-            .get(&map_key)
+        let previous = leases.get(&map_key).filter(|l| l.policy == *policy);
+        let (carried, spent) = previous
             .filter(|l| l.live(policy, now) && l.until == until)
             .map_or((0, 0), |l| (l.units, l.spent));
+        // A key asked for past its limit stays so, across windows and with
+        // its window's streak of refusals, until a grant leaves a whole
+        // batch in the shared store: the demand is below the limit again.
+        // The refusal itself no longer stands.
+        let hot = previous.is_some_and(|l| l.hold.hot_at(policy, now))
+            && grant.remaining < self.config.max_units;
+        let hold = Hold {
+            hot,
+            ..previous.filter(|_| hot).map_or(Hold::default(), |l| Hold {
+                until: 0,
+                streak: 0,
+                ..l.hold
+            })
+        };
         if leases.len() >= MAX_LEASES && !leases.contains_key(&map_key) {
             // Filled by other keys since `next_size`: the batch beyond this
             // request is stranded, at most `max_units − 1` as always.
@@ -404,8 +547,145 @@ impl LeasedStore {
                 granted_at: now,
                 reset_after,
                 until,
+                hold,
             },
         );
+    }
+
+    /// Holds the shared store's `refusal` of a request of `cost` ([`Hold`]),
+    /// and returns it as this instance will repeat it: refused until the
+    /// hold ends.
+    fn refused(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        size: u32,
+        cost: u32,
+        now: u64,
+        refusal: Decision,
+    ) -> Decision {
+        let retry = u64::try_from(refusal.retry_after.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut leases = self.lock();
+        let map_key = (policy.algorithm(), key.to_vec());
+        if leases.len() >= MAX_LEASES && !leases.contains_key(&map_key) {
+            // No room: the next request asks the shared store again.
+            return refusal;
+        }
+        let lease = leases.entry(map_key).or_insert(Lease {
+            policy: *policy,
+            units: 0,
+            size: 0,
+            spent: 0,
+            shared_remaining: refusal.remaining,
+            granted_at: now,
+            reset_after: 0,
+            // Nothing to spend.
+            until: now,
+            hold: Hold::default(),
+        });
+        if lease.policy != *policy {
+            return refusal;
+        }
+        let w = policy.window_micros();
+        let window_end = (now - now % w).saturating_add(w);
+        let streak = if lease.hold.window_end == window_end {
+            lease.hold.streak
+        } else {
+            0
+        };
+        let hold = match policy.algorithm() {
+            // Doubled for each refusal in the window the refusal fell in,
+            // and not past its end: an instance that keeps losing the units
+            // a sliding window frees to others asks about once per
+            // doubling, not once per unit freed.
+            Algorithm::SlidingWindow => retry
+                .saturating_mul(1 << streak.min(20))
+                .min(window_end - now)
+                .max(retry),
+            // A fixed window's refusal already stands until the window
+            // ends, when the whole limit is free.
+            _ => retry,
+        };
+        lease.shared_remaining = refusal.remaining;
+        lease.hold = Hold {
+            until: now.saturating_add(hold),
+            cost,
+            streak: streak.saturating_add(1),
+            window_end,
+            hot: true,
+            size,
+            remaining: refusal.remaining,
+            reset_at: now
+                .saturating_add(u64::try_from(refusal.reset_after.as_micros()).unwrap_or(u64::MAX)),
+        };
+        let mut d = refusal;
+        d.retry_after = Duration::from_micros(hold);
+        d
+    }
+
+    /// The key is asked for past its limit ([`Hold::hot`]).
+    fn hot(&self, key: &[u8], policy: &Policy, now: u64) -> bool {
+        self.lock()
+            .get(&(policy.algorithm(), key.to_vec()))
+            .is_some_and(|l| l.policy == *policy && l.hold.hot_at(policy, now))
+    }
+
+    /// What is left to do once the shared store refused a batch of `size`
+    /// for a request of `cost`. When the reply says the request fits, one
+    /// more call asks for it ([exact](LeaseConfig::exact_refusals)) or for
+    /// all that is left, unless the key is asked for past its limit on a
+    /// sliding window ([`Hold::hot`]), whose units come free a few at a
+    /// time: there the refusal is held until a batch is free. When it does not fit, the reply stands
+    /// without another call: a fixed window refuses any cost until it
+    /// ends, so its reply is the request's own; a sliding window's reply
+    /// gives the batch's retry time, longer than the request's, so with
+    /// [exact refusals](LeaseConfig::exact_refusals) the request alone is
+    /// asked for. Then, unless refusals are exact, the refusal is held.
+    async fn after_refusal(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        size: u32,
+        cost: u32,
+        now: Timestamp,
+        refusal: Decision,
+    ) -> Result<Decision, StoreError> {
+        let exact = self.config.exact;
+        let ask = if refusal.remaining >= cost && size > cost {
+            if exact {
+                Some(cost)
+            } else {
+                (policy.algorithm() != Algorithm::SlidingWindow
+                    || !self.hot(key, policy, now.as_micros()))
+                .then(|| refusal.remaining.min(size - 1))
+            }
+        } else if exact && size > cost && policy.algorithm() != Algorithm::FixedWindow {
+            Some(cost)
+        } else {
+            None
+        };
+        let t = now.as_micros();
+        let refusal = match ask {
+            Some(units) => {
+                bump(&self.round_trips);
+                let reply = self.shared.decide(key, policy, units, now).await?;
+                if reply.allowed {
+                    self.granted(key, policy, units, cost, t, &reply);
+                    let mut d = reply;
+                    d.remaining = d.remaining.saturating_add(units - cost);
+                    return Ok(d);
+                }
+                reply
+            }
+            None => refusal,
+        };
+        Ok(if exact {
+            refusal
+        } else {
+            self.refused(key, policy, size, cost, t, refusal)
+        })
     }
 }
 
@@ -523,16 +803,8 @@ impl Store for LeasedStore {
             d.remaining = d.remaining.saturating_add(size - cost);
             return Ok(d);
         }
-        if size == cost {
-            return Ok(grant);
-        }
-        // The batch did not fit; the request alone may.
-        bump(&self.round_trips);
-        let single = self.shared.decide(key, policy, cost, now).await?;
-        if single.allowed {
-            self.granted(key, policy, cost, cost, t, &single);
-        }
-        Ok(single)
+        self.after_refusal(key, policy, size, cost, now, grant)
+            .await
     }
 
     /// Gives the units back to the key's batch when the admission was paid
@@ -588,15 +860,18 @@ impl Store for LeasedStore {
     ) -> Result<Decision, StoreError> {
         self.check(policy, cost)?;
         let t = now.as_micros();
-        let in_hand = self
+        let known = self
             .lock()
             .get(&(policy.algorithm(), key.to_vec()))
-            .filter(|l| l.live(policy, t))
             .copied();
+        let in_hand = known.filter(|l| l.live(policy, t));
         if let Some(lease) = in_hand.filter(|l| l.units >= cost) {
             let mut d = lease.admitted(t, self.shared.name());
             d.remaining = d.remaining.saturating_sub(cost);
             return Ok(d);
+        }
+        if let Some(refusal) = known.and_then(|l| l.held(policy, cost, t, self.shared.name())) {
+            return Ok(refusal);
         }
         bump(&self.round_trips);
         let mut d = self.shared.peek(key, policy, cost, now).await?;

@@ -186,7 +186,7 @@ async fn admitted_until_refused(store: &LeasedStore, policy: &Policy, now: Times
 #[tokio::test]
 async fn unspent_units_are_bounded_and_released() {
     let shared = shared_store();
-    let fleet = fleet(&shared, 2, 8);
+    let fleet = fleet(&shared, 3, 8);
     let policy = Policy::fixed_window(40, Duration::from_secs(60)).unwrap();
     let now = Timestamp::from_micros(T0);
     for _ in 0..20 {
@@ -198,10 +198,21 @@ async fn unspent_units_are_bounded_and_released() {
     // The other instance gets what is not leased, and no more.
     let other = admitted_until_refused(&fleet[1], &policy, now).await;
     assert_eq!(20 + held + other, 40);
-    // Released units are admitted again.
+    // Released units are admitted again, by an instance that holds no
+    // refusal of the key (the one refused above repeats its refusal until
+    // its retry time, without asking).
     assert_eq!(fleet[0].release(now).await, u64::from(held));
     assert_eq!(fleet[0].units_in_hand(b"k", &policy, now), 0);
-    let again = admitted_until_refused(&fleet[1], &policy, now).await;
+    let calls = shared.calls();
+    assert!(
+        !fleet[1]
+            .decide(b"k", &policy, 1, now)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(shared.calls(), calls, "a held refusal costs no round trip");
+    let again = admitted_until_refused(&fleet[2], &policy, now).await;
     assert_eq!(again, held);
 }
 
@@ -429,4 +440,260 @@ async fn callers_that_find_the_batch_empty_together_wait_for_one_refill() {
         (4, 4, 4),
         "{stats:?}"
     );
+}
+
+/// Over-demand on one key: `instances` instances (each a `Limiter` with one
+/// rule on its own lease of up to 32 units) asked for `factor` times the
+/// limit of 2,000 per window in all, in even streams at random phases,
+/// for four windows. Returns the calls that reached the shared store and
+/// what was admitted in each window.
+async fn over_demand(policy: Policy, factor: u64) -> (u64, Vec<u64>) {
+    let shared = shared_store();
+    let instances = 8;
+    let clock = ManualClock::new();
+    let fleet: Vec<Limiter> = (0..instances)
+        .map(|_| {
+            let leased = Arc::new(leased_store(&shared, 32));
+            Limiter::builder()
+                .clock(clock.clone())
+                .rule(Rule::new("r", leased, policy).unwrap())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let w = policy.window_micros();
+    let windows = 4;
+    // Window-aligned, so that a window counted here is one of the store's.
+    let t0 = T0.div_ceil(w) * w;
+    let gap = w * instances / (u64::from(policy.limit()) * factor);
+    let mut seed = 0x2545_F491_4F6C_DD1D;
+    let mut events: Vec<(u64, usize)> = Vec::new();
+    for i in 0..instances as usize {
+        let mut t = next(&mut seed) % gap;
+        while t < windows * w {
+            events.push((t, i));
+            t += gap;
+        }
+    }
+    events.sort_unstable();
+    let mut admitted = vec![0; windows as usize];
+    for (t, i) in events {
+        clock.set(Timestamp::from_micros(t0 + t));
+        let d = fleet[i].check(b"k").await;
+        assert!(!d.source.degraded, "{d:?}");
+        if d.allowed {
+            admitted[(t / w) as usize] += 1;
+        }
+    }
+    (shared.calls(), admitted)
+}
+
+/// The shared store refuses a key that a fleet asks for at two and ten
+/// times its limit: the refused part of the traffic must not cost the
+/// round trips the leases save. At most 0.10 shared-store calls per
+/// admission, never more than the limit in a window, and no less than the
+/// limit less what the fleet's batches can strand (`8 × 31`) and what full
+/// batches leave unclaimed in the shared store (31).
+#[tokio::test]
+async fn over_demand_costs_a_tenth_of_a_call_per_admission_and_never_exceeds_the_limit() {
+    let window = Duration::from_secs(10);
+    for policy in [
+        Policy::fixed_window(2_000, window).unwrap(),
+        Policy::sliding_window(2_000, window).unwrap(),
+    ] {
+        for factor in [2, 10] {
+            let (calls, admitted) = over_demand(policy, factor).await;
+            let total: u64 = admitted.iter().sum();
+            let per_admission = calls as f64 / total as f64;
+            let what = format!(
+                "{:?} at {factor}x: {calls} calls for {admitted:?} admitted",
+                policy.algorithm()
+            );
+            assert!(
+                per_admission <= 0.10,
+                "{what}: {per_admission:.3} per admission"
+            );
+            for &n in &admitted {
+                assert!(n <= 2_000, "{what}: over the limit");
+                assert!(n >= 2_000 - 9 * 31, "{what}: more stranded than the bound");
+            }
+        }
+    }
+}
+
+/// A refusal is repeated locally until the retry time the shared store
+/// gave, without a round trip, and counted in `LeaseStats::held`; a cheaper
+/// request than the refused one is not held (it may fit), but once a key
+/// is refused only a full batch is asked for. After the retry time the
+/// shared store is asked again.
+#[tokio::test]
+async fn a_refusal_is_held_without_round_trips_until_its_retry_time() {
+    let shared = shared_store();
+    let fleet = fleet(&shared, 2, 4);
+    let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    // The other instance takes all but one unit.
+    for _ in 0..9 {
+        assert!(
+            fleet[1]
+                .decide(b"k", &policy, 1, now)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let leased = &fleet[0];
+    let refused = leased.decide(b"k", &policy, 2, now).await.unwrap();
+    assert!(!refused.allowed);
+    let calls = shared.calls();
+    for i in 1..=5 {
+        let at = Timestamp::from_micros(T0 + i * S);
+        let d = leased.decide(b"k", &policy, 2, at).await.unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, refused.retry_after - Duration::from_secs(i));
+        assert_eq!(d.remaining, refused.remaining);
+    }
+    assert_eq!(shared.calls(), calls, "held refusals cost no round trip");
+    assert_eq!(leased.stats().held, 5);
+    // A cheaper request is asked for, as a full batch, which is refused.
+    assert!(!leased.decide(b"k", &policy, 1, now).await.unwrap().allowed);
+    assert_eq!(shared.calls(), calls + 1);
+    // The window ends with the refusal's retry time: asked again, admitted.
+    let later = Timestamp::from_micros(T0 + 60 * S);
+    assert!(
+        leased
+            .decide(b"k", &policy, 2, later)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+/// When the shared store's reply to a refused batch says the request itself
+/// cannot fit, the refusal stands without a second round trip; on a fixed
+/// window it is then exactly the shared store's refusal of the request,
+/// with exact refusals too.
+#[tokio::test]
+async fn a_refused_batch_costs_one_round_trip_when_the_request_cannot_fit() {
+    for config in [
+        LeaseConfig::new(8).unwrap(),
+        LeaseConfig::new(8).unwrap().exact_refusals(),
+    ] {
+        let shared = shared_store();
+        let alone = ReferenceStore::new(100);
+        let leased = LeasedStore::new(shared.clone(), config);
+        let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+        let t = |s: u64| Timestamp::from_micros(T0 + s * S);
+        // Batches of 1, 2, 4 and then 3 (half of what is left): the batch
+        // in hand pays until the tenth request.
+        for i in 0..10 {
+            assert!(leased.decide(b"k", &policy, 1, t(i)).await.unwrap().allowed);
+            assert!(alone.decide(b"k", &policy, 1, t(i)).await.unwrap().allowed);
+        }
+        let calls = shared.calls();
+        let d = leased.decide(b"k", &policy, 1, t(10)).await.unwrap();
+        assert_eq!(shared.calls(), calls + 1, "{config:?}");
+        let expected = alone.decide(b"k", &policy, 1, t(10)).await.unwrap();
+        assert_eq!(
+            (d.allowed, d.remaining, d.reset_after, d.retry_after),
+            (false, 0, expected.reset_after, expected.retry_after),
+            "{config:?}"
+        );
+    }
+}
+
+/// A sliding window frees its units a few at a time, so each refusal's
+/// retry time is short. Another instance takes every unit freed as soon as
+/// it is: a lease with exact refusals asks again at each retry time, while
+/// a holding lease doubles each hold and asks a handful of times in the
+/// window, its last hold ending with the window the refusal fell in.
+#[tokio::test]
+async fn a_sliding_window_hold_doubles_while_refusals_continue() {
+    let w = 100 * S;
+    let policy = Policy::sliding_window(100, Duration::from_micros(w)).unwrap();
+    let start = T0.div_ceil(w) * w;
+    let at = |us: u64| Timestamp::from_micros(start + us);
+    let mut asked = Vec::new();
+    for config in [
+        LeaseConfig::new(8).unwrap(),
+        LeaseConfig::new(8).unwrap().exact_refusals(),
+    ] {
+        let shared = shared_store();
+        let other = leased_store(&shared, 1);
+        let leased = LeasedStore::new(shared.clone(), config);
+        // A full previous window.
+        for _ in 0..100 {
+            other.decide(b"k", &policy, 1, at(0)).await.unwrap();
+        }
+        let mut holds = Vec::new();
+        let mut now = w;
+        while now < 2 * w {
+            while other
+                .decide(b"k", &policy, 1, at(now))
+                .await
+                .unwrap()
+                .allowed
+            {}
+            let d = leased.decide(b"k", &policy, 1, at(now)).await.unwrap();
+            assert!(!d.allowed, "{config:?}");
+            holds.push(d.retry_after);
+            now += u64::try_from(d.retry_after.as_micros()).unwrap();
+        }
+        assert_eq!(
+            now,
+            2 * w,
+            "{config:?}: the last refusal ends with the window: {holds:?}"
+        );
+        // Each refusal was asked for once, at the time the last one told.
+        let asked_now = leased.stats().round_trips;
+        assert_eq!(asked_now, holds.len() as u64, "{config:?}: {holds:?}");
+        asked.push(asked_now);
+    }
+    let [holding, exact] = asked[..] else {
+        unreachable!()
+    };
+    assert!(holding <= 8, "holding lease asked {holding} times");
+    assert!(
+        exact >= 4 * holding,
+        "exact lease asked {exact} times, holding {holding}"
+    );
+}
+
+/// A held refusal tells the time it holds for, and a client that waits
+/// exactly that long is admitted: holding is stricter than the shared
+/// store, never dishonest. One client hammering a sliding window alone,
+/// every millisecond, obeying each retry time it is told.
+#[tokio::test]
+async fn a_client_that_waits_the_retry_time_it_was_told_is_admitted() {
+    let shared = shared_store();
+    let leased = leased_store(&shared, 8);
+    let w = 10 * S;
+    let policy = Policy::sliding_window(20, Duration::from_micros(w)).unwrap();
+    let mut now = T0;
+    let mut told = 0;
+    while now < T0 + 8 * w {
+        let d = leased
+            .decide(b"k", &policy, 1, Timestamp::from_micros(now))
+            .await
+            .unwrap();
+        if d.allowed {
+            now += 1_000;
+            continue;
+        }
+        told += 1;
+        let retry = u64::try_from(d.retry_after.as_micros()).unwrap();
+        // Hammering meanwhile changes nothing.
+        for early in (now + 1..now + retry).step_by(997) {
+            let at = Timestamp::from_micros(early);
+            assert!(!leased.decide(b"k", &policy, 1, at).await.unwrap().allowed);
+        }
+        now += retry;
+        let at = Timestamp::from_micros(now);
+        let d = leased.decide(b"k", &policy, 1, at).await.unwrap();
+        assert!(
+            d.allowed,
+            "refusal {told}: told to retry at +{retry} us, refused then: {d:?}"
+        );
+    }
+    assert!(told >= 8, "the schedule should be refused often: {told}");
 }

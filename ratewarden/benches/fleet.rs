@@ -14,6 +14,7 @@
 //! ```sh
 //! cargo bench -p ratewarden --features memory --bench fleet            # N = 1, 4, 64, 1,000
 //! cargo bench -p ratewarden --features memory --bench fleet -- 4       # one fleet size
+//! cargo bench -p ratewarden --features memory --bench fleet -- over    # over-demand rows
 //! ```
 //!
 //! For each run: **admitted ÷ limit** in the worst (key, window) — above 1
@@ -429,6 +430,123 @@ async fn run(c: Composition, shape: Shape, instances: usize) -> Report {
     }
 }
 
+/// The over-demand rows: a fleet of `OVER_INSTANCES`, each instance one
+/// rule on a lease of up to `OVER_UNITS` over the shared store, one key of
+/// `OVER_LIMIT` per window asked for `factor` times its limit in all, in
+/// even streams that each instance starts at a random phase.
+const OVER_INSTANCES: usize = 8;
+const OVER_UNITS: u32 = 32;
+const OVER_LIMIT: u32 = 2_000;
+
+struct OverDemand {
+    requests: usize,
+    admitted: u64,
+    /// Admitted per window, fewest and most.
+    fewest: u64,
+    most: u64,
+    calls: u64,
+    stranded: u64,
+}
+
+async fn over_demand(policy: Policy, factor: u64) -> OverDemand {
+    let clock = ManualClock::new();
+    let w = WINDOW.as_micros() as u64;
+    // Window-aligned, so that a window of the report is one of the store's.
+    let t0 = clock.now().as_micros().div_ceil(w) * w;
+    let remote = Arc::new(Remote::new());
+    let fleet: Vec<(Limiter, Arc<LeasedStore>)> = (0..OVER_INSTANCES)
+        .map(|_| {
+            let shared: Arc<dyn Store> = remote.clone();
+            let leased = Arc::new(LeasedStore::new(
+                shared,
+                LeaseConfig::new(OVER_UNITS).unwrap(),
+            ));
+            let limiter = Limiter::builder()
+                .clock(clock.clone())
+                .rule(Rule::new("api", leased.clone(), policy).unwrap())
+                .build()
+                .unwrap();
+            (limiter, leased)
+        })
+        .collect();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let per_instance = u64::from(OVER_LIMIT) * factor / OVER_INSTANCES as u64;
+    let gap = w / per_instance;
+    let mut events = Vec::new();
+    for i in 0..OVER_INSTANCES {
+        let mut t = rng.below(gap);
+        while t < WINDOWS * w {
+            events.push((t, i));
+            t += gap;
+        }
+    }
+    events.sort_unstable();
+    let mut per_window = vec![0u64; WINDOWS as usize];
+    for &(t, i) in &events {
+        clock.set(Timestamp::from_micros(t0 + t));
+        if fleet[i].0.check(b"tenant").await.allowed {
+            per_window[(t / w) as usize] += 1;
+        }
+    }
+    if std::env::var("FLEET_DEBUG").is_ok() {
+        for (_, l) in &fleet {
+            eprintln!("{factor} {:?}", l.stats());
+        }
+    }
+    let stranded = fleet
+        .iter()
+        .map(|(_, l)| {
+            let s = l.stats();
+            s.leased - s.spent - s.released
+        })
+        .sum();
+    OverDemand {
+        requests: events.len(),
+        admitted: per_window.iter().sum(),
+        fewest: *per_window.iter().min().unwrap(),
+        most: *per_window.iter().max().unwrap(),
+        calls: remote.calls.load(Ordering::Relaxed),
+        stranded,
+    }
+}
+
+fn over_demand_table(rt: &tokio::runtime::Runtime) {
+    println!(
+        "\nover-demand: {OVER_INSTANCES} instances, one key of {OVER_LIMIT} per {WINDOW:?}, \
+         leases of up to {OVER_UNITS}, {WINDOWS} windows\n"
+    );
+    println!(
+        "| algorithm | demand ÷ limit | requests | admitted | admitted per window, fewest–most | \
+         store calls | calls ÷ admitted | stranded ÷ limit per window | bound |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, policy) in [
+        (
+            "fixed window",
+            Policy::fixed_window(OVER_LIMIT, WINDOW).unwrap(),
+        ),
+        (
+            "sliding window",
+            Policy::sliding_window(OVER_LIMIT, WINDOW).unwrap(),
+        ),
+    ] {
+        for factor in [2, 10] {
+            let r = rt.block_on(over_demand(policy, factor));
+            println!(
+                "| {name} | {factor} | {} | {} | {}–{} | {} | {:.3} | {:.3} | {:.3} |",
+                r.requests,
+                r.admitted,
+                r.fewest,
+                r.most,
+                r.calls,
+                r.calls as f64 / r.admitted.max(1) as f64,
+                r.stranded as f64 / (WINDOWS as f64 * f64::from(OVER_LIMIT)),
+                (OVER_INSTANCES as f64 * f64::from(OVER_UNITS - 1)) / f64::from(OVER_LIMIT),
+            );
+        }
+    }
+}
+
 fn main() {
     let sizes: Vec<usize> = {
         let picked: Vec<usize> = std::env::args()
@@ -445,6 +563,10 @@ fn main() {
         .enable_time()
         .build()
         .unwrap();
+    if std::env::args().any(|a| a == "over") {
+        over_demand_table(&rt);
+        return;
+    }
     println!(
         "\nsliding window {LIMIT} per {WINDOW:?}, {WINDOWS} windows, a round trip to the \
          shared store costs {:?}; worst = admitted ÷ limit in the worst (key, window)\n",
