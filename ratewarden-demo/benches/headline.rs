@@ -316,10 +316,12 @@ fn main() {
                     1 => demo(Stores {
                         primary: redis_store(&server.url, &prefix).await,
                         local_tier: None,
+                        leased: None,
                     }),
                     2 => demo(Stores {
                         primary: redis_store(&server.url, &prefix).await,
                         local_tier: Some(Arc::new(ratewarden::memory::MemoryStore::new(100_000))),
+                        leased: None,
                     }),
                     _ => Router::new().route("/api/search", get(search)),
                 };

@@ -45,6 +45,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use ratewarden::lease::{LEASE_ALGORITHMS, LeaseConfig, LeasedStore};
 use ratewarden::memory::MemoryStore;
 use ratewarden::store::DEFAULT_MEMORY_CAPACITY;
 use ratewarden::{
@@ -155,6 +156,21 @@ pub struct Stores {
     /// over-limit client without a network call; only requests it admits
     /// reach the shared store, which holds the limit across processes.
     pub local_tier: Option<Arc<dyn Store>>,
+    /// With `--lease UNITS`: the shared store bought in batches
+    /// ([`LeasedStore`]), deciding the routes whose policy a lease is sound
+    /// for (fixed and sliding windows); the others go to `primary`.
+    pub leased: Option<Arc<dyn Store>>,
+}
+
+impl Stores {
+    /// The store that decides `policy`: the lease when there is one and it
+    /// is sound for the policy's algorithm, else the primary store.
+    pub fn deciding(&self, policy: &Policy) -> &Arc<dyn Store> {
+        match &self.leased {
+            Some(leased) if LEASE_ALGORITHMS.contains(&policy.algorithm()) => leased,
+            _ => &self.primary,
+        }
+    }
 }
 
 /// Everything [`app`] needs.
@@ -328,8 +344,12 @@ fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigEr
     }
     builder
         .rule(
-            Rule::new(endpoint.name, settings.stores.primary.clone(), policy)?
-                .on_failure(settings.on_failure),
+            Rule::new(
+                endpoint.name,
+                settings.stores.deciding(&policy).clone(),
+                policy,
+            )?
+            .on_failure(settings.on_failure),
         )
         .build()
 }
@@ -375,6 +395,14 @@ pub fn cli() -> Command {
                 .env("RATEWARDEN_TIERED")
                 .action(ArgAction::SetTrue)
                 .help("Put an in-process memory tier in front of the shared --store"),
+        )
+        .arg(
+            Arg::new("lease")
+                .long("lease")
+                .env("RATEWARDEN_LEASE")
+                .value_name("UNITS")
+                .value_parser(value_parser!(u32))
+                .help("Buy the shared --store's units in batches of up to UNITS, for the routes on a fixed or sliding window (a limits file chooses the algorithm)"),
         )
         .arg(
             Arg::new("secret")
@@ -488,6 +516,8 @@ pub struct Config {
     pub store: String,
     /// Put memory in front of the store.
     pub tiered: bool,
+    /// Buy the shared store's units in batches of up to this many.
+    pub lease: Option<u32>,
     /// The secret, if one was given.
     pub secret: Option<String>,
     /// The client address source.
@@ -537,6 +567,7 @@ impl Config {
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000))),
             store: get("store").unwrap_or_else(|| "memory://".into()),
             tiered: m.get_flag("tiered"),
+            lease: m.get_one::<u32>("lease").copied(),
             secret: get("secret"),
             address_source: get("client-address")
                 .unwrap_or_else(|| "peer".into())
@@ -628,10 +659,25 @@ impl Config {
         } else {
             None
         };
+        let leased = match self.lease {
+            Some(_) if !primary.capabilities().shared => {
+                return Err(ConfigError::Invalid(format!(
+                    "--lease buys units of a shared store in batches, but {} is not shared \
+                     (use --store redis://… or postgres://…)",
+                    ratewarden::store::redact(&self.store)
+                )));
+            }
+            Some(units) => Some(Arc::new(LeasedStore::new(
+                primary.clone(),
+                LeaseConfig::new(units)?,
+            )) as Arc<dyn Store>),
+            None => None,
+        };
         Ok((
             Stores {
                 primary,
                 local_tier,
+                leased,
             },
             memory,
         ))

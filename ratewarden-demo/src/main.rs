@@ -53,6 +53,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         println!("  store: {store}");
     }
+    if let Some(units) = config.lease {
+        println!(
+            "  leases: batches of up to {units} units, for routes on a fixed or sliding window"
+        );
+    }
     println!("  client address: {}", config.address_source);
     if let Some(file) = &config.config_file {
         println!("  limits: {} (flags override)", file.display());

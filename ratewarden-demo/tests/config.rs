@@ -68,6 +68,7 @@ async fn a_valid_file_is_applied_and_decides_through_the_memory_store() {
         stores: Stores {
             primary: Arc::new(MemoryStore::new(1_000)),
             local_tier: None,
+            leased: None,
         },
         identity: ClientIdentity::new("config test secret of 32+ bytes!").unwrap(),
         clock: Arc::new(clock.clone()),

@@ -19,6 +19,7 @@ fn settings(clock: &ManualClock) -> Settings {
         stores: Stores {
             primary: Arc::new(MemoryStore::new(1_000)),
             local_tier: None,
+            leased: None,
         },
         identity: ClientIdentity::new(SECRET).unwrap(),
         clock: Arc::new(clock.clone()),
@@ -176,6 +177,7 @@ async fn a_dead_shared_store_behind_the_memory_tier_never_yields_500() {
         settings.stores = Stores {
             primary: Arc::new(Failing) as Arc<dyn Store>,
             local_tier: Some(Arc::new(MemoryStore::new(1_000))),
+            leased: None,
         };
         let client = TestClient::new(start(&settings).await, None);
         for i in 0..3 {
@@ -590,4 +592,64 @@ async fn a_declined_card_costs_its_client_five_payments() {
         .send_body(Method::POST, "/api/checkout", &[], "card=4242".into())
         .await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// `--lease`: the routes on a window algorithm buy the shared store's
+/// units in batches; the others (the default sliding logs) ask it for each
+/// request. A client's 60 searches a minute cost the shared store a
+/// handful of calls, and the 61st is refused as without a lease.
+#[tokio::test]
+async fn a_lease_buys_window_routes_in_batches_and_leaves_the_others_alone() {
+    use ratewarden::Policy;
+    use ratewarden::lease::{LeaseConfig, LeasedStore};
+    use ratewarden_conformance::broken::ReferenceStore;
+    use ratewarden_conformance::composition::Switch;
+    let clock = ManualClock::new();
+    let shared =
+        Switch::<dyn Store>::new(Arc::new(ReferenceStore::new(10_000).shared_as("shared")));
+    let mut settings = settings(&clock);
+    settings.limits.policies.search =
+        Some(Policy::sliding_window(60, Duration::from_secs(60)).unwrap());
+    settings.stores = Stores {
+        primary: shared.clone(),
+        local_tier: None,
+        leased: Some(Arc::new(LeasedStore::new(
+            shared.clone(),
+            LeaseConfig::new(16).unwrap(),
+        ))),
+    };
+    let client = TestClient::new(start(&settings).await, None);
+    for i in 1..=60u64 {
+        let reply = client.get("/api/search?q=x").await;
+        assert_eq!(reply.status, StatusCode::OK, "search {i}");
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), 60 - i);
+    }
+    assert_eq!(
+        client.get("/api/search?q=x").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Batches of 1, 2, 4, 8, 16, then what is left, and one refusal.
+    let searches = shared.calls();
+    assert!(
+        searches <= 10,
+        "{searches} shared-store calls for 61 searches"
+    );
+    // The feedback route's sliding log is not leased: a call per post.
+    for _ in 0..3 {
+        assert_eq!(post(&client, "/api/feedback").await.status, StatusCode::OK);
+    }
+    assert_eq!(shared.calls(), searches + 3);
+}
+
+#[tokio::test]
+async fn a_lease_needs_a_shared_store() {
+    let config = Config::from_matches(
+        &cli()
+            .try_get_matches_from(["ratewarden-demo", "--lease", "16"])
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config.lease, Some(16));
+    let err = config.stores().await.unwrap_err().to_string();
+    assert!(err.contains("--lease"), "{err}");
 }

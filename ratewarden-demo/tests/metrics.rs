@@ -83,6 +83,7 @@ async fn metrics_show_what_the_limiter_did() {
     let stores = Stores {
         primary: memory.clone() as Arc<dyn Store>,
         local_tier: None,
+        leased: None,
     };
     let router = app(&settings(&clock, stores, 2))
         .unwrap()
@@ -108,6 +109,7 @@ async fn metrics_show_what_the_limiter_did() {
     let tiered = Stores {
         primary: Arc::new(Failing),
         local_tier: Some(Arc::new(MemoryStore::new(100))),
+        leased: None,
     };
     let dead = TestClient::new(
         serve(app(&settings(&clock, tiered, 60)).unwrap()).await,
