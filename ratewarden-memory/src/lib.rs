@@ -65,20 +65,23 @@
 //!
 //! # Keys
 //!
-//! The store keeps no key, only its digest: two 64-bit aHash values of the
-//! key's bytes and its algorithm, under two secret keys that each store
-//! takes from aHash when built (derived from random values the process draws from
-//! the OS) and never reveals. One value places the key
-//! (its shard, its slot); a decision finds its state where both values
-//! match. So two distinct keys share one state only if both of their
-//! hashes collide: for one pair of keys, 2⁻¹²⁸ if the hash behaves as a
-//! random function of its secret key; a flood of 10¹² distinct keys
-//! through a full default store forms fewer than 2⁵⁷ pairs of keys held at
-//! once, under 2⁻⁷¹ for one collision ever. aHash is not a cryptographic
-//! hash; its authors claim resistance to attackers who choose keys without
-//! knowing the secret, and a caller of this store learns its decisions and
-//! nothing of the hashes, so aiming a key at another's state means
-//! guessing 128 secret-keyed bits blind.
+//! The store keeps no key, only its digest: SipHash-1-3 with a 128-bit
+//! output of the key's bytes and its algorithm, under a 128-bit secret key
+//! that each store draws from the OS when built and never reveals. One half
+//! of the digest places the key (its shard, its slot); a decision finds its
+//! state where both halves match. So two distinct keys share one state only
+//! if all 128 bits collide. SipHash is a keyed pseudo-random function (its
+//! authors' claim, made for SipHash-2-4; SipHash-1-3 is the variant Rust's
+//! own `HashMap` keys against hash flooding, with no known attack on it):
+//! without the secret, a digest is as good as a random 128-bit value, so
+//! for one pair of keys a collision has probability 2⁻¹²⁸, and a flood of
+//! 10¹² distinct keys through a full default store forms fewer than 2⁵⁷
+//! pairs held at once, under 2⁻⁷¹ for one collision ever. A caller learns
+//! its decisions and nothing of the digests, so aiming a key at another's
+//! state, shard or probe sequence means guessing the secret; keys crafted
+//! against any other key spread as random ones do (the `shard` module's
+//! test `keys_crafted_against_a_known_key_spread_like_random_ones_under_a_secret_one`).
+//! The price: hashing is about 11 ns of a decision (`BENCHMARKS.md`).
 //!
 //! Why a digest and not the key: held inline, a key of the workspace's
 //! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two
@@ -175,16 +178,13 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     capacity: usize,
     max_key_len: usize,
-    /// Makes each key's digest, whose index hash chooses the shard and the
-    /// slot in it. A keyed hash, with keys drawn at random per store, not a
-    /// fixed one: with a predictable hash an
-    /// attacker could compute keys that all land in the offender's shard and
-    /// evict it with a flood of one shard's capacity instead of the whole
-    /// store's, or pile keys into one probe sequence (HashDoS). aHash rather
-    /// than std's SipHash-1-3: with SipHash, hashing was about half the cost
-    /// of a decision on a hot key in the benchmark, and aHash claims
-    /// resistance to these attacks with random keys, which foldhash
-    /// explicitly does not against an attacker who can observe outcomes.
+    /// Makes each key's digest, whose index half chooses the shard and the
+    /// slot in it: a keyed pseudo-random function under a secret drawn per
+    /// store, not a fixed hash, since with a predictable one an attacker
+    /// could compute keys that all land in the offender's shard and evict
+    /// it with a flood of one shard's capacity instead of the whole store's,
+    /// pile keys into one probe sequence (HashDoS), or aim a key at another
+    /// key's state. See [Keys](crate#keys).
     hasher: KeyHasher,
 }
 

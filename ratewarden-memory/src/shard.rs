@@ -26,13 +26,13 @@
 //! (see [`Shard::purge_tombstones`]), after thousands of evictions.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::Hasher;
 use std::mem;
 
-use ahash::RandomState;
 use hashbrown::HashTable;
 use ratewarden_core::Policy;
 use ratewarden_core::algorithm::{self, KeyState, Verdict};
+use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// A shard of capacity `c` moves a touched key only if it has not moved in
 /// its last `max(1, c / REORDER_FRACTION)` moves.
@@ -143,39 +143,49 @@ pub(crate) struct Digest {
     check: u64,
 }
 
-/// The two keyed hashes a [`Digest`] is made of.
+/// The keyed function a [`Digest`] is made of: SipHash-1-3 with a 128-bit
+/// output, under a 128-bit secret key of the store's own.
+///
+/// Its halves index and check a key, so that two distinct keys share one
+/// state only if all 128 bits collide. SipHash is a pseudo-random function
+/// keyed by 128 secret bits (the design claim of its authors, for the
+/// 2-4 rounds; 1-3 is the variant Rust's own `HashMap` uses against
+/// hash flooding): without the key, choosing keys whose digests collide,
+/// in one half or in both, is no easier than guessing. The key is drawn
+/// from the OS for each store and never leaves it.
 pub(crate) struct KeyHasher {
-    index: RandomState,
-    check: RandomState,
+    key: [u8; 16],
 }
 
 impl KeyHasher {
-    /// A hasher with two secret keys, distinct from each other and from
-    /// every other store's: aHash's `RandomState::new` derives each from
-    /// random values drawn from the OS once per process and a counter.
+    /// A hasher under a secret key drawn from the OS, distinct from every
+    /// other store's. Panics only if the OS has no random source, which
+    /// would leave the store with no secret to key it.
     pub(crate) fn new() -> Self {
-        KeyHasher {
-            index: RandomState::new(),
-            check: RandomState::new(),
-        }
+        let mut key = [0; 16];
+        getrandom::fill(&mut key).expect("the OS's random source");
+        KeyHasher { key }
+    }
+
+    /// A hasher under a key an attacker knows, to craft keys against.
+    #[cfg(test)]
+    fn known(key: [u8; 16]) -> Self {
+        KeyHasher { key }
     }
 
     /// The digest of the key `key` under the algorithm tag `tag`.
     pub(crate) fn digest(&self, tag: u8, key: &[u8]) -> Digest {
+        let mut hasher = SipHasher13::new_with_key(&self.key);
+        // The tag has a fixed width and the key is the only variable-length
+        // part, so no length prefix is needed to keep (tag, key) unambiguous.
+        hasher.write_u8(tag);
+        hasher.write(key);
+        let h = hasher.finish128();
         Digest {
-            index: keyed_hash(&self.index, tag, key),
-            check: keyed_hash(&self.check, tag, key),
+            index: h.h1,
+            check: h.h2,
         }
     }
-}
-
-fn keyed_hash(state: &RandomState, tag: u8, key: &[u8]) -> u64 {
-    let mut hasher = state.build_hasher();
-    // The tag has a fixed width and the key is the only variable-length
-    // part, so no length prefix is needed to keep (tag, key) unambiguous.
-    hasher.write_u8(tag);
-    hasher.write(key);
-    hasher.finish()
 }
 
 impl Shard {
@@ -487,6 +497,45 @@ mod tests {
         let other = KeyHasher::new().digest(3, b"abc");
         assert_ne!(d.index, other.index);
         assert_ne!(d.check, other.check);
+    }
+
+    /// HashDoS: keys crafted so that their digests under a known key all
+    /// start the same probe sequence (the same low 12 bits, a table of
+    /// 4,096 slots) spread under a store's own secret key exactly as random
+    /// keys do. Without the secret, crafting gains nothing.
+    #[test]
+    fn keys_crafted_against_a_known_key_spread_like_random_ones_under_a_secret_one() {
+        const SLOTS: u64 = 4_096;
+        let known = KeyHasher::known([0; 16]);
+        let slot = |h: &KeyHasher, key: &[u8]| h.digest(3, key).index % SLOTS;
+        let mut crafted = Vec::new();
+        let mut candidate = 0u64;
+        while crafted.len() < 2_000 {
+            let key = format!("client:{candidate:032x}");
+            candidate += 1;
+            if slot(&known, key.as_bytes()) == 0 {
+                crafted.push(key);
+            }
+        }
+        let random: Vec<String> = (0..2_000u64)
+            .map(|i| format!("client:{:032x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+            .collect();
+        let distinct = |h: &KeyHasher, keys: &[String]| {
+            let mut slots: Vec<u64> = keys.iter().map(|k| slot(h, k.as_bytes())).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            slots.len()
+        };
+        // The attack works against the key it was crafted for.
+        assert_eq!(distinct(&known, &crafted), 1);
+        // Under a secret key, 2,000 keys fill about 4,096 × (1 − e^(−2000/4096))
+        // = 1,587 distinct slots, crafted or not (±90 is six standard
+        // deviations of that count).
+        let secret = KeyHasher::new();
+        for (what, keys) in [("crafted", &crafted), ("random", &random)] {
+            let n = distinct(&secret, keys);
+            assert!((1_497..=1_677).contains(&n), "{what} keys filled {n} slots");
+        }
     }
 
     /// Hits that keep moving keys, with no eviction to pop the queue, must
