@@ -634,6 +634,28 @@ impl LeasedStore {
             .is_some_and(|l| l.policy == *policy && l.hold.hot_at(policy, now))
     }
 
+    /// One round trip for a batch of `units` that pays a request of
+    /// `cost`: the request's admission, the rest of the batch in hand, or
+    /// the shared store's refusal.
+    async fn buy(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        units: u32,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Result<Decision, Decision>, StoreError> {
+        bump(&self.round_trips);
+        let reply = self.shared.decide(key, policy, units, now).await?;
+        if !reply.allowed {
+            return Ok(Err(reply));
+        }
+        self.granted(key, policy, units, cost, now.as_micros(), &reply);
+        let mut admitted = reply;
+        admitted.remaining = admitted.remaining.saturating_add(units - cost);
+        Ok(Ok(admitted))
+    }
+
     /// What is left to do once the shared store refused a batch of `size`
     /// for a request of `cost`. When the reply says the request fits, one
     /// more call asks for it ([exact](LeaseConfig::exact_refusals)) or for
@@ -668,21 +690,14 @@ impl LeasedStore {
         } else {
             None
         };
-        let t = now.as_micros();
         let refusal = match ask {
-            Some(units) => {
-                bump(&self.round_trips);
-                let reply = self.shared.decide(key, policy, units, now).await?;
-                if reply.allowed {
-                    self.granted(key, policy, units, cost, t, &reply);
-                    let mut d = reply;
-                    d.remaining = d.remaining.saturating_add(units - cost);
-                    return Ok(d);
-                }
-                reply
-            }
+            Some(units) => match self.buy(key, policy, units, cost, now).await? {
+                Ok(admitted) => return Ok(admitted),
+                Err(refusal) => refusal,
+            },
             None => refusal,
         };
+        let t = now.as_micros();
         Ok(if exact {
             refusal
         } else {
@@ -797,16 +812,13 @@ impl Store for LeasedStore {
             return Ok(d);
         }
         let size = self.next_size(key, policy, cost, t);
-        bump(&self.round_trips);
-        let grant = self.shared.decide(key, policy, size, now).await?;
-        if grant.allowed {
-            self.granted(key, policy, size, cost, t, &grant);
-            let mut d = grant;
-            d.remaining = d.remaining.saturating_add(size - cost);
-            return Ok(d);
+        match self.buy(key, policy, size, cost, now).await? {
+            Ok(admitted) => Ok(admitted),
+            Err(refusal) => {
+                self.after_refusal(key, policy, size, cost, now, refusal)
+                    .await
+            }
         }
-        self.after_refusal(key, policy, size, cost, now, grant)
-            .await
     }
 
     /// Gives the units back to the key's batch when the admission was paid
