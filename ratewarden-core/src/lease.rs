@@ -38,8 +38,9 @@
 //! of what the instance spent in its previous window (one unit for a new
 //! key) and batches double while the instance keeps spending them, up to
 //! `max_units` and never above half of the units the shared store said were
-//! left: an idle instance holds little, a busy one makes few round trips,
-//! and the last units of a window are spread rather than hoarded.
+//! left (or half of `max_units`, when fewer are left): an idle instance
+//! holds little, a busy one makes few round trips, and the last units of a
+//! window are spread rather than hoarded.
 //! [`LeasedStore::release`] hands every unspent unit back (one
 //! [`refund`](Store::refund) per lease): call it at shutdown.
 //!
@@ -62,8 +63,8 @@
 //!   there the hold is the time the refused *batch* takes to come free,
 //!   doubled for each further refusal in the same window (never past its
 //!   end), and while the key stays asked for past its limit it is bought
-//!   in batches of at least half of `max_units`, never shrunk to a
-//!   trickle, nor topped up by a second call for the few units left;
+//!   in full batches (`max_units`, at most half the limit), never shrunk
+//!   to a trickle, nor topped up by a second call for the few units left;
 //! * a caller that waits the retry time it was told is asked for the batch
 //!   that was refused, which by then has come free unless other instances
 //!   took it.
@@ -257,14 +258,18 @@ struct Hold {
 }
 
 impl Hold {
-    /// Whether the key is still asked for past its limit at `now`. A fixed
-    /// window's next window frees the whole limit, so there it ends with
-    /// the window of the key's last refusal, and a request that fits is
-    /// admitted; a sliding window frees its units gradually, across
-    /// windows, so there it ends only with a grant that leaves a whole
-    /// batch ([`LeasedStore::granted`]).
+    /// Whether the key is still asked for past its limit at `now`: until a
+    /// grant leaves a whole batch in the shared store
+    /// ([`LeasedStore::granted`]), and at most until the end of the window
+    /// of its last refusal (a fixed window's next window frees the whole
+    /// limit) or, on a sliding window, which frees its units gradually, of
+    /// the window after it.
     fn hot_at(&self, policy: &Policy, now: u64) -> bool {
-        self.hot && (policy.algorithm() == Algorithm::SlidingWindow || now < self.window_end)
+        let more = match policy.algorithm() {
+            Algorithm::SlidingWindow => policy.window_micros(),
+            _ => 0,
+        };
+        self.hot && now < self.window_end.saturating_add(more)
     }
 }
 
@@ -276,7 +281,10 @@ impl Lease {
     /// The standing refusal for a request of `cost` at `now`, if any.
     fn held(&self, policy: &Policy, cost: u32, now: u64, store: &'static str) -> Option<Decision> {
         let h = &self.hold;
-        if self.policy != *policy || now >= h.until || cost < h.cost {
+        // A sliding window's hold is the time `h.size` units take to come
+        // free: a dearer request is asked for, not told that time.
+        let dearer = policy.algorithm() == Algorithm::SlidingWindow && cost > h.size;
+        if self.policy != *policy || now >= h.until || cost < h.cost || dearer {
             return None;
         }
         Some(Decision::new(
@@ -460,7 +468,10 @@ impl LeasedStore {
     /// half of what the instance spent in its last window (one unit for a
     /// key it has not seen), then doubling while it keeps spending; capped
     /// by `max_units` and by half of what the shared store last said was
-    /// left, and never below the cost.
+    /// left (or half of `max_units`, when less is left), and never below the
+    /// cost. A key asked for past its limit ([`Hold::hot`]) is bought in
+    /// [`full_batch`](Self::full_batch)es: the held one when its hold ends,
+    /// the request alone while a hold it is not covered by stands.
     fn next_size(&self, key: &[u8], policy: &Policy, cost: u32, now: u64) -> u32 {
         let mut leases = self.lock();
         let map_key = (policy.algorithm(), key.to_vec());
@@ -473,12 +484,13 @@ impl LeasedStore {
             }
         }
         let size = match leases.get(&map_key) {
-            // The key is asked for past its limit ([`Hold`]): the batch the
-            // client was told it could have when the hold ends, else a full one.
+            Some(l) if l.policy == *policy && now < l.hold.until => cost,
+            // The batch the client was told it could have when its hold
+            // ended, else a full one.
             Some(l) if l.policy == *policy && l.hold.hot_at(policy, now) && l.hold.until != 0 => {
                 l.hold.size
             }
-            Some(l) if l.policy == *policy && l.hold.hot_at(policy, now) => self.config.max_units,
+            Some(l) if l.policy == *policy && l.hold.hot_at(policy, now) => self.full_batch(policy),
             Some(l) if l.live(policy, now) => l
                 .size
                 .saturating_mul(2)
@@ -524,7 +536,7 @@ impl LeasedStore {
         // batch in the shared store: the demand is below the limit again.
         // The refusal itself no longer stands.
         let hot = previous.is_some_and(|l| l.hold.hot_at(policy, now))
-            && grant.remaining < self.config.max_units;
+            && grant.remaining < self.full_batch(policy);
         let hold = Hold {
             hot,
             ..previous.filter(|_| hot).map_or(Hold::default(), |l| Hold {
@@ -588,10 +600,37 @@ impl LeasedStore {
             hold: Hold::default(),
         });
         if lease.policy != *policy {
+            if now < lease.until && lease.units > 0 {
+                // Units of another policy in hand: kept, not held over.
+                return refusal;
+            }
+            *lease = Lease {
+                policy: *policy,
+                units: 0,
+                size: 0,
+                spent: 0,
+                shared_remaining: refusal.remaining,
+                granted_at: now,
+                reset_after: 0,
+                until: now,
+                hold: Hold::default(),
+            };
+        }
+        if now < lease.hold.until {
+            // A cheaper request than the held one, refused too: the hold the
+            // dearer one was told stands as it was.
             return refusal;
         }
-        let w = policy.window_micros();
-        let window_end = (now - now % w).saturating_add(w);
+        let window_end = match policy.algorithm() {
+            Algorithm::SlidingWindow => {
+                let w = policy.window_micros();
+                (now - now % w).saturating_add(w)
+            }
+            // A fixed window opens at its first request, and ends when the
+            // refusal says the key's units expire.
+            _ => now
+                .saturating_add(u64::try_from(refusal.reset_after.as_micros()).unwrap_or(u64::MAX)),
+        };
         let streak = if lease.hold.window_end == window_end {
             lease.hold.streak
         } else {
@@ -625,6 +664,13 @@ impl LeasedStore {
         let mut d = refusal;
         d.retry_after = Duration::from_micros(hold);
         d
+    }
+
+    /// The batch a key asked for past its limit is bought in: `max_units`,
+    /// at most half the limit, so that a grant can leave a whole batch in
+    /// the shared store and say the demand is below the limit again.
+    fn full_batch(&self, policy: &Policy) -> u32 {
+        self.config.max_units.min(policy.limit() / 2).max(1)
     }
 
     /// The key is asked for past its limit ([`Hold::hot`]).
@@ -690,12 +736,14 @@ impl LeasedStore {
         } else {
             None
         };
-        let refusal = match ask {
+        // The size the refusal that stands was for: its retry time is that
+        // many units'.
+        let (size, refusal) = match ask {
             Some(units) => match self.buy(key, policy, units, cost, now).await? {
                 Ok(admitted) => return Ok(admitted),
-                Err(refusal) => refusal,
+                Err(refusal) => (units, refusal),
             },
-            None => refusal,
+            None => (size, refusal),
         };
         let t = now.as_micros();
         Ok(if exact {
@@ -895,8 +943,10 @@ impl Store for LeasedStore {
 
     /// Drops the key's batch (its units were counted by the shared store,
     /// whose state for the key is forgotten with them) and resets the key
-    /// in the shared store. Other instances' batches stay in their hands
-    /// until their window ends: at most `max_units − 1` units each.
+    /// in the shared store, with this instance's held refusal of it. Other
+    /// instances' batches stay in their hands until their window ends (at
+    /// most `max_units − 1` units each), and their held refusals until the
+    /// retry time they told (at most the window, or a fixed window's end).
     async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         // After any batch in flight is recorded, so that none bought before
         // the reset is spent after it.

@@ -460,7 +460,8 @@ impl Limiter {
     /// sliding window counter, and the escalation policy's for an escalated
     /// refusal), and may still spend units of a lease in hand
     /// ([`LeasedStore`](crate::lease::LeasedStore), at most `max_units − 1`)
-    /// until the window that counted them ends. To lift a limit across a
+    /// until the window that counted them ends, and a lease's held refusal
+    /// until the retry time it told. To lift a limit across a
     /// fleet at once, reset on every instance, or run rules without a
     /// refusal cache ([`Rule::without_refusal_cache`]).
     ///

@@ -697,3 +697,81 @@ async fn a_client_that_waits_the_retry_time_it_was_told_is_admitted() {
     }
     assert!(told >= 8, "the schedule should be refused often: {told}");
 }
+
+/// A small limit, below twice `max_units`: once the key's demand falls
+/// under the limit again it is admitted in full, not kept waiting for a
+/// batch that could only be granted by an empty window. Sliding window of
+/// 10 a minute, leases of up to 16: hammered for a minute, then asked 5
+/// times a minute for five minutes; from the second of those minutes on,
+/// every request is admitted.
+#[tokio::test]
+async fn a_small_limit_recovers_once_demand_falls_under_it() {
+    let shared = shared_store();
+    let leased = leased_store(&shared, 16);
+    let m = 60 * S;
+    let policy = Policy::sliding_window(10, Duration::from_micros(m)).unwrap();
+    let start = T0.div_ceil(m) * m;
+    for i in 0..600 {
+        let at = Timestamp::from_micros(start + i * 100_000);
+        leased.decide(b"k", &policy, 1, at).await.unwrap();
+    }
+    let mut refused_late = Vec::new();
+    for minute in 1..6 {
+        for i in 0..5 {
+            let t = start + minute * m + i * (m / 5);
+            let d = leased
+                .decide(b"k", &policy, 1, Timestamp::from_micros(t))
+                .await
+                .unwrap();
+            if !d.allowed && minute > 1 {
+                refused_late.push((minute, i, d.retry_after));
+            }
+        }
+    }
+    assert!(
+        refused_late.is_empty(),
+        "refused under the limit: {refused_late:?}"
+    );
+}
+
+/// A cheaper request during a hold is asked for alone and leaves the hold
+/// as it was told: the dearer client that waits its retry time is asked
+/// for again then, not pushed later by the cheaper one's refusal.
+#[tokio::test]
+async fn a_cheaper_request_leaves_the_hold_it_was_not_covered_by() {
+    let shared = shared_store();
+    let fleet = fleet(&shared, 2, 8);
+    let w = 60 * S;
+    let policy = Policy::sliding_window(100, Duration::from_micros(w)).unwrap();
+    let start = T0.div_ceil(w) * w;
+    let at = |us: u64| Timestamp::from_micros(start + us);
+    for _ in 0..100 {
+        fleet[1].decide(b"k", &policy, 1, at(0)).await.unwrap();
+    }
+    let leased = &fleet[0];
+    let dear = leased.decide(b"k", &policy, 4, at(w)).await.unwrap();
+    assert!(!dear.allowed);
+    let told = u64::try_from(dear.retry_after.as_micros()).unwrap();
+    // A cheaper request within the hold: asked for, refused, hold unmoved.
+    let calls = shared.calls();
+    let cheap = leased.decide(b"k", &policy, 1, at(w + 1)).await.unwrap();
+    assert_eq!(
+        shared.calls(),
+        calls + 1,
+        "the cheaper request is asked for"
+    );
+    assert!(!cheap.allowed);
+    let again = leased.decide(b"k", &policy, 4, at(w + 2)).await.unwrap();
+    assert_eq!(
+        again.retry_after,
+        dear.retry_after - Duration::from_micros(2)
+    );
+    // At the time it was told, the dearer request is admitted.
+    assert!(
+        leased
+            .decide(b"k", &policy, 4, at(w + told))
+            .await
+            .unwrap()
+            .allowed
+    );
+}
