@@ -159,16 +159,18 @@ pub struct Stores {
     /// With `--lease UNITS`: the shared store bought in batches
     /// ([`LeasedStore`]), deciding the routes whose policy a lease is sound
     /// for (fixed and sliding windows); the others go to `primary`.
-    pub leased: Option<Arc<dyn Store>>,
+    /// Handed back to the shared store at shutdown
+    /// ([`LeasedStore::release`]).
+    pub leased: Option<Arc<LeasedStore>>,
 }
 
 impl Stores {
     /// The store that decides `policy`: the lease when there is one and it
     /// is sound for the policy's algorithm, else the primary store.
-    pub fn deciding(&self, policy: &Policy) -> &Arc<dyn Store> {
+    pub fn deciding(&self, policy: &Policy) -> Arc<dyn Store> {
         match &self.leased {
-            Some(leased) if LEASE_ALGORITHMS.contains(&policy.algorithm()) => leased,
-            _ => &self.primary,
+            Some(leased) if LEASE_ALGORITHMS.contains(&policy.algorithm()) => leased.clone(),
+            _ => self.primary.clone(),
         }
     }
 }
@@ -344,12 +346,8 @@ fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigEr
     }
     builder
         .rule(
-            Rule::new(
-                endpoint.name,
-                settings.stores.deciding(&policy).clone(),
-                policy,
-            )?
-            .on_failure(settings.on_failure),
+            Rule::new(endpoint.name, settings.stores.deciding(&policy), policy)?
+                .on_failure(settings.on_failure),
         )
         .build()
 }
@@ -670,7 +668,7 @@ impl Config {
             Some(units) => Some(Arc::new(LeasedStore::new(
                 primary.clone(),
                 LeaseConfig::new(units)?,
-            )) as Arc<dyn Store>),
+            ))),
             None => None,
         };
         Ok((

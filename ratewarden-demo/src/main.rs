@@ -111,6 +111,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("shutting down");
     })
     .await?;
+    // Units bought and not spent would be lost to the fleet until their
+    // window ends.
+    if let Some(leased) = &settings.stores.leased {
+        let units = leased.release(settings.clock.now()).await;
+        println!("handed {units} leased units back to the shared store");
+    }
     Ok(())
 }
 
