@@ -114,8 +114,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Units bought and not spent would be lost to the fleet until their
     // window ends.
     if let Some(leased) = &settings.stores.leased {
-        let units = leased.release(settings.clock.now()).await;
-        println!("handed {units} leased units back to the shared store");
+        // Bounded: against a dead store each refund would wait for its
+        // timeout. What is not handed back stays stranded until its window
+        // ends, the strict side.
+        let release = leased.release(settings.clock.now());
+        match tokio::time::timeout(std::time::Duration::from_secs(5), release).await {
+            Ok(units) => println!("handed {units} leased units back to the shared store"),
+            Err(_) => println!("gave up handing leased units back after 5 s"),
+        }
     }
     Ok(())
 }

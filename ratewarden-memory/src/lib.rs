@@ -74,14 +74,16 @@
 //! authors' claim, made for SipHash-2-4; SipHash-1-3 is the variant Rust's
 //! own `HashMap` keys against hash flooding, with no known attack on it):
 //! without the secret, a digest is as good as a random 128-bit value, so
-//! for one pair of keys a collision has probability 2⁻¹²⁸, and a flood of
-//! 10¹² distinct keys through a full default store forms fewer than 2⁵⁷
+//! for one pair of keys a collision has probability 2⁻¹²⁸ (assuming
+//! SipHash-1-3 is a pseudo-random function, as no known attack denies),
+//! and a flood of 10¹² distinct keys through a full default store forms fewer than 2⁵⁷
 //! pairs held at once, under 2⁻⁷¹ for one collision ever. A caller learns
 //! its decisions and nothing of the digests, so aiming a key at another's
 //! state, shard or probe sequence means guessing the secret; keys crafted
 //! against any other key spread as random ones do (the `shard` module's
 //! test `keys_crafted_against_a_known_key_spread_like_random_ones_under_a_secret_one`).
-//! The price: hashing is about 11 ns of a decision (`BENCHMARKS.md`).
+//! The price: a decision costs 11–14 ns more than with the aHash digest
+//! this replaced (`BENCHMARKS.md`).
 //!
 //! Why a digest and not the key: held inline, a key of the workspace's
 //! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two
@@ -281,7 +283,12 @@ impl MemoryStoreBuilder {
             Some(n) => n,
             None => default_shards(capacity, std::thread::available_parallelism().ok()),
         };
-        let mut store = MemoryStore::with_shards(capacity, shards);
+        let hasher = KeyHasher::new().map_err(|e| {
+            ConfigError::Invalid(format!(
+                "memory store: no random source for its secret key: {e}"
+            ))
+        })?;
+        let mut store = MemoryStore::with_shards(capacity, shards, hasher);
         store.max_key_len = self.max_key_len;
         Ok(store)
     }
@@ -324,24 +331,32 @@ impl MemoryStore {
     /// assert_eq!(store.capacity(), 1_000);
     /// assert!(store.is_empty());
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the OS has no random source to draw the store's secret key from
+    /// (see [Keys](crate#keys)); [`builder`](Self::builder) returns that
+    /// as an error instead.
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
+        let hasher = KeyHasher::new().expect("the OS's random source, for the store's secret key");
         MemoryStore::with_shards(
             capacity,
             default_shards(capacity, std::thread::available_parallelism().ok()),
+            hasher,
         )
     }
 
     /// A store of `capacity` keys over `shards` shards, both already checked:
     /// at least 1, and `shards <= capacity`.
-    fn with_shards(capacity: usize, shards: usize) -> Self {
+    fn with_shards(capacity: usize, shards: usize, hasher: KeyHasher) -> Self {
         MemoryStore {
             shards: shard_capacities(capacity, shards)
                 .map(|cap| Mutex::new(Shard::new(cap)))
                 .collect(),
             capacity,
             max_key_len: ratewarden_core::DEFAULT_MAX_KEY_LEN,
-            hasher: KeyHasher::new(),
+            hasher,
         }
     }
 
