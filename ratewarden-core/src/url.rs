@@ -14,7 +14,15 @@ pub const MEMORY_SCHEMES: &[&str] = &["memory"];
 /// The schemes the Redis store accepts (`ratewarden_redis::URL_SCHEMES`),
 /// known here so that an application built without the Redis backend can
 /// refuse such a URL by naming the feature to enable.
-pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+cluster"];
+pub const REDIS_SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+];
 
 /// The schemes the Postgres store accepts
 /// (`ratewarden_postgres::URL_SCHEMES`), known here for the same reason.

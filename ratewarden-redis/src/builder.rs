@@ -19,14 +19,16 @@ enum Source {
     Url(String),
     Client(Box<redis::Client>),
     Manager(ConnectionManager),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 /// Options of a [`RedisStore`]; every one is checked by
 /// [`build`](RedisStoreBuilder::build).
 ///
 /// Made by [`RedisStore::builder`] (from a URL),
-/// [`RedisStore::builder_with_client`] or
-/// [`RedisStore::builder_with_connection_manager`].
+/// [`RedisStore::builder_with_client`],
+/// [`RedisStore::builder_with_connection_manager`] or
+/// [`RedisStore::builder_with_cluster_client`].
 #[derive(Clone)]
 pub struct RedisStoreBuilder {
     source: Source,
@@ -64,6 +66,7 @@ impl Source {
                 format!("redis::Client for {}", client.get_connection_info().addr())
             }
             Source::Manager(_) => "an existing redis::aio::ConnectionManager".into(),
+            Source::Cluster(_) => "an existing redis::cluster::ClusterClient".into(),
         }
     }
 }
@@ -92,6 +95,10 @@ impl RedisStoreBuilder {
 
     pub(crate) fn from_connection_manager(manager: ConnectionManager) -> Self {
         Self::new(Source::Manager(manager))
+    }
+
+    pub(crate) fn from_cluster_client(client: redis::cluster::ClusterClient) -> Self {
+        Self::new(Source::Cluster(Box::new(client)))
     }
 
     /// Prepends `prefix` to every key, so that several applications (or
@@ -197,6 +204,10 @@ impl RedisStoreBuilder {
                 self.refuse_url_only_options()?;
                 (Target::Manager(manager.clone()), self.source.display())
             }
+            Source::Cluster(client) => {
+                self.refuse_url_only_options()?;
+                (Target::Cluster(client.clone()), self.source.display())
+            }
         };
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -240,20 +251,60 @@ impl RedisStoreBuilder {
                 Ok(Target::Single(Box::new(client)))
             }
             Endpoint::Cluster(nodes) => {
+                #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                    .connection_timeout(self.timeout)
+                    .response_timeout(self.timeout)
+                    .retries(2);
+                #[cfg(feature = "tls")]
+                {
+                    let tls = nodes
+                        .iter()
+                        .any(|n| matches!(n.addr(), redis::ConnectionAddr::TcpTls { .. }));
+                    if tls {
+                        crate::tls::ensure_crypto_provider();
+                    }
+                    if let Some(pem) = &self.tls_root_ca {
+                        if !tls {
+                            return Err(invalid(
+                                "tls_root_ca needs a rediss+cluster:// URL: this one would not \
+                                 use TLS"
+                                    .into(),
+                            ));
+                        }
+                        // Every node discovered from the first is reached
+                        // over TLS trusting the same roots.
+                        builder = builder.certs(crate::tls::trusting(pem).map_err(invalid)?);
+                    }
+                }
+                let client = builder.build().map_err(|e| invalid(e.to_string()))?;
+                Ok(Target::Cluster(Box::new(client)))
+            }
+            Endpoint::Sentinel {
+                sentinels,
+                master,
+                node,
+            } => {
                 #[cfg(feature = "tls")]
                 if self.tls_root_ca.is_some() {
                     return Err(invalid(
-                        "tls_root_ca needs a rediss:// URL; TLS to a cluster is not supported"
+                        "tls_root_ca needs a rediss:// URL; TLS through Sentinel is not supported"
                             .into(),
                     ));
                 }
-                let client = redis::cluster::ClusterClientBuilder::new(nodes)
-                    .connection_timeout(self.timeout)
-                    .response_timeout(self.timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| invalid(e.to_string()))?;
-                Ok(Target::Cluster(Box::new(client)))
+                let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(*node);
+                let client = redis::sentinel::SentinelClient::build(
+                    sentinels,
+                    master,
+                    Some(node),
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(|e| invalid(e.to_string()))?;
+                Ok(Target::Sentinel(Box::new(crate::sentinel::Master::new(
+                    client,
+                    self.timeout,
+                ))))
             }
         }
     }

@@ -34,11 +34,15 @@
 //!   locates its units, was the server's and is not known to the caller.
 //! * **Connections** are opened lazily by the first decision, on the runtime
 //!   that makes it, and then shared: one multiplexed connection (the redis
-//!   crate's `ConnectionManager`, which reconnects on its own), or a cluster
-//!   connection for `redis+cluster://` URLs. An application that already
-//!   has a [`redis::Client`] or a [`ConnectionManager`] hands it over with
-//!   [`RedisStore::builder_with_client`] or
-//!   [`RedisStore::builder_with_connection_manager`].
+//!   crate's `ConnectionManager`, which reconnects on its own), a cluster
+//!   connection for `redis+cluster://` URLs, or a connection to the master
+//!   the sentinels name for `redis+sentinel://` URLs (see
+//!   [Sentinel](#sentinel)). An application that already
+//!   has a [`redis::Client`], a [`ConnectionManager`] or a cluster's
+//!   [`ClusterClient`](redis::cluster::ClusterClient) hands it over with
+//!   [`RedisStore::builder_with_client`],
+//!   [`RedisStore::builder_with_connection_manager`] or
+//!   [`RedisStore::builder_with_cluster_client`].
 //!
 //! ```no_run
 //! use ratewarden_core::{Policy, Store, Timestamp};
@@ -119,15 +123,47 @@
 //! # TLS
 //!
 //! With the `tls` feature, `rediss://host[:port][/db]` connects over TLS
-//! (rustls, through the redis crate) and verifies the server's certificate
-//! against the system's roots, or against the CA given to
+//! (rustls, through the redis crate), and so does
+//! `rediss+cluster://host1:port1,host2:port2,...` to every node of a Redis
+//! Cluster (a managed cluster with in-transit encryption, or one started
+//! with `tls-cluster yes`); both verify the servers' certificates against
+//! the system's roots, or against the CA given to
 //! `RedisStoreBuilder::tls_root_ca`. Verification cannot be turned off:
 //! `#insecure` is refused. If the process has not installed a rustls
 //! crypto provider when such a store is built, ring's is installed. A
 //! server whose certificate the client does not trust fails the decision
 //! with an [`ErrorKind::Unavailable`] error that says why. Without the
-//! feature, `rediss://` is refused when the store is built, with an error
-//! naming the feature; TLS to a Redis Cluster is not supported.
+//! feature, `rediss://` and `rediss+cluster://` are refused when the store
+//! is built, with an error naming the feature. A cluster client the
+//! application configured itself (client certificates, say) is handed over
+//! with [`RedisStore::builder_with_cluster_client`].
+//!
+//! # Sentinel
+//!
+//! `redis+sentinel://s1:26379,s2:26379,s3:26379/mymaster` asks the
+//! sentinels which server is the master of the group `mymaster` (and that
+//! server whether it agrees), then decides on it over one multiplexed
+//! connection. User, password and database in the URL are the master's;
+//! the sentinels are asked without credentials. When a call on the master
+//! fails or does not answer within the store's timeout, the store forgets
+//! the connection and the next call asks the sentinels again, so after a
+//! failover the first call that fails on the old master sends the next one
+//! to the new master. In between, calls fail within the timeout, and a
+//! [`Limiter`](ratewarden_core::Limiter) decides them under the rule's
+//! failure policy (its circuit breaker, if it opens, adds its cool-down).
+//!
+//! What a failover can lose: Redis replicates asynchronously, so
+//! admissions the old master acknowledged and had not yet sent to the
+//! replica it loses are not on the new master, and their units are free
+//! again: at most what the fleet was admitted in the replication lag before
+//! the master stopped (on a healthy link, well under a second of traffic).
+//! Nothing else is lost or counted twice. The crate's test
+//! `sentinel::a_failover_moves_decisions_to_the_new_master_without_over_admitting`
+//! freezes a master under traffic (three sentinels, quorum 2,
+//! `down-after-milliseconds` 1,000): decisions fail closed within the
+//! timeout until the new master answers, about six seconds later with the
+//! rule's default breaker (five seconds of it the breaker's cool-down), and
+//! then exactly the rest of the limit is admitted.
 //!
 //! # One round trip, on the wire
 //!
@@ -141,6 +177,7 @@ mod builder;
 mod error;
 mod key;
 mod script;
+mod sentinel;
 #[cfg(feature = "tls")]
 mod tls;
 mod url;
@@ -190,12 +227,18 @@ enum Target {
     Cluster(Box<redis::cluster::ClusterClient>),
     /// The application's own, already connected.
     Manager(ConnectionManager),
+    /// The master of a group the sentinels monitor, found again after a
+    /// failover.
+    Sentinel(Box<sentinel::Master>),
 }
 
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// The master found through the sentinels, with the generation of
+    /// the lookup that found it.
+    Master(u64, redis::aio::MultiplexedConnection),
 }
 
 struct Inner {
@@ -214,8 +257,9 @@ struct Inner {
 /// share one connection).
 ///
 /// Build it with [`RedisStore::from_url`], [`RedisStore::builder`],
-/// [`RedisStore::builder_with_client`] or
-/// [`RedisStore::builder_with_connection_manager`].
+/// [`RedisStore::builder_with_client`],
+/// [`RedisStore::builder_with_connection_manager`] or
+/// [`RedisStore::builder_with_cluster_client`].
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -239,14 +283,18 @@ impl RedisStore {
     /// `rediss://…` for TLS (with the `tls` feature; refused without it),
     /// `redis+unix:///path[?db=N&user=U&pass=P]` or `unix:///path`, and
     /// `redis+cluster://[user:password@]host1:port1,host2:port2,...` for a
-    /// Redis Cluster (any reachable nodes; the rest are discovered). Nothing
-    /// is contacted here; the connection opens with the first decision.
+    /// Redis Cluster (any reachable nodes; the rest are discovered), and
+    /// `redis+sentinel://[user:password@]host1:port1,host2:port2,.../master-name[/db]`
+    /// for the master of a group Redis Sentinel monitors (see
+    /// [Sentinel](crate#sentinel)). Nothing is contacted here; the
+    /// connection opens with the first decision.
     ///
     /// ```
     /// use ratewarden_redis::RedisStore;
     ///
     /// assert!(RedisStore::from_url("redis://127.0.0.1:6379/0").is_ok());
     /// assert!(RedisStore::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").is_ok());
+    /// assert!(RedisStore::from_url("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster").is_ok());
     /// let err = RedisStore::from_url("redis://:secret@host:notaport").unwrap_err();
     /// assert!(!err.to_string().contains("secret"));
     /// ```
@@ -287,6 +335,24 @@ impl RedisStore {
         RedisStoreBuilder::from_connection_manager(manager)
     }
 
+    /// A builder for a store on a Redis Cluster that connects through the
+    /// application's own `client`, whatever its nodes, credentials, TLS and
+    /// retry settings (a managed cluster with in-transit encryption, say):
+    /// the store opens one cluster connection from it, lazily, and bounds
+    /// every call by its own [`timeout`](RedisStoreBuilder::timeout).
+    /// URL-only options are refused by [`build`](RedisStoreBuilder::build).
+    ///
+    /// ```
+    /// use ratewarden_redis::RedisStore;
+    ///
+    /// let client = redis::cluster::ClusterClient::new(vec!["redis://10.0.0.1:7000"])?;
+    /// let store = RedisStore::builder_with_cluster_client(client).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder_with_cluster_client(client: redis::cluster::ClusterClient) -> RedisStoreBuilder {
+        RedisStoreBuilder::from_cluster_client(client)
+    }
+
     /// The Redis key that holds `key`'s state under `algorithm` (see
     /// [Keys](crate#keys)).
     pub fn redis_key(&self, key: &[u8], algorithm: Algorithm) -> Vec<u8> {
@@ -301,6 +367,11 @@ impl RedisStore {
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
+        // Not cached once: the master changes with each failover.
+        if let Target::Sentinel(master) = &self.inner.target {
+            let (generation, conn) = master.connection().await.map_err(store_error)?;
+            return Ok(Conn::Master(generation, conn));
+        }
         self.inner
             .conn
             .get_or_try_init(|| async {
@@ -321,6 +392,7 @@ impl RedisStore {
                         client.get_async_connection().await.map(Conn::Cluster)
                     }
                     Target::Manager(manager) => Ok(Conn::Single(manager.clone())),
+                    Target::Sentinel(_) => unreachable!("a sentinel target returned above"),
                 }
             })
             .await
@@ -372,6 +444,14 @@ impl RedisStore {
         let result = match conn {
             Conn::Single(mut c) => invocation.invoke_async::<Value>(&mut c).await,
             Conn::Cluster(mut c) => invocation.invoke_async::<Value>(&mut c).await,
+            Conn::Master(generation, mut c) => {
+                let call = self.watch(generation);
+                let result = invocation.invoke_async::<Value>(&mut c).await;
+                if let (Ok(_), Some(call)) = (&result, call) {
+                    call.answered();
+                }
+                result
+            }
         };
         result.map_err(store_error)
     }
@@ -383,8 +463,26 @@ impl RedisStore {
         let result = match self.conn().await? {
             Conn::Single(mut c) => del.query_async::<i64>(&mut c).await,
             Conn::Cluster(mut c) => del.query_async::<i64>(&mut c).await,
+            Conn::Master(generation, mut c) => {
+                let call = self.watch(generation);
+                let result = del.query_async::<i64>(&mut c).await;
+                if let (Ok(_), Some(call)) = (&result, call) {
+                    call.answered();
+                }
+                result
+            }
         };
         result.map(|_| ()).map_err(store_error)
+    }
+
+    /// For a call on the master found through the sentinels: forgets that
+    /// master's connection unless the call answers (see the `sentinel`
+    /// module).
+    fn watch(&self, generation: u64) -> Option<sentinel::Unanswered<'_>> {
+        match &self.inner.target {
+            Target::Sentinel(master) => Some(sentinel::Unanswered::new(master, generation)),
+            _ => None,
+        }
     }
 
     /// Runs `call` under the store's timeout, connecting included.

@@ -21,6 +21,13 @@ pub(crate) fn ensure_crypto_provider() {
 /// A client for `info` (a `rediss://` address) that trusts exactly the
 /// certificates in `pem`.
 pub(crate) fn client_trusting(info: ConnectionInfo, pem: &[u8]) -> Result<redis::Client, String> {
+    redis::Client::build_with_tls(info, trusting(pem)?)
+        .map_err(|e| format!("tls_root_ca cannot be used: {e}"))
+}
+
+/// Trust in exactly the certificates in `pem`, checked to hold at least
+/// one.
+pub(crate) fn trusting(pem: &[u8]) -> Result<TlsCertificates, String> {
     let certificates = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("tls_root_ca is not valid PEM: {e}"))?;
@@ -29,12 +36,8 @@ pub(crate) fn client_trusting(info: ConnectionInfo, pem: &[u8]) -> Result<redis:
         // decision instead of here.
         return Err("tls_root_ca holds no PEM CERTIFICATE block".into());
     }
-    redis::Client::build_with_tls(
-        info,
-        TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.to_vec()),
-        },
-    )
-    .map_err(|e| format!("tls_root_ca cannot be used: {e}"))
+    Ok(TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem.to_vec()),
+    })
 }

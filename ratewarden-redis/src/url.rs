@@ -9,13 +9,15 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
 /// The URL schemes [`RedisStore::builder`](crate::RedisStore::builder)
 /// recognises, without `://`: `redis` (TCP), `rediss` (TLS), `redis+unix`
-/// and `unix` (a Unix socket), and `redis+cluster` (a Redis Cluster).
+/// and `unix` (a Unix socket), `redis+cluster` and `rediss+cluster` (a
+/// Redis Cluster, the second over TLS) and `redis+sentinel` (the master of
+/// a group Redis Sentinel monitors).
 ///
-/// `rediss` is listed whatever the features, so that a router of store URLs
-/// (such as the `ratewarden` crate's `from_url`) sends it here; a store built
-/// without the `tls` feature refuses it at construction, with an error that
-/// names the feature. Any other scheme is refused, TLS to a Redis Cluster
-/// (`rediss+cluster`) included.
+/// `rediss` and `rediss+cluster` are listed whatever the features, so that a
+/// router of store URLs (such as the `ratewarden` crate's `from_url`) sends
+/// them here; a store built without the `tls` feature refuses them at
+/// construction, with an error that names the feature. Any other scheme is
+/// refused.
 ///
 /// ```
 /// use ratewarden_redis::{RedisStore, URL_SCHEMES};
@@ -23,10 +25,11 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 /// for scheme in URL_SCHEMES {
 ///     let url = match *scheme {
 ///         "redis+unix" | "unix" => format!("{scheme}:///run/redis.sock"),
+///         "redis+sentinel" => format!("{scheme}://10.0.0.1:26379,10.0.0.2:26379/mymaster"),
 ///         _ => format!("{scheme}://127.0.0.1:6379"),
 ///     };
 ///     let built = RedisStore::from_url(&url);
-///     if *scheme == "rediss" && !cfg!(feature = "tls") {
+///     if scheme.starts_with("rediss") && !cfg!(feature = "tls") {
 ///         assert!(built.unwrap_err().to_string().contains("`tls` feature"));
 ///     } else {
 ///         assert!(built.is_ok(), "{url}");
@@ -41,6 +44,13 @@ pub(crate) enum Endpoint {
     Single(Box<ConnectionInfo>),
     /// Any reachable nodes of a Redis Cluster; the rest are discovered.
     Cluster(Vec<ConnectionInfo>),
+    /// The master of the group `master` that the sentinels monitor,
+    /// reached with `node`'s credentials and database.
+    Sentinel {
+        sentinels: Vec<ConnectionInfo>,
+        master: String,
+        node: Box<redis::RedisConnectionInfo>,
+    },
 }
 
 /// A parsed URL and what may be shown of it.
@@ -67,10 +77,9 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, ConfigError> {
     };
     match scheme.to_ascii_lowercase().as_str() {
         "redis" | "rediss" | "redis+unix" | "unix" => single(url).map_err(invalid),
-        "redis+cluster" => cluster(rest).map_err(invalid),
-        "rediss+cluster" => Err(invalid(
-            "TLS to a Redis Cluster is not supported; use rediss:// for one server".into(),
-        )),
+        "redis+cluster" => cluster(rest, false).map_err(invalid),
+        "rediss+cluster" => cluster(rest, true).map_err(invalid),
+        "redis+sentinel" => sentinel(rest).map_err(invalid),
         // Only a well-formed scheme is echoed: text before the first `://`
         // of a malformed URL may be anything, a password included (the
         // store_url fuzz target found one).
@@ -119,20 +128,101 @@ fn single(url: &str) -> Result<Parsed, String> {
 }
 
 /// `[user:password@]host1:port1,host2:port2,...[/]`: each node is parsed as
-/// a `redis://` URL of its own, with the shared user information.
-fn cluster(rest: &str) -> Result<Parsed, String> {
-    let (auth, hosts) = match rest.rsplit_once('@') {
+/// a `redis://` (or, with `tls`, `rediss://`) URL of its own, with the
+/// shared user information.
+fn cluster(rest: &str, tls: bool) -> Result<Parsed, String> {
+    if tls && !cfg!(feature = "tls") {
+        return Err("rediss+cluster:// (TLS) needs the `tls` feature of ratewarden-redis".into());
+    }
+    let (auth, hosts) = split_auth(rest);
+    let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
+    let scheme = if tls { "rediss" } else { "redis" };
+    let nodes = nodes(scheme, auth, hosts, "cluster node")?;
+    Ok(Parsed {
+        display: display(&format!("{scheme}+cluster"), auth, hosts, ""),
+        endpoint: Endpoint::Cluster(nodes),
+    })
+}
+
+/// `[user:password@]host1:port1,host2:port2,.../master-name[/db]`: the
+/// sentinels' addresses, the name of the group they monitor, and the
+/// database on its master. The user information is the master's (and its
+/// replicas'); the sentinels are asked without it.
+fn sentinel(rest: &str) -> Result<Parsed, String> {
+    let (auth, after) = split_auth(rest);
+    let Some((hosts, path)) = after.split_once('/') else {
+        return Err(
+            "a sentinel URL needs the master's name: redis+sentinel://host:port,.../name".into(),
+        );
+    };
+    let (name, db) = match path.trim_end_matches('/').split_once('/') {
+        Some((name, db)) => (name, Some(db)),
+        None => (path.trim_end_matches('/'), None),
+    };
+    // Sentinel's own configuration files take names of these characters;
+    // anything else is more likely a mistyped URL than a group's name.
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(format!(
+            "{name:?} is not a master name (letters, digits, '-', '_' and '.')"
+        ));
+    }
+    let sentinels = nodes("redis", None, hosts, "sentinel")?;
+    let mut node = match auth {
+        Some(a) => format!("redis://{a}@master"),
+        None => "redis://master".to_string(),
+    };
+    if let Some(db) = db {
+        db.parse::<u16>()
+            .map_err(|_| format!("{db:?} is not a database number"))?;
+        node = format!("{node}/{db}");
+    }
+    let node = Url::parse(&node)
+        .map_err(|e| e.to_string())?
+        .into_connection_info()
+        .map_err(|e| format!("not a usable Redis URL: {e}"))?
+        .redis_settings()
+        .clone();
+    let path = match db {
+        Some(db) => format!("/{name}/{db}"),
+        None => format!("/{name}"),
+    };
+    Ok(Parsed {
+        display: display("redis+sentinel", auth, hosts, &path),
+        endpoint: Endpoint::Sentinel {
+            sentinels,
+            master: name.to_string(),
+            node: Box::new(node),
+        },
+    })
+}
+
+/// The user information of a URL whose hosts are a comma-separated list
+/// (not one authority the url crate could parse), and what follows it.
+fn split_auth(rest: &str) -> (Option<&str>, &str) {
+    match rest.rsplit_once('@') {
         Some((auth, hosts)) => (Some(auth), hosts),
         None => (None, rest),
-    };
-    let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
+    }
+}
+
+/// `host1:port1,host2:port2,...`, each parsed as a `scheme://` URL of its
+/// own with `auth`.
+fn nodes(
+    scheme: &str,
+    auth: Option<&str>,
+    hosts: &str,
+    what: &str,
+) -> Result<Vec<ConnectionInfo>, String> {
     if hosts.is_empty() {
-        return Err("a cluster URL needs at least one host:port".into());
+        return Err(format!("expected at least one {what} as host:port"));
     }
     let mut nodes = Vec::new();
-    let mut first_display = None;
     for host in hosts.split(',') {
-        let shape = || format!("cluster node {host:?} is not host:port");
+        let shape = || format!("{what} {host:?} is not host:port");
         let (h, p) = host.rsplit_once(':').ok_or_else(shape)?;
         if h.is_empty() || h.contains(['/', '?', '#']) {
             return Err(shape());
@@ -140,33 +230,34 @@ fn cluster(rest: &str) -> Result<Parsed, String> {
         p.parse::<u16>()
             .ok()
             .filter(|p| *p != 0)
-            .ok_or_else(|| format!("cluster node {host:?} has an invalid port"))?;
+            .ok_or_else(|| format!("{what} {host:?} has an invalid port"))?;
         let node = match auth {
-            Some(a) => format!("redis://{a}@{h}:{p}"),
-            None => format!("redis://{h}:{p}"),
+            Some(a) => format!("{scheme}://{a}@{h}:{p}"),
+            None => format!("{scheme}://{h}:{p}"),
         };
         let info = Url::parse(&node)
-            .map_err(|e| format!("cluster node {host:?}: {e}"))?
+            .map_err(|e| format!("{what} {host:?}: {e}"))?
             .into_connection_info()
-            .map_err(|e| format!("cluster node {host:?}: {e}"))?;
+            .map_err(|e| format!("{what} {host:?}: {e}"))?;
         check_host(&info)?;
-        first_display.get_or_insert_with(|| redact(&node));
         nodes.push(info);
     }
-    // The first node's redacted URL carries the user information; the other
-    // entries are bare host:port, checked above.
-    let first = first_display.unwrap_or_default();
-    let first = first.strip_prefix("redis://").unwrap_or(&first);
-    let others: Vec<&str> = hosts.split(',').skip(1).collect();
-    let display = if others.is_empty() {
-        format!("redis+cluster://{first}")
-    } else {
-        format!("redis+cluster://{first},{}", others.join(","))
+    Ok(nodes)
+}
+
+/// What may be shown of a URL of comma-separated hosts: its user
+/// information redacted (as the first host's URL would show it), the
+/// hosts, already checked, as they are.
+fn display(scheme: &str, auth: Option<&str>, hosts: &str, path: &str) -> String {
+    let auth = match auth {
+        Some(a) => {
+            let shown = redact(&format!("redis://{a}@host"));
+            let shown = shown.strip_prefix("redis://").unwrap_or(&shown);
+            shown.strip_suffix("host").unwrap_or(shown).to_string()
+        }
+        None => String::new(),
     };
-    Ok(Parsed {
-        endpoint: Endpoint::Cluster(nodes),
-        display,
-    })
+    format!("{scheme}://{auth}{hosts}{path}")
 }
 
 /// The redis crate accepts `redis://` with an empty host or port 0; a store
@@ -218,7 +309,13 @@ mod tests {
             "redis+cluster://a:1,:2",
             "redis+cluster://a:0",
             "redis+cluster://a:1/x,b:2",
-            "rediss+cluster://a:1",
+            "rediss+cluster://",
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/",
+            "redis+sentinel://a:1/my master",
+            "redis+sentinel://a:1/m/notadb",
+            "redis+sentinel://a:1,b/m",
+            "redis+sentinel:///m",
             "valkey://host",
         ] {
             reason(url);
@@ -230,9 +327,10 @@ mod tests {
         for scheme in URL_SCHEMES {
             let url = match *scheme {
                 "redis+unix" | "unix" => format!("{scheme}:///run/redis.sock"),
+                "redis+sentinel" => format!("{scheme}://127.0.0.1:26379/mymaster"),
                 _ => format!("{scheme}://127.0.0.1:6379"),
             };
-            let refused_without_tls = *scheme == "rediss" && !cfg!(feature = "tls");
+            let refused_without_tls = scheme.starts_with("rediss") && !cfg!(feature = "tls");
             match parse(&url) {
                 Ok(_) => assert!(!refused_without_tls, "{url}"),
                 Err(e) => assert!(refused_without_tls, "{url}: {e}"),
@@ -244,9 +342,11 @@ mod tests {
     #[test]
     fn rediss_without_the_feature_names_it() {
         if cfg!(feature = "tls") {
+            assert!(parse("rediss+cluster://a:1,b:2").is_ok());
             assert!(parse("rediss://cache:6379").is_ok());
             assert!(reason("rediss://cache:6379/#insecure").contains("tls_root_ca"));
         } else {
+            assert!(reason("rediss+cluster://a:1").contains("`tls` feature"));
             assert!(reason("rediss://cache:6379").contains("`tls` feature"));
         }
     }
@@ -268,6 +368,38 @@ mod tests {
     }
 
     #[test]
+    fn sentinel_urls_keep_every_sentinel_and_give_the_credentials_to_the_master() {
+        let parsed = parse("redis+sentinel://u:p@s1:26379,s2:26380/my-master/3").unwrap();
+        let Endpoint::Sentinel {
+            sentinels,
+            master,
+            node,
+        } = parsed.endpoint
+        else {
+            panic!("not a sentinel URL")
+        };
+        let addrs: Vec<String> = sentinels.iter().map(|n| n.addr().to_string()).collect();
+        assert_eq!(addrs, ["s1:26379", "s2:26380"]);
+        assert!(
+            sentinels
+                .iter()
+                .all(|n| n.redis_settings().password().is_none())
+        );
+        assert_eq!(master, "my-master");
+        assert_eq!(node.password(), Some("p"));
+        assert_eq!(node.username(), Some("u"));
+        assert_eq!(node.db(), 3);
+        assert_eq!(
+            parsed.display,
+            "redis+sentinel://u:***@s1:26379,s2:26380/my-master/3"
+        );
+        assert_eq!(
+            parse("redis+sentinel://s1:26379/m").unwrap().display,
+            "redis+sentinel://s1:26379/m"
+        );
+    }
+
+    #[test]
     fn passwords_never_reach_an_error_or_a_display() {
         // (URL, fragments of its password that must not be shown)
         let cases: &[(&str, &[&str])] = &[
@@ -280,6 +412,9 @@ mod tests {
             ("redis+cluster://u:hunter2@a:1,b", &["hunter2"]),
             ("redis+cluster://u:hun/ter2@a:1,b:2", &["hun/ter2", "ter2"]),
             ("redis+cluster://u:hunter2@a:1,b:2", &["hunter2"]),
+            ("redis+sentinel://u:hunter2@a:1,b:2/m", &["hunter2"]),
+            ("redis+sentinel://u:hun/ter2@a:1/m", &["hun/ter2", "ter2"]),
+            ("redis+sentinel://u:hunter2@a:1/m/x", &["hunter2"]),
             ("rediss://u:hunter2@h:1/#insecure", &["hunter2"]),
             ("nope://u:hunter2@h", &["hunter2"]),
         ];

@@ -62,7 +62,8 @@ fn unusable_urls_are_refused_with_the_url_redacted() {
         "redis://:pw@host:99999",
         "redis+cluster://",
         "redis+cluster://a:1,b",
-        "rediss+cluster://a:1,b:2",
+        "rediss+cluster://a:1,b",
+        "redis+sentinel://a:1",
     ] {
         let err = RedisStore::from_url(url).unwrap_err();
         assert!(
@@ -77,13 +78,16 @@ fn unusable_urls_are_refused_with_the_url_redacted() {
 }
 
 #[test]
-fn the_tls_scheme_is_listed_and_needs_the_feature() {
-    assert!(URL_SCHEMES.contains(&"rediss"));
-    let built = RedisStore::from_url("rediss://cache:6379");
-    if cfg!(feature = "tls") {
-        assert!(built.is_ok(), "{built:?}");
-    } else {
-        let err = built.unwrap_err();
-        assert!(err.to_string().contains("`tls` feature"), "{err}");
+fn the_tls_schemes_are_listed_and_need_the_feature() {
+    for url in ["rediss://cache:6379", "rediss+cluster://a:1,b:2"] {
+        let scheme = url.split_once("://").unwrap().0;
+        assert!(URL_SCHEMES.contains(&scheme));
+        let built = RedisStore::from_url(url);
+        if cfg!(feature = "tls") {
+            assert!(built.is_ok(), "{built:?}");
+        } else {
+            let err = built.unwrap_err();
+            assert!(err.to_string().contains("`tls` feature"), "{err}");
+        }
     }
 }

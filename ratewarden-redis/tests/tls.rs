@@ -129,7 +129,17 @@ fn tls_options_are_checked_at_construction() {
     );
     refused(
         RedisStore::builder("redis+cluster://a:1,b:2").tls_root_ca(ca.pem()),
-        "cluster",
+        "rediss+cluster://",
+    );
+    refused(
+        RedisStore::builder("rediss+cluster://a:1,b:2").tls_root_ca("not PEM at all"),
+        "no PEM CERTIFICATE",
+    );
+    assert!(
+        RedisStore::builder("rediss+cluster://a:1,b:2")
+            .tls_root_ca(ca.pem())
+            .build()
+            .is_ok()
     );
     refused(
         RedisStore::builder_with_client(redis::Client::open("redis://127.0.0.1").unwrap())
@@ -147,4 +157,73 @@ fn tls_options_are_checked_at_construction() {
             .is_ok()
     );
     assert!(RedisStore::from_url("rediss://u:p@127.0.0.1:6379/1").is_ok());
+}
+
+/// A three-master cluster that speaks TLS only (`--port 0`, `tls-cluster
+/// yes`): every decision, on whichever node holds its key's slot, went
+/// over TLS trusting the test's CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decides_on_a_tls_cluster_trusting_the_given_ca() {
+    let ca = Ca::new("ratewarden test CA");
+    let (_nodes, url) = fixture::start_tls_cluster(&ca).await;
+    let store = RedisStore::builder(&url)
+        .tls_root_ca(ca.pem())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let p = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    // Keys spread over the three masters' slots: each is limited on its own.
+    for key in 0..30u32 {
+        let key = format!("client-{key}");
+        let mut admitted = Vec::new();
+        for _ in 0..3 {
+            let d = tokio::time::timeout(HANG_GUARD, store.decide(key.as_bytes(), &p, 1, now))
+                .await
+                .expect("no hang")
+                .unwrap();
+            admitted.push(d.allowed);
+        }
+        assert_eq!(admitted, [true, true, false], "{key}");
+    }
+    // A CA that did not sign the nodes' certificates: refused, not trusted.
+    let other = Ca::new("some other CA");
+    let untrusting = RedisStore::builder(&url)
+        .tls_root_ca(other.pem())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let err = tokio::time::timeout(HANG_GUARD, untrusting.decide(b"k", &p, 1, now))
+        .await
+        .expect("an untrusted cluster must fail, not hang")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}
+
+/// The application's own cluster client, configured for TLS, carries the
+/// store's decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_an_existing_tls_cluster_client_decides() {
+    let ca = Ca::new("ratewarden test CA");
+    let (_nodes, url) = fixture::start_tls_cluster(&ca).await;
+    let nodes: Vec<String> = url
+        .trim_start_matches("rediss+cluster://")
+        .split(',')
+        .map(|n| format!("rediss://{n}"))
+        .collect();
+    let client = redis::cluster::ClusterClientBuilder::new(nodes)
+        .certs(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca.pem().into_bytes()),
+        })
+        .build()
+        .unwrap();
+    let store = RedisStore::builder_with_cluster_client(client)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let p = Policy::gcra(1, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    assert!(store.decide(b"k", &p, 1, now).await.unwrap().allowed);
+    assert!(!store.decide(b"k", &p, 1, now).await.unwrap().allowed);
 }

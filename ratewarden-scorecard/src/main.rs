@@ -101,7 +101,7 @@ fn shared_factory(target: &str) -> Result<Arc<dyn StoreFactory>, String> {
     let scheme = target.split_once("://").map_or("", |(s, _)| s);
     match scheme {
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" => {
+        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => {
             // Validate once, so a malformed URL is reported before any scenario.
             ratewarden::redis::RedisStore::from_url(target).map_err(|e| e.to_string())?;
             let url = target.to_owned();
@@ -131,7 +131,7 @@ fn shared_factory(target: &str) -> Result<Arc<dyn StoreFactory>, String> {
             }))
         }
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+cluster" => {
+        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => {
             Err("redis URLs need the `redis` feature: cargo run -p ratewarden-scorecard --features redis -- URL".into())
         }
         #[cfg(not(feature = "postgres"))]

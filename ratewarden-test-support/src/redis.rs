@@ -196,21 +196,83 @@ fn cluster_port(taken: &[u16]) -> u16 {
 /// A three-master Redis Cluster on 127.0.0.1 (host networking), returned
 /// with its `redis+cluster://` URL.
 pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
+    start_cluster_of(None).await
+}
+
+/// A three-master Redis Cluster on 127.0.0.1 (host networking) that speaks
+/// TLS only, clients and cluster bus alike, with server certificates from
+/// `ca`; returned with its `rediss+cluster://` URL.
+#[cfg(feature = "tls")]
+pub async fn start_tls_cluster(ca: &crate::tls::Ca) -> (Vec<ContainerAsync<GenericImage>>, String) {
+    let (cert, key) = ca.server("ratewarden test cluster node");
+    start_cluster_of(Some(Tls {
+        ca: ca.pem(),
+        cert,
+        key,
+    }))
+    .await
+}
+
+/// PEM files a TLS node is started with.
+struct Tls {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+/// `redis-cli`'s arguments to reach a node of a TLS cluster.
+const CLI_TLS: [&str; 3] = ["--tls", "--cacert", "/tls/ca.crt"];
+
+async fn start_cluster_of(tls: Option<Tls>) -> (Vec<ContainerAsync<GenericImage>>, String) {
     let mut ports: Vec<u16> = Vec::new();
     let mut nodes = Vec::new();
     let mut failures = Vec::new();
+    let cli_tls: &[&str] = if tls.is_some() { &CLI_TLS } else { &[] };
     while nodes.len() < 3 {
         let port = cluster_port(&ports);
-        let request = image().with_network("host").with_cmd([
-            "--port".to_string(),
-            port.to_string(),
-            "--cluster-enabled".into(),
-            "yes".into(),
-            "--cluster-announce-ip".into(),
-            "127.0.0.1".into(),
-            "--cluster-node-timeout".into(),
-            "5000".into(),
-        ]);
+        let mut cmd: Vec<String> = match &tls {
+            // The bus port is the TLS port + 10,000, as cluster_port
+            // checked.
+            Some(_) => [
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cluster",
+                "yes",
+                "--tls-replication",
+                "yes",
+                "--tls-cert-file",
+                "/tls/server.crt",
+                "--tls-key-file",
+                "/tls/server.key",
+                "--tls-ca-cert-file",
+                "/tls/ca.crt",
+                "--tls-auth-clients",
+                "no",
+            ]
+            .map(String::from)
+            .to_vec(),
+            None => vec!["--port".into(), port.to_string()],
+        };
+        cmd.extend(
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-announce-ip",
+                "127.0.0.1",
+                "--cluster-node-timeout",
+                "5000",
+            ]
+            .map(String::from),
+        );
+        let mut request = image().with_network("host").with_cmd(cmd);
+        if let Some(tls) = &tls {
+            request = request
+                .with_copy_to("/tls/ca.crt", tls.ca.clone().into_bytes())
+                .with_copy_to("/tls/server.crt", tls.cert.clone().into_bytes())
+                .with_copy_to("/tls/server.key", tls.key.clone().into_bytes());
+        }
         // A port found free can be taken before the node binds it (by any
         // process on the host): try another rather than fail the test.
         SERVER.require_docker("this Redis Cluster test");
@@ -228,7 +290,9 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
             )),
         }
     }
-    let mut create = vec!["redis-cli".to_string(), "--cluster".into(), "create".into()];
+    let mut create = vec!["redis-cli".to_string()];
+    create.extend(cli_tls.iter().map(|a| a.to_string()));
+    create.extend(["--cluster".into(), "create".into()]);
     create.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
     create.push("--cluster-yes".into());
     let (code, out, err) = exec(&nodes[0], create).await;
@@ -239,16 +303,14 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
         String::from_utf8_lossy(&err)
     );
     // Every node must agree the cluster is up before the store connects.
-    for port in &ports {
-        let mut conn = admin(&format!("redis://127.0.0.1:{port}")).await;
+    for (node, port) in nodes.iter().zip(&ports) {
+        let port = port.to_string();
+        let mut args = vec!["-p", &port];
+        args.extend(cli_tls);
+        args.extend(["CLUSTER", "INFO"]);
         let mut ok = false;
         for _ in 0..200 {
-            let info: String = ::redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query_async(&mut conn)
-                .await
-                .unwrap_or_default();
-            if info.contains("cluster_state:ok") {
+            if redis_cli(node, &args).await.contains("cluster_state:ok") {
                 ok = true;
                 break;
             }
@@ -256,8 +318,13 @@ pub async fn start_cluster() -> (Vec<ContainerAsync<GenericImage>>, String) {
         }
         assert!(ok, "cluster node {port} never reached cluster_state:ok");
     }
+    let scheme = if tls.is_some() {
+        "rediss+cluster"
+    } else {
+        "redis+cluster"
+    };
     let url = format!(
-        "redis+cluster://{}",
+        "{scheme}://{}",
         ports
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
@@ -320,4 +387,150 @@ pub fn via(url: &str, addr: SocketAddr) -> String {
         .set_port(Some(addr.port()))
         .expect("a URL with a port");
     parsed.to_string()
+}
+
+/// A master, one replica and three sentinels (quorum 2) on 127.0.0.1 (host
+/// networking), the sentinels agreeing on the group before it is returned.
+pub struct SentinelGroup {
+    /// The master the sentinels monitor at first.
+    pub master: ContainerAsync<GenericImage>,
+    /// `redis://` URL of the first master.
+    pub master_url: String,
+    /// Its replica, promoted by a failover.
+    pub replica: ContainerAsync<GenericImage>,
+    /// `redis://` URL of the replica.
+    pub replica_url: String,
+    /// The sentinels, kept alive with the group.
+    pub sentinels: Vec<ContainerAsync<GenericImage>>,
+    /// `redis://` URLs of the sentinels.
+    pub sentinel_urls: Vec<String>,
+    /// `redis+sentinel://…/mymaster` for a store.
+    pub url: String,
+}
+
+/// The name of the group [`start_sentinel_group`] monitors.
+pub const SENTINEL_MASTER: &str = "mymaster";
+
+/// How long the sentinels of [`start_sentinel_group`] wait before they call
+/// an unanswering master down.
+pub const SENTINEL_DOWN_AFTER: Duration = Duration::from_millis(1_000);
+
+/// Starts a [`SentinelGroup`]. Host networking, so that the address the
+/// sentinels hand out (127.0.0.1 and the master's port) is one the test
+/// process reaches.
+pub async fn start_sentinel_group() -> SentinelGroup {
+    SERVER.require_docker("this Redis Sentinel test");
+    let mut taken = Vec::new();
+    let mut server = |args: Vec<String>| {
+        let port = cluster_port(&taken);
+        taken.push(port);
+        let mut cmd = vec!["--port".to_string(), port.to_string()];
+        cmd.extend(args);
+        (port, image().with_network("host").with_cmd(cmd))
+    };
+    let (master_port, request) = server(vec![]);
+    let master = start_request(request, "Redis Sentinel group's master").await;
+    let master_url = format!("redis://127.0.0.1:{master_port}");
+    let (replica_port, request) = server(vec![
+        "--replicaof".into(),
+        "127.0.0.1".into(),
+        master_port.to_string(),
+    ]);
+    let replica = start_request(request, "Redis Sentinel group's replica").await;
+    let replica_url = format!("redis://127.0.0.1:{replica_port}");
+    wait_for_info(&replica_url, "replication", "master_link_status:up").await;
+    let mut sentinels = Vec::new();
+    let mut sentinel_urls = Vec::new();
+    for _ in 0..3 {
+        let port = cluster_port(&taken);
+        taken.push(port);
+        // Sentinel rewrites its configuration file, so it needs one of its
+        // own; the image's entrypoint runs a command that does not start
+        // with '-' as it is.
+        let config = [
+            format!("port {port}"),
+            "bind 127.0.0.1".into(),
+            "protected-mode no".into(),
+            format!("sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2"),
+            format!(
+                "sentinel down-after-milliseconds {SENTINEL_MASTER} {}",
+                SENTINEL_DOWN_AFTER.as_millis()
+            ),
+            format!("sentinel failover-timeout {SENTINEL_MASTER} 5000"),
+        ]
+        .join("\n");
+        let script = format!(
+            "printf '%s\\n' '{}' > /tmp/sentinel.conf && exec redis-server /tmp/sentinel.conf --sentinel",
+            config.replace('\n', "' '")
+        );
+        let request = GenericImage::new(image_name().0, image_name().1)
+            .with_wait_for(WaitFor::message_on_stdout("+monitor master"))
+            .with_network("host")
+            .with_cmd(["sh".to_string(), "-c".into(), script]);
+        sentinels.push(start_request(request, "Redis Sentinel").await);
+        sentinel_urls.push(format!("redis://127.0.0.1:{port}"));
+    }
+    // A failover needs a majority of the sentinels to know each other and
+    // the replica; they find each other through the master within seconds.
+    for url in &sentinel_urls {
+        let mut conn = admin(url).await;
+        let mut ready = false;
+        for _ in 0..300 {
+            let fields: Vec<String> = ::redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(SENTINEL_MASTER)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            let field = |name: &str| {
+                fields
+                    .iter()
+                    .position(|f| f == name)
+                    .and_then(|i| fields.get(i + 1))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            if field("num-other-sentinels") == "2" && field("num-slaves") == "1" {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            ready,
+            "sentinel {url} never saw the two others and the replica"
+        );
+    }
+    let hosts: Vec<&str> = sentinel_urls
+        .iter()
+        .map(|u| u.trim_start_matches("redis://"))
+        .collect();
+    let url = format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","));
+    SentinelGroup {
+        master,
+        master_url,
+        replica,
+        replica_url,
+        sentinels,
+        sentinel_urls,
+        url,
+    }
+}
+
+/// Waits up to 30 s until the server at `url` reports `needle` in its
+/// `INFO section`.
+pub async fn wait_for_info(url: &str, section: &str, needle: &str) {
+    let mut conn = admin(url).await;
+    for _ in 0..300 {
+        let info: String = ::redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        if info.contains(needle) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url} never reported {needle:?} in INFO {section}");
 }

@@ -4,7 +4,7 @@
 //! | URL | Cargo feature | store |
 //! |---|---|---|
 //! | `memory://` or `memory://?capacity=N` | `memory` (default) | in-process, at most `N` keys (default [`DEFAULT_MEMORY_CAPACITY`]) |
-//! | `redis://…`, `redis+unix://…`, `unix://…`, `redis+cluster://…`; `rediss://…` | `redis`; `rediss` also `tls` | Redis or Redis Cluster, shared by every process using it |
+//! | `redis://…`, `redis+unix://…`, `unix://…`, `redis+cluster://…`, `redis+sentinel://…`; `rediss://…` | `redis`; `rediss` also `tls` | Redis, Redis Cluster or the master Redis Sentinel names, shared by every process using it |
 //! | `postgres://…`, `postgresql://…` (`sslmode=require` and stricter need `tls`) | `postgres` | Postgres, shared and durable |
 //!
 //! A URL whose backend was not compiled in is refused with an error that
