@@ -60,3 +60,11 @@ for features in "" "--no-default-features --features memory" \
 done
 echo "== tests: ratewarden-core, ratewarden-redis, ratewarden-postgres (default features: no metrics, serde or tls)"
 cargo nextest run -p ratewarden-core -p ratewarden-redis -p ratewarden-postgres --no-fail-fast
+
+# The chaos soak, short: the demo binary tiered on Redis and on Postgres
+# under steady load while its store is paused, restarted and delayed; it
+# fails on a 5xx, a hang, an admission over the limit, a recovery that is
+# not exact or memory that grows (benches/chaos.rs; BENCHMARKS.md has a
+# longer run).
+echo "== chaos soak: the demo while its Redis and then its Postgres are paused, restarted and delayed"
+cargo test -p ratewarden-demo --features redis,postgres --bench chaos -- --phase-seconds 14

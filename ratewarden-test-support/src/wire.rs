@@ -25,6 +25,8 @@ struct Counts {
     to_server_bytes: AtomicU64,
     to_client_bytes: AtomicU64,
     connections: AtomicU64,
+    /// Milliseconds every chunk waits before it is forwarded.
+    delay_ms: AtomicU64,
 }
 
 /// A counting TCP proxy: listen on 127.0.0.1, forward to `target`.
@@ -86,6 +88,21 @@ impl WireCounter {
     pub fn connections(&self) -> u64 {
         self.counts.connections.load(Ordering::SeqCst)
     }
+
+    /// Holds every chunk read from now on, either way, for `delay` before
+    /// forwarding it: a slow network (zero, the default, forwards at once).
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.counts.delay_ms.store(ms, Ordering::SeqCst);
+    }
+}
+
+/// Waits for the delay set by [`WireCounter::set_delay`], if any.
+async fn delayed(counts: &Counts) {
+    let ms = counts.delay_ms.load(Ordering::SeqCst);
+    if ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
 }
 
 async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Counts>) {
@@ -111,6 +128,7 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Counts>) {
                     *l = Some(Direction::ToServer);
                 }
                 counts.to_server_bytes.fetch_add(n as u64, Ordering::SeqCst);
+                delayed(&counts).await;
                 if sw.write_all(&buf[..n]).await.is_err() {
                     break;
                 }
@@ -127,6 +145,7 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Counts>) {
             };
             *last.lock().await = Some(Direction::ToClient);
             counts.to_client_bytes.fetch_add(n as u64, Ordering::SeqCst);
+            delayed(&counts).await;
             if cw.write_all(&buf[..n]).await.is_err() {
                 break;
             }
