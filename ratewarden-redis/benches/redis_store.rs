@@ -99,10 +99,17 @@ fn main() {
         &port.to_string(),
     ]);
     let url = format!("redis://127.0.0.1:{port}");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // RATEWARDEN_BENCH_RUNTIME=current: one thread runs the callers and the
+    // connection's task alike, so no answer crosses threads.
+    let rt = match std::env::var("RATEWARDEN_BENCH_RUNTIME").as_deref() {
+        Ok("current") => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    }
+    .expect("runtime");
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         rt.block_on(bench(&id, &url, port, ops))
     }));
@@ -180,8 +187,36 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
             }
         }
     };
-    // Warm up both (connects, loads the script).
+    // The same call on the redis crate's own multiplexed connection, with
+    // nothing of the store around it: what the store adds over its client.
+    let bare_conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let bare = {
+        let (script, key) = (
+            Arc::new(redis::Script::new(script_source(Algorithm::FixedWindow))),
+            key.clone(),
+        );
+        move || {
+            let (mut conn, script, key) = (bare_conn.clone(), script.clone(), key.clone());
+            async move {
+                script
+                    .key(key)
+                    .arg(T0)
+                    .arg(policy.limit())
+                    .arg(policy.window_micros())
+                    .arg(1)
+                    .arg(1000)
+                    .invoke_async::<redis::Value>(&mut conn)
+                    .await
+                    .expect("decision");
+            }
+        }
+    };
+    // Warm up each (connects, loads the script).
     run(store.clone(), 16, 10_000).await;
+    run(bare.clone(), 16, 10_000).await;
     run(pooled.clone(), 16, 10_000).await;
 
     let args: Vec<String> = vec![
@@ -202,6 +237,14 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
         let (rps, p50, p99) = run(store.clone(), tasks, n).await;
         rows.push(Row {
             who: "RedisStore, multiplexed (ConnectionManager)".into(),
+            tasks,
+            rps,
+            p50_us: p50,
+            p99_us: p99,
+        });
+        let (rps, p50, p99) = run(bare.clone(), tasks, n).await;
+        rows.push(Row {
+            who: "the same script call, bare redis MultiplexedConnection".into(),
             tasks,
             rps,
             p50_us: p50,
