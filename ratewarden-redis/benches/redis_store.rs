@@ -119,6 +119,22 @@ fn main() {
     }
 }
 
+/// The store's call, key and arguments (expiry margin: 1000 ms), for the
+/// contenders that make it without the store.
+fn invocation<'a>(
+    script: &'a redis::Script,
+    key: String,
+    policy: &Policy,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = script.key(key);
+    call.arg(T0)
+        .arg(policy.limit())
+        .arg(policy.window_micros())
+        .arg(1)
+        .arg(1000);
+    call
+}
+
 async fn bench(id: &str, url: &str, port: u16, ops: usize) {
     // Wait for the server.
     let client = redis::Client::open(url).unwrap();
@@ -172,13 +188,7 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
             async move {
                 let call = async {
                     let mut conn = pool.get().await.expect("a pooled connection");
-                    script
-                        .key(key)
-                        .arg(T0)
-                        .arg(policy.limit())
-                        .arg(policy.window_micros())
-                        .arg(1)
-                        .arg(1000)
+                    invocation(&script, key, &policy)
                         .invoke_async::<redis::Value>(&mut conn)
                         .await
                         .expect("decision");
@@ -201,13 +211,7 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
         move || {
             let (mut conn, script, key) = (bare_conn.clone(), script.clone(), key.clone());
             async move {
-                script
-                    .key(key)
-                    .arg(T0)
-                    .arg(policy.limit())
-                    .arg(policy.window_micros())
-                    .arg(1)
-                    .arg(1000)
+                invocation(&script, key, &policy)
                     .invoke_async::<redis::Value>(&mut conn)
                     .await
                     .expect("decision");

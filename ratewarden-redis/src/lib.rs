@@ -445,12 +445,8 @@ impl RedisStore {
             Conn::Single(mut c) => invocation.invoke_async::<Value>(&mut c).await,
             Conn::Cluster(mut c) => invocation.invoke_async::<Value>(&mut c).await,
             Conn::Master(generation, mut c) => {
-                let call = self.watch(generation);
-                let result = invocation.invoke_async::<Value>(&mut c).await;
-                if let (Ok(_), Some(call)) = (&result, call) {
-                    call.answered();
-                }
-                result
+                self.watched(generation, invocation.invoke_async::<Value>(&mut c))
+                    .await
             }
         };
         result.map_err(store_error)
@@ -464,25 +460,30 @@ impl RedisStore {
             Conn::Single(mut c) => del.query_async::<i64>(&mut c).await,
             Conn::Cluster(mut c) => del.query_async::<i64>(&mut c).await,
             Conn::Master(generation, mut c) => {
-                let call = self.watch(generation);
-                let result = del.query_async::<i64>(&mut c).await;
-                if let (Ok(_), Some(call)) = (&result, call) {
-                    call.answered();
-                }
-                result
+                self.watched(generation, del.query_async::<i64>(&mut c))
+                    .await
             }
         };
         result.map(|_| ()).map_err(store_error)
     }
 
-    /// For a call on the master found through the sentinels: forgets that
-    /// master's connection unless the call answers (see the `sentinel`
-    /// module).
-    fn watch(&self, generation: u64) -> Option<sentinel::Unanswered<'_>> {
-        match &self.inner.target {
+    /// Runs `call` on the master found through the sentinels, forgetting
+    /// that master's connection unless the call answers: on an error, and
+    /// when the store's timeout drops it first (see the `sentinel` module).
+    async fn watched<T>(
+        &self,
+        generation: u64,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
+        let watch = match &self.inner.target {
             Target::Sentinel(master) => Some(sentinel::Unanswered::new(master, generation)),
             _ => None,
+        };
+        let result = call.await;
+        if let (Ok(_), Some(watch)) = (&result, watch) {
+            watch.answered();
         }
+        result
     }
 
     /// Runs `call` under the store's timeout, connecting included.

@@ -18,25 +18,13 @@ const HANG_GUARD: Duration = Duration::from_secs(20);
 /// A Redis server with no plaintext port: whatever answers it spoke TLS.
 async fn start_tls_redis(ca: &Ca) -> (ContainerAsync<GenericImage>, String) {
     let (cert, key) = ca.server("ratewarden test redis");
-    let request = fixture::image()
-        .with_exposed_port(6379.tcp())
-        .with_copy_to("/tls/ca.crt", ca.pem().into_bytes())
-        .with_copy_to("/tls/server.crt", cert.into_bytes())
-        .with_copy_to("/tls/server.key", key.into_bytes())
-        .with_cmd([
-            "--port",
-            "0",
-            "--tls-port",
-            "6379",
-            "--tls-cert-file",
-            "/tls/server.crt",
-            "--tls-key-file",
-            "/tls/server.key",
-            "--tls-ca-cert-file",
-            "/tls/ca.crt",
-            "--tls-auth-clients",
-            "no",
-        ]);
+    let request = fixture::with_tls_files(
+        fixture::image().with_exposed_port(6379.tcp()),
+        &ca.pem(),
+        &cert,
+        &key,
+    )
+    .with_cmd(fixture::tls_args(6379));
     let container = fixture::start_request(request, "TLS Redis").await;
     let port = container
         .get_host_port_ipv4(6379.tcp())

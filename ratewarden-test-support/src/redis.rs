@@ -223,6 +223,42 @@ struct Tls {
 /// `redis-cli`'s arguments to reach a node of a TLS cluster.
 const CLI_TLS: [&str; 3] = ["--tls", "--cacert", "/tls/ca.crt"];
 
+/// A server's arguments to speak TLS only, on `port`, with the files
+/// [`with_tls_files`] copies in.
+pub fn tls_args(port: u16) -> Vec<String> {
+    [
+        "--port",
+        "0",
+        "--tls-port",
+        &port.to_string(),
+        "--tls-cert-file",
+        "/tls/server.crt",
+        "--tls-key-file",
+        "/tls/server.key",
+        "--tls-ca-cert-file",
+        "/tls/ca.crt",
+        "--tls-auth-clients",
+        "no",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// `request` with a CA certificate, a server certificate and its key (PEM)
+/// where [`tls_args`] points.
+pub fn with_tls_files(
+    request: impl Into<testcontainers::ContainerRequest<GenericImage>>,
+    ca: &str,
+    cert: &str,
+    key: &str,
+) -> testcontainers::ContainerRequest<GenericImage> {
+    request
+        .into()
+        .with_copy_to("/tls/ca.crt", ca.as_bytes().to_vec())
+        .with_copy_to("/tls/server.crt", cert.as_bytes().to_vec())
+        .with_copy_to("/tls/server.key", key.as_bytes().to_vec())
+}
+
 async fn start_cluster_of(tls: Option<Tls>) -> (Vec<ContainerAsync<GenericImage>>, String) {
     let mut ports: Vec<u16> = Vec::new();
     let mut nodes = Vec::new();
@@ -233,26 +269,11 @@ async fn start_cluster_of(tls: Option<Tls>) -> (Vec<ContainerAsync<GenericImage>
         let mut cmd: Vec<String> = match &tls {
             // The bus port is the TLS port + 10,000, as cluster_port
             // checked.
-            Some(_) => [
-                "--port",
-                "0",
-                "--tls-port",
-                &port.to_string(),
-                "--tls-cluster",
-                "yes",
-                "--tls-replication",
-                "yes",
-                "--tls-cert-file",
-                "/tls/server.crt",
-                "--tls-key-file",
-                "/tls/server.key",
-                "--tls-ca-cert-file",
-                "/tls/ca.crt",
-                "--tls-auth-clients",
-                "no",
-            ]
-            .map(String::from)
-            .to_vec(),
+            Some(_) => {
+                let mut args = tls_args(port);
+                args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+                args
+            }
             None => vec!["--port".into(), port.to_string()],
         };
         cmd.extend(
@@ -268,10 +289,7 @@ async fn start_cluster_of(tls: Option<Tls>) -> (Vec<ContainerAsync<GenericImage>
         );
         let mut request = image().with_network("host").with_cmd(cmd);
         if let Some(tls) = &tls {
-            request = request
-                .with_copy_to("/tls/ca.crt", tls.ca.clone().into_bytes())
-                .with_copy_to("/tls/server.crt", tls.cert.clone().into_bytes())
-                .with_copy_to("/tls/server.key", tls.key.clone().into_bytes());
+            request = with_tls_files(request, &tls.ca, &tls.cert, &tls.key);
         }
         // A port found free can be taken before the node binds it (by any
         // process on the host): try another rather than fail the test.
