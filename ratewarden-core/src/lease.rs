@@ -274,6 +274,22 @@ impl Hold {
 }
 
 impl Lease {
+    /// A lease of `policy` with nothing to spend, the shared store having
+    /// `shared_remaining` units left at `now`.
+    fn empty(policy: Policy, shared_remaining: u32, now: u64) -> Self {
+        Lease {
+            policy,
+            units: 0,
+            size: 0,
+            spent: 0,
+            shared_remaining,
+            granted_at: now,
+            reset_after: 0,
+            until: now,
+            hold: Hold::default(),
+        }
+    }
+
     fn live(&self, policy: &Policy, now: u64) -> bool {
         self.policy == *policy && self.granted_at <= now && now < self.until
     }
@@ -587,34 +603,15 @@ impl LeasedStore {
             // No room: the next request asks the shared store again.
             return refusal;
         }
-        let lease = leases.entry(map_key).or_insert(Lease {
-            policy: *policy,
-            units: 0,
-            size: 0,
-            spent: 0,
-            shared_remaining: refusal.remaining,
-            granted_at: now,
-            reset_after: 0,
-            // Nothing to spend.
-            until: now,
-            hold: Hold::default(),
-        });
+        let lease = leases
+            .entry(map_key)
+            .or_insert_with(|| Lease::empty(*policy, refusal.remaining, now));
         if lease.policy != *policy {
             if now < lease.until && lease.units > 0 {
                 // Units of another policy in hand: kept, not held over.
                 return refusal;
             }
-            *lease = Lease {
-                policy: *policy,
-                units: 0,
-                size: 0,
-                spent: 0,
-                shared_remaining: refusal.remaining,
-                granted_at: now,
-                reset_after: 0,
-                until: now,
-                hold: Hold::default(),
-            };
+            *lease = Lease::empty(*policy, refusal.remaining, now);
         }
         if now < lease.hold.until {
             // A cheaper request than the held one, refused too: the hold the
