@@ -161,9 +161,9 @@
 //! `sentinel::a_failover_moves_decisions_to_the_new_master_without_over_admitting`
 //! freezes a master under traffic (three sentinels, quorum 2,
 //! `down-after-milliseconds` 1,000): decisions fail closed within the
-//! timeout until the new master answers, about six seconds later with the
-//! rule's default breaker (five seconds of it the breaker's cool-down), and
-//! then exactly the rest of the limit is admitted.
+//! timeout until the new master answers, 6–7 s later with the rule's
+//! default breaker (5 s of it the breaker's cool-down; the timeout is 1 s
+//! there), and then exactly the rest of the limit is admitted.
 //!
 //! # One round trip, on the wire
 //!

@@ -8,7 +8,9 @@ use ratewarden_core::{ErrorKind, FailurePolicy, Limiter, Policy, Rule, Store};
 use ratewarden_redis::RedisStore;
 use ratewarden_test_support::redis as fixture;
 
-const TIMEOUT: Duration = Duration::from_millis(250);
+/// Generous, so that a call slowed by a busy machine is not a failure; the
+/// paused master makes every call wait for it.
+const TIMEOUT: Duration = Duration::from_secs(1);
 const LIMIT: u32 = 100;
 /// Admitted (and replicated) before the master stops answering.
 const BEFORE: u32 = 60;
@@ -34,6 +36,8 @@ async fn a_failover_moves_decisions_to_the_new_master_without_over_admitting() {
                 Policy::fixed_window(LIMIT, Duration::from_secs(3_600)).unwrap(),
             )
             .unwrap()
+            .with_timeout(TIMEOUT)
+            .unwrap()
             .on_failure(FailurePolicy::Closed),
         )
         // The system clock: the rule's circuit breaker, which opens while no
@@ -42,9 +46,14 @@ async fn a_failover_moves_decisions_to_the_new_master_without_over_admitting() {
         .build()
         .unwrap();
     let key = b"client";
-    for _ in 0..BEFORE {
+    let mut admitted = 0;
+    while admitted < BEFORE {
+        // A call slower than the timeout is refused under the failure
+        // policy and counts nothing; the master is healthy, so the next
+        // one answers.
         let d = limiter.check(key).await;
-        assert!(d.allowed && !d.source.degraded, "{d:?}");
+        assert!(d.allowed || d.source.degraded, "{d:?}");
+        admitted += u32::from(d.allowed);
     }
     // Redis replicates asynchronously: what the master admitted and had not
     // yet sent to its replica is lost with the failover (the bound the crate
@@ -90,14 +99,20 @@ async fn a_failover_moves_decisions_to_the_new_master_without_over_admitting() {
          answer {slowest:?} (timeout {TIMEOUT:?}); {stats:?}"
     );
     // The count survived the failover: exactly the rest of the limit is
-    // admitted, then refusals, all from the new master.
-    let mut admitted = BEFORE + u32::from(recovered.allowed);
+    // admitted, then refusals, all from the new master (a call the busy
+    // machine slowed past the timeout is refused by the failure policy,
+    // counts nothing, and is asked again).
+    admitted += u32::from(recovered.allowed);
     loop {
-        let d = limiter.check(key).await;
         assert!(
-            !d.source.degraded,
-            "the new master stopped answering: {d:?}"
+            paused.elapsed() < GIVE_UP * 2,
+            "the new master stopped answering"
         );
+        let d = limiter.check(key).await;
+        if d.source.degraded {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
         if !d.allowed {
             break;
         }
