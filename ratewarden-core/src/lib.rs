@@ -56,8 +56,8 @@ pub use error::{ConfigError, ErrorKind, StoreError};
 #[doc(hidden)]
 pub use intern::intern;
 pub use limiter::{
-    Admission, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME,
-    PendingCheck, Rule, RuleStats,
+    Admission, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, MIN_RETRY,
+    PendingCheck, Rule, RuleStats, WaitError,
 };
 pub use plans::{Plans, PlansBuilder};
 pub use policy::parse::{DEFAULT_ALGORITHM, ParsePolicyError, parse_policies};

@@ -7,6 +7,8 @@
 //! time and the same scenario moves time identically on every backend.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,6 +91,20 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// both readings together.
     fn monotonic(&self) -> Duration {
         process_monotonic()
+    }
+
+    /// Waits for `d` to pass on this clock
+    /// ([`Limiter::until_ready`](crate::Limiter::until_ready) pauses
+    /// with it). The default sleeps on Tokio's timer, right for any clock
+    /// that follows real time. A clock that drives time by hand overrides
+    /// it: [`ManualClock`] moves itself forward by `d` and returns at once.
+    ///
+    /// # Migration
+    ///
+    /// Added with a default: an existing clock keeps compiling and sleeps
+    /// in real time.
+    fn sleep(&self, d: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(tokio::time::sleep(d))
     }
 }
 
@@ -193,6 +209,13 @@ impl Clock for ManualClock {
 
     fn monotonic(&self) -> Duration {
         Duration::from_micros(self.monotonic.load(Ordering::SeqCst))
+    }
+
+    /// Moves the clock forward by `d`, for everyone sharing it, and
+    /// returns at once: a waiter's pause takes no real time.
+    fn sleep(&self, d: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.advance(d);
+        Box::pin(std::future::ready(()))
     }
 }
 

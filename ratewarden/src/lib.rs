@@ -210,6 +210,7 @@ pub use ratewarden_core::*;
 pub mod identity;
 pub mod key;
 pub mod layer;
+pub mod outbound;
 pub mod store;
 
 #[cfg(feature = "memory")]

@@ -1,0 +1,177 @@
+//! Waiting to be admitted, for a caller that must stay under someone
+//! else's limit (a third-party API's quota, shared by a fleet through a
+//! shared store) instead of refusing its own clients.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::Limiter;
+use crate::decision::Decision;
+use crate::error::ConfigError;
+
+/// The shortest pause between two attempts, whatever a refusal says: a
+/// refusal with no retry time (a failing store under a closed failure
+/// policy) must not make a waiter spin.
+pub const MIN_RETRY: Duration = Duration::from_millis(10);
+
+/// The most a pause is lengthened by its jitter.
+const MAX_JITTER: Duration = Duration::from_secs(1);
+
+/// Why [`Limiter::until_ready`] gave up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The next chance of being admitted comes after the deadline; the
+    /// caller waited `waited` of `max_wait`, and `last` is the refusal that
+    /// said so.
+    #[error(
+        "not admitted within {max_wait:?}: waited {waited:?}, and the last refusal said to retry in {:?}",
+        last.retry_after
+    )]
+    Deadline {
+        /// The longest the caller would wait.
+        max_wait: Duration,
+        /// How long it waited, on the limiter's clock.
+        waited: Duration,
+        /// The last refusal.
+        last: Box<Decision>,
+    },
+    /// The request can never be admitted, so no wait would help: a weight
+    /// of zero or above a rule's limit
+    /// ([`Limiter::check_cost`](crate::Limiter::check_cost)).
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+}
+
+impl Limiter {
+    /// Waits until a request for `key` is admitted, or gives up when the
+    /// next chance would come more than `max_wait` after the call: the
+    /// permit-before-calling pattern of an outbound quota (an API that
+    /// allows 100 calls a second to the whole fleet).
+    ///
+    /// Each refusal is followed by a pause of its
+    /// [`retry_after`](Decision::retry_after) (at least [`MIN_RETRY`])
+    /// plus a jitter of up to a quarter of it (at most one second), drawn
+    /// per pause, so that waiters refused together do not all come back at
+    /// the same instant and all but one be refused again. A pause that
+    /// would end past the deadline is not taken: the error comes at once,
+    /// with the refusal.
+    ///
+    /// Pauses are [`Clock::sleep`](crate::Clock::sleep)s on the limiter's
+    /// clock: a [`ManualClock`](crate::ManualClock) moves itself forward
+    /// instead of sleeping, so a test of a waiting caller runs in no real
+    /// time. A waiter dropped while it pauses has counted nothing; one
+    /// dropped while a store decides may have been counted, as any
+    /// cancelled [`check`](Self::check) may.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use ratewarden_core::{Clock, Limiter, ManualClock, Policy, Rule, WaitError};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::builder()
+    ///     .clock(clock.clone())
+    ///     .rule(Rule::new("partner-api", store, Policy::gcra(1, Duration::from_secs(1))?)?)
+    ///     .build()?;
+    /// let start = clock.now();
+    /// limiter.until_ready(b"partner", Duration::from_secs(5)).await?; // at once
+    /// limiter.until_ready(b"partner", Duration::from_secs(5)).await?; // a second later
+    /// let waited = clock.now().saturating_duration_since(start);
+    /// assert!(waited >= Duration::from_secs(1) && waited <= Duration::from_millis(1250));
+    /// // Not within 100 ms: an error at once, with the refusal.
+    /// let err = limiter.until_ready(b"partner", Duration::from_millis(100)).await.unwrap_err();
+    /// assert!(matches!(err, WaitError::Deadline { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    pub async fn until_ready(&self, key: &[u8], max_wait: Duration) -> Result<Decision, WaitError> {
+        self.until_ready_cost(key, 1, max_wait).await
+    }
+
+    /// [`until_ready`](Self::until_ready) for a request that weighs
+    /// `weight` units ([`check_cost`](Self::check_cost)); a weight no rule
+    /// could ever admit is [`WaitError::Invalid`] at once.
+    pub async fn until_ready_cost(
+        &self,
+        key: &[u8],
+        weight: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, WaitError> {
+        let clock = self.clock().clone();
+        let started = clock.monotonic();
+        loop {
+            let decision = self.check_cost(key, weight).await?;
+            if decision.allowed {
+                return Ok(decision);
+            }
+            let waited = clock.monotonic().saturating_sub(started);
+            let pause = pause_after(&decision);
+            if waited.saturating_add(pause) > max_wait {
+                return Err(WaitError::Deadline {
+                    max_wait,
+                    waited,
+                    last: Box::new(decision),
+                });
+            }
+            clock.sleep(pause).await;
+        }
+    }
+}
+
+/// The refusal's retry time (at least [`MIN_RETRY`]) plus its jitter.
+fn pause_after(refusal: &Decision) -> Duration {
+    let base = refusal.retry_after.max(MIN_RETRY);
+    let spread = (base / 4).min(MAX_JITTER);
+    base + spread.mul_f64(unit_interval())
+}
+
+/// A number in [0, 1), different for each call in the process: SplitMix64
+/// over a counter. Jitter needs values that differ between waiters, not
+/// secret ones, so a counter is enough and no random source is asked.
+fn unit_interval() -> f64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0x853C_49E6_748F_EA9B);
+    let mut z = COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    // The top 53 bits, as a fraction of 2^53: exact in an f64.
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_a_quarter_and_a_second_and_varies() {
+        let policy = crate::Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+        let refusal = |retry: Duration| {
+            let mut d = Decision::degraded(crate::FailurePolicy::Closed, &policy, "test");
+            d.retry_after = retry;
+            d
+        };
+        for retry in [
+            Duration::ZERO,
+            Duration::from_millis(400),
+            Duration::from_secs(60),
+        ] {
+            let base = retry.max(MIN_RETRY);
+            let pauses: Vec<Duration> = (0..200).map(|_| pause_after(&refusal(retry))).collect();
+            for p in &pauses {
+                assert!(
+                    *p >= base && *p <= base + (base / 4).min(MAX_JITTER),
+                    "{retry:?}: {p:?}"
+                );
+            }
+            let mut distinct = pauses.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert!(
+                distinct.len() > 150,
+                "{retry:?}: {} distinct pauses",
+                distinct.len()
+            );
+        }
+    }
+}
