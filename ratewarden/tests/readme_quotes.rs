@@ -1,6 +1,7 @@
 //! The README's Rust snippets are quoted from examples that compile
 //! (`examples/quickstart.rs`, `examples/shared_store.rs`,
-//! `examples/compositions.rs`, `examples/plans.rs`): this keeps the quotes true to them.
+//! `examples/compositions.rs`, `examples/plans.rs`, `examples/outbound.rs`):
+//! this keeps the quotes true to them.
 
 /// Checks that every ```rust block of the README section under `heading`
 /// (up to the next heading of the same level or above, `until`) appears in
@@ -85,5 +86,15 @@ fn the_readme_quotes_the_composition_example_verbatim() {
 
 #[test]
 fn the_readme_quotes_the_plans_example_verbatim() {
-    assert_quoted("### Limits per plan", "\n## ", "plans.rs", 1);
+    assert_quoted("### Limits per plan", "\n### ", "plans.rs", 1);
+}
+
+#[test]
+fn the_readme_quotes_the_outbound_example_verbatim() {
+    assert_quoted(
+        "### Wait for a permit (outbound calls)",
+        "\n## ",
+        "outbound.rs",
+        2,
+    );
 }
