@@ -16,6 +16,9 @@
 //!   headers; its builder adds keys, skipped requests, costs, custom
 //!   refusals and header modes, and [`RateLimitHeaders`] gives a middleware
 //!   of your own the same headers.
+//! * [`outbound`]: the other direction, a [`WaitLayer`](outbound::WaitLayer)
+//!   that makes each call of a client service wait for a permit
+//!   ([`Limiter::until_ready`]), to stay under a partner API's quota.
 //! * Everything public in [`ratewarden_core`] is re-exported here: [`Limiter`],
 //!   [`Rule`], [`Policy`], [`Decision`], [`Store`], the clocks and errors.
 //!
