@@ -243,15 +243,7 @@ fn spawn_demo(store_url: &str, limits: &std::path::Path, tiered: bool) -> (Child
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    ratewarden_test_support::memory::status_kib(&pid.to_string(), "VmRSS:")
 }
 
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;

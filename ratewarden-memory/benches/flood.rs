@@ -39,17 +39,9 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Resident set size of this process in KiB, from /proc/self/status.
+/// Resident set size of this process in KiB.
 fn vm_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    ratewarden_test_support::memory::status_kib("self", "VmRSS:")
 }
 
 /// A client key as the ratewarden crate makes them: a purpose prefix and 32

@@ -285,18 +285,7 @@ fn measure<C: Contender>(contender: C, workload: Workload, threads: usize, keys:
 }
 
 fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
+    ratewarden_test_support::memory::status_kib("self", field)
 }
 
 fn loadavg() -> String {

@@ -22,6 +22,7 @@ mod wire;
 pub mod containers;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod memory;
 pub mod policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;
