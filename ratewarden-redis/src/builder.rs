@@ -244,38 +244,31 @@ impl RedisStoreBuilder {
         match endpoint {
             Endpoint::Single(info) => {
                 #[cfg(feature = "tls")]
-                if let Some(client) = self.tls_client(&info).map_err(invalid)? {
+                if let Some(roots) = self.tls_roots(&info).map_err(invalid)? {
+                    let client = redis::Client::build_with_tls(*info, roots)
+                        .map_err(|e| invalid(format!("tls_root_ca cannot be used: {e}")))?;
                     return Ok(Target::Single(Box::new(client)));
                 }
                 let client = redis::Client::open(*info).map_err(|e| invalid(e.to_string()))?;
                 Ok(Target::Single(Box::new(client)))
             }
             Endpoint::Cluster(nodes) => {
+                // One URL's nodes share its scheme: the first speaks for all.
+                #[cfg(feature = "tls")]
+                let roots = match nodes.first() {
+                    Some(node) => self.tls_roots(node).map_err(invalid)?,
+                    None => None,
+                };
                 #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
-                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(self.timeout)
                     .response_timeout(self.timeout)
                     .retries(2);
+                // Every node discovered from the first is reached over TLS
+                // trusting the same roots.
                 #[cfg(feature = "tls")]
-                {
-                    let tls = nodes
-                        .iter()
-                        .any(|n| matches!(n.addr(), redis::ConnectionAddr::TcpTls { .. }));
-                    if tls {
-                        crate::tls::ensure_crypto_provider();
-                    }
-                    if let Some(pem) = &self.tls_root_ca {
-                        if !tls {
-                            return Err(invalid(
-                                "tls_root_ca needs a rediss+cluster:// URL: this one would not \
-                                 use TLS"
-                                    .into(),
-                            ));
-                        }
-                        // Every node discovered from the first is reached
-                        // over TLS trusting the same roots.
-                        builder = builder.certs(crate::tls::trusting(pem).map_err(invalid)?);
-                    }
+                if let Some(roots) = roots {
+                    builder = builder.certs(roots);
                 }
                 let client = builder.build().map_err(|e| invalid(e.to_string()))?;
                 Ok(Target::Cluster(Box::new(client)))
@@ -311,10 +304,15 @@ impl RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// A client trusting [`tls_root_ca`](Self::tls_root_ca), when one is
-    /// given; `None` lets the redis crate trust the system's roots.
+    /// The roots [`tls_root_ca`](Self::tls_root_ca) gives a connection to
+    /// `info`, when one is given; `None` lets the redis crate trust the
+    /// system's roots. Installs a crypto provider for a TLS address, and
+    /// refuses roots for an address that would not use TLS.
     #[cfg(feature = "tls")]
-    fn tls_client(&self, info: &redis::ConnectionInfo) -> Result<Option<redis::Client>, String> {
+    fn tls_roots(
+        &self,
+        info: &redis::ConnectionInfo,
+    ) -> Result<Option<redis::TlsCertificates>, String> {
         let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
         if tls {
             crate::tls::ensure_crypto_provider();
@@ -323,9 +321,12 @@ impl RedisStoreBuilder {
             return Ok(None);
         };
         if !tls {
-            return Err("tls_root_ca needs a rediss:// URL: this one would not use TLS".into());
+            return Err(
+                "tls_root_ca needs a rediss:// or rediss+cluster:// URL: this one would not use TLS"
+                    .into(),
+            );
         }
-        crate::tls::client_trusting(info.clone(), pem).map(Some)
+        crate::tls::trusting(pem).map(Some)
     }
 }
 

@@ -2,7 +2,7 @@
 //! the system's roots or a CA given to
 //! [`tls_root_ca`](crate::RedisStoreBuilder::tls_root_ca).
 
-use redis::{ConnectionInfo, TlsCertificates};
+use redis::TlsCertificates;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
@@ -16,13 +16,6 @@ pub(crate) fn ensure_crypto_provider() {
         // Err means another thread installed one meanwhile, which serves.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-}
-
-/// A client for `info` (a `rediss://` address) that trusts exactly the
-/// certificates in `pem`.
-pub(crate) fn client_trusting(info: ConnectionInfo, pem: &[u8]) -> Result<redis::Client, String> {
-    redis::Client::build_with_tls(info, trusting(pem)?)
-        .map_err(|e| format!("tls_root_ca cannot be used: {e}"))
 }
 
 /// Trust in exactly the certificates in `pem`, checked to hold at least
