@@ -243,6 +243,7 @@ enum Conn {
 
 struct Inner {
     target: Target,
+    /// The connection of a `Single` or `Cluster` target, once opened.
     conn: OnceCell<Conn>,
     prefix: Box<[u8]>,
     timeout: Duration,
@@ -367,37 +368,39 @@ impl RedisStore {
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
-        // Not cached once: the master changes with each failover.
-        if let Target::Sentinel(master) = &self.inner.target {
-            let (generation, conn) = master.connection().await.map_err(store_error)?;
-            return Ok(Conn::Master(generation, conn));
+        let cell = &self.inner.conn;
+        match &self.inner.target {
+            // Opened once, by the first call, then shared.
+            Target::Single(client) => cell
+                .get_or_try_init(|| async {
+                    let t = self.inner.timeout;
+                    let config = redis::aio::ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(t))
+                        .set_response_timeout(Some(t))
+                        .set_number_of_retries(2)
+                        .set_min_delay(Duration::from_millis(10))
+                        .set_max_delay(t);
+                    ConnectionManager::new_with_config(redis::Client::clone(client), config)
+                        .await
+                        .map(Conn::Single)
+                })
+                .await
+                .cloned()
+                .map_err(store_error),
+            Target::Cluster(client) => cell
+                .get_or_try_init(|| async {
+                    client.get_async_connection().await.map(Conn::Cluster)
+                })
+                .await
+                .cloned()
+                .map_err(store_error),
+            Target::Manager(manager) => Ok(Conn::Single(manager.clone())),
+            // Not kept once: the master changes with each failover.
+            Target::Sentinel(master) => {
+                let (generation, conn) = master.connection().await.map_err(store_error)?;
+                Ok(Conn::Master(generation, conn))
+            }
         }
-        self.inner
-            .conn
-            .get_or_try_init(|| async {
-                match &self.inner.target {
-                    Target::Single(client) => {
-                        let t = self.inner.timeout;
-                        let config = redis::aio::ConnectionManagerConfig::new()
-                            .set_connection_timeout(Some(t))
-                            .set_response_timeout(Some(t))
-                            .set_number_of_retries(2)
-                            .set_min_delay(Duration::from_millis(10))
-                            .set_max_delay(t);
-                        ConnectionManager::new_with_config(redis::Client::clone(client), config)
-                            .await
-                            .map(Conn::Single)
-                    }
-                    Target::Cluster(client) => {
-                        client.get_async_connection().await.map(Conn::Cluster)
-                    }
-                    Target::Manager(manager) => Ok(Conn::Single(manager.clone())),
-                    Target::Sentinel(_) => unreachable!("a sentinel target returned above"),
-                }
-            })
-            .await
-            .cloned()
-            .map_err(store_error)
     }
 
     /// The decision script for `key`, in `mode`.
