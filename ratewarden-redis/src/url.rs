@@ -155,9 +155,10 @@ fn sentinel(rest: &str) -> Result<Parsed, String> {
             "a sentinel URL needs the master's name: redis+sentinel://host:port,.../name".into(),
         );
     };
-    let (name, db) = match path.trim_end_matches('/').split_once('/') {
+    let path = path.trim_end_matches('/');
+    let (name, db) = match path.split_once('/') {
         Some((name, db)) => (name, Some(db)),
-        None => (path.trim_end_matches('/'), None),
+        None => (path, None),
     };
     // Sentinel's own configuration files take names of these characters;
     // anything else is more likely a mistyped URL than a group's name.
@@ -171,27 +172,21 @@ fn sentinel(rest: &str) -> Result<Parsed, String> {
         ));
     }
     let sentinels = nodes("redis", None, hosts, "sentinel")?;
-    let mut node = match auth {
-        Some(a) => format!("redis://{a}@master"),
-        None => "redis://master".to_string(),
+    // The master's settings, read by the url crate and redis-rs as they
+    // read any `redis://` URL (a database that is not a number is refused
+    // there).
+    let node = match auth {
+        Some(a) => format!("redis://{a}@master/{}", db.unwrap_or("")),
+        None => format!("redis://master/{}", db.unwrap_or("")),
     };
-    if let Some(db) = db {
-        db.parse::<u16>()
-            .map_err(|_| format!("{db:?} is not a database number"))?;
-        node = format!("{node}/{db}");
-    }
     let node = Url::parse(&node)
         .map_err(|e| e.to_string())?
         .into_connection_info()
         .map_err(|e| format!("not a usable Redis URL: {e}"))?
         .redis_settings()
         .clone();
-    let path = match db {
-        Some(db) => format!("/{name}/{db}"),
-        None => format!("/{name}"),
-    };
     Ok(Parsed {
-        display: display("redis+sentinel", auth, hosts, &path),
+        display: display("redis+sentinel", auth, hosts, &format!("/{path}")),
         endpoint: Endpoint::Sentinel {
             sentinels,
             master: name.to_string(),
