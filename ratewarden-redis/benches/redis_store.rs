@@ -3,11 +3,22 @@
 //! for the same script call through a deadpool-redis pool (built here: the
 //! store offers no pool, since this comparison is why), beside
 //! `redis-benchmark` running the same script with the same arguments and
-//! concurrency (the ceiling).
+//! concurrency (the ceiling), in alternating rounds.
 //!
-//! Run: `cargo bench -p ratewarden-redis`
-//! (needs Docker and the `ratewarden-test-redis:7` image, or `RATEWARDEN_REDIS_IMAGE`).
-//! `RATEWARDEN_BENCH_OPS` sets the decisions per run (default 200000).
+//! Every client gets the same share of the machine: the server runs on CPU
+//! 0, and this process and `redis-benchmark` (in a container of its own)
+//! on CPU 1, each on one thread (a current-thread runtime here, since
+//! `redis-benchmark` is one thread). Unpinned, where the scheduler puts
+//! each client beside or away from the server moves a one-task round trip
+//! by a fifth, more than any difference between the clients.
+//!
+//! Run: `cargo bench -p ratewarden-redis --bench redis_store`
+//! (needs Docker, `taskset` and the `ratewarden-test-redis:7` image, or
+//! `RATEWARDEN_REDIS_IMAGE`). `RATEWARDEN_BENCH_OPS` sets the decisions per
+//! run (default 200000), `RATEWARDEN_BENCH_ROUNDS` the rounds (default 3),
+//! `RATEWARDEN_BENCH_PIN=0` leaves placement to the scheduler and
+//! `RATEWARDEN_BENCH_RUNTIME=multi` gives this process Tokio's
+//! multi-thread runtime.
 
 use std::future::Future;
 use std::process::{Command, Stdio};
@@ -18,7 +29,16 @@ use ratewarden_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
 use ratewarden_redis::{RedisStore, script_source};
 
 const T0: u64 = ManualClock::DEFAULT_START.as_micros();
-const CONCURRENCY: [usize; 3] = [1, 16, 64];
+
+/// The task counts measured: `RATEWARDEN_BENCH_TASKS` (say `1,16`), or
+/// 1, 16 and 64.
+fn concurrency() -> Vec<usize> {
+    std::env::var("RATEWARDEN_BENCH_TASKS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![1, 16, 64])
+}
 
 fn docker(args: &[&str]) -> String {
     let out = Command::new("docker")
@@ -37,12 +57,50 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The CPU the server runs on, and the one every client runs on.
+const SERVER_CPU: &str = "0";
+const CLIENT_CPU: &str = "1";
+
+/// Set in the environment of the copy of this bench that `taskset` runs.
+const PINNED: &str = "RATEWARDEN_BENCH_PINNED";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 struct Row {
     who: String,
     tasks: usize,
+    round: usize,
     rps: f64,
     p50_us: f64,
     p99_us: f64,
+    /// CPU time of the client per call, in µs.
+    cpu_us: f64,
+}
+
+/// CPU time this process's threads have used, in ns (every thread's
+/// `schedstat`, so that a multi-thread runtime counts whole).
+fn cpu_ns() -> u64 {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// `run`'s figures and this process's CPU time per call, in µs.
+async fn measured(
+    run: impl Future<Output = (f64, f64, f64)>,
+    calls: usize,
+) -> (f64, f64, f64, f64) {
+    let before = cpu_ns();
+    let (rps, p50, p99) = run.await;
+    let cpu = (cpu_ns() - before) as f64 / 1000.0 / calls as f64;
+    (rps, p50, p99, cpu)
 }
 
 /// Runs `ops` calls of `decide` spread over `tasks` tasks; returns calls
@@ -78,40 +136,64 @@ where
     (all.len() as f64 / elapsed, pct(0.50), pct(0.99))
 }
 
+/// Runs this bench again under `taskset -c CLIENT_CPU`, unless it is that
+/// copy or pinning is off; `Some(pinned)` means go on here.
+fn pin() -> Option<bool> {
+    if std::env::var("RATEWARDEN_BENCH_PIN").as_deref() == Ok("0") {
+        return Some(false);
+    }
+    if std::env::var_os(PINNED).is_some() {
+        return Some(true);
+    }
+    let me = std::env::current_exe().expect("the bench's own path");
+    let status = Command::new("taskset")
+        .args(["-c", CLIENT_CPU])
+        .arg(me)
+        .args(std::env::args_os().skip(1))
+        .env(PINNED, "1")
+        .status()
+        .expect(
+            "taskset (util-linux) pins the clients to one CPU; install it, \
+             or set RATEWARDEN_BENCH_PIN=0 to leave placement to the scheduler",
+        );
+    std::process::exit(status.code().unwrap_or(1));
+}
+
 fn main() {
-    let ops: usize = std::env::var("RATEWARDEN_BENCH_OPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
+    let Some(pinned) = pin() else { return };
+    let ops = env_usize("RATEWARDEN_BENCH_OPS", 200_000);
+    let rounds = env_usize("RATEWARDEN_BENCH_ROUNDS", 3).max(1);
     let image = std::env::var("RATEWARDEN_REDIS_IMAGE")
         .unwrap_or_else(|_| "ratewarden-test-redis:7".into());
     let port = free_port();
     // Host networking: the store and redis-benchmark both reach the server
     // over the host's loopback, with no userland proxy in between.
-    let id = docker(&[
-        "run",
-        "-d",
-        "--rm",
-        "--network",
-        "host",
-        &image,
-        "--port",
-        &port.to_string(),
-    ]);
+    let mut run_args = vec!["run", "-d", "--rm", "--network", "host"];
+    if pinned {
+        run_args.extend(["--cpuset-cpus", SERVER_CPU]);
+    }
+    let port_arg = port.to_string();
+    run_args.extend([image.as_str(), "--port", &port_arg]);
+    let id = docker(&run_args);
     let url = format!("redis://127.0.0.1:{port}");
-    // RATEWARDEN_BENCH_RUNTIME=current: one thread runs the callers and the
-    // connection's task alike, so no answer crosses threads.
+    // One thread, like redis-benchmark, unless asked otherwise.
     let rt = match std::env::var("RATEWARDEN_BENCH_RUNTIME").as_deref() {
-        Ok("current") => tokio::runtime::Builder::new_current_thread()
+        Ok("multi") => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build(),
-        _ => tokio::runtime::Builder::new_multi_thread()
+        _ => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
     }
     .expect("runtime");
+    let ceiling = Ceiling {
+        image: &image,
+        container: &id,
+        port,
+        pinned,
+    };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rt.block_on(bench(&id, &url, port, ops))
+        rt.block_on(bench(&ceiling, &url, ops, rounds))
     }));
     docker(&["rm", "-f", &id]);
     if let Err(e) = result {
@@ -135,7 +217,7 @@ fn invocation<'a>(
     call
 }
 
-async fn bench(id: &str, url: &str, port: u16, ops: usize) {
+async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
     // Wait for the server.
     let client = redis::Client::open(url).unwrap();
     let mut ready = false;
@@ -236,98 +318,176 @@ async fn bench(id: &str, url: &str, port: u16, ops: usize) {
     ];
 
     let mut rows = Vec::new();
-    for &tasks in &CONCURRENCY {
+    for tasks in concurrency() {
         let n = if tasks == 1 { ops / 4 } else { ops };
-        let (rps, p50, p99) = run(store.clone(), tasks, n).await;
-        rows.push(Row {
-            who: "RedisStore, multiplexed (ConnectionManager)".into(),
-            tasks,
-            rps,
-            p50_us: p50,
-            p99_us: p99,
-        });
-        let (rps, p50, p99) = run(bare.clone(), tasks, n).await;
-        rows.push(Row {
-            who: "the same script call, bare redis MultiplexedConnection".into(),
-            tasks,
-            rps,
-            p50_us: p50,
-            p99_us: p99,
-        });
-        let (rps, p50, p99) = run(pooled.clone(), tasks, n).await;
-        rows.push(Row {
-            who: "the same script call, deadpool (64 connections)".into(),
-            tasks,
-            rps,
-            p50_us: p50,
-            p99_us: p99,
-        });
-
-        // The ceiling at equal concurrency, and for 16 tasks and more the
-        // pipelined one (`-P 16`): the shape a multiplexed connection has.
-        let pipelines: &[usize] = if tasks >= 16 { &[1, 16] } else { &[1] };
-        for &pipeline in pipelines {
-            let mut cmd: Vec<String> = vec![
-                "exec".into(),
-                id.into(),
-                "redis-benchmark".into(),
-                "-h".into(),
-                "127.0.0.1".into(),
-                "-p".into(),
-                port.to_string(),
-                "-c".into(),
-                tasks.to_string(),
-                "-n".into(),
-                n.to_string(),
-                "-P".into(),
-                pipeline.to_string(),
-                "--csv".into(),
-            ];
-            cmd.extend(args.iter().cloned());
-            let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
-            if tasks == 1 || pipeline > 1 {
-                eprintln!("redis-benchmark command: docker {}", refs.join(" "));
-            }
-            let csv = docker(&refs);
-            // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-            let line = csv.lines().last().unwrap_or_default().replace('"', "");
-            let f: Vec<&str> = line.split(',').collect();
-            let num = |i: usize| {
-                f.get(i)
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(f64::NAN)
+        // Rounds alternate the contenders, so that a slow spell of the
+        // machine falls on all of them.
+        for round in 0..rounds {
+            let mut row = |who: &str, (rps, p50_us, p99_us, cpu_us): (f64, f64, f64, f64)| {
+                rows.push(Row {
+                    who: who.into(),
+                    tasks,
+                    round,
+                    rps,
+                    p50_us,
+                    p99_us,
+                    cpu_us,
+                })
             };
-            rows.push(Row {
-                who: if pipeline == 1 {
-                    "redis-benchmark (ceiling)".into()
-                } else {
-                    format!("redis-benchmark -P {pipeline} (pipelined ceiling)")
-                },
-                tasks,
-                rps: num(1),
-                p50_us: num(4) * 1000.0,
-                p99_us: num(6) * 1000.0,
-            });
+            row(STORE, measured(run(store.clone(), tasks, n), n).await);
+            row(BARE, measured(run(bare.clone(), tasks, n), n).await);
+            row(POOLED, measured(run(pooled.clone(), tasks, n), n).await);
+            row(CEILING, ceiling.run(tasks, n, 1, &args));
+            // For 16 tasks and more, the pipelined ceiling (`-P 16`): the
+            // shape a multiplexed connection has.
+            if tasks >= 16 && round == 0 {
+                row(PIPELINED, ceiling.run(tasks, n, 16, &args));
+            }
         }
     }
+    report(&rows);
+}
 
-    println!("| client | tasks | decisions/s | p50 µs | p99 µs | % of ceiling |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for tasks in CONCURRENCY {
-        let ceiling = rows
-            .iter()
-            .find(|r| r.tasks == tasks && r.who == "redis-benchmark (ceiling)")
-            .map(|r| r.rps)
-            .unwrap_or(f64::NAN);
-        for r in rows.iter().filter(|r| r.tasks == tasks) {
+const STORE: &str = "RedisStore, multiplexed (ConnectionManager)";
+const BARE: &str = "the same script call, bare redis MultiplexedConnection";
+const POOLED: &str = "the same script call, deadpool (64 connections)";
+const CEILING: &str = "redis-benchmark (ceiling)";
+const PIPELINED: &str = "redis-benchmark -P 16 (pipelined ceiling)";
+
+/// Where and how `redis-benchmark` runs.
+struct Ceiling<'a> {
+    image: &'a str,
+    container: &'a str,
+    port: u16,
+    pinned: bool,
+}
+
+impl Ceiling<'_> {
+    /// `n` calls of `args` at `tasks` connections, `pipeline` deep:
+    /// calls per second, p50 and p99 in µs.
+    fn run(
+        &self,
+        tasks: usize,
+        n: usize,
+        pipeline: usize,
+        args: &[String],
+    ) -> (f64, f64, f64, f64) {
+        let mut cmd: Vec<String> = if self.pinned {
+            // A container of its own, so that it can have the clients' CPU
+            // (an `exec` would share the server's).
+            [
+                "run",
+                "--rm",
+                "--network",
+                "host",
+                "--cpuset-cpus",
+                CLIENT_CPU,
+                "--entrypoint",
+                "sh",
+                self.image,
+                "-c",
+                // Its container's CPU time in ns, read after it ends
+                // (cgroup v2, else v1).
+                r#"redis-benchmark "$@" && { sed -n 's/^usage_usec \([0-9]*\)$/\1000/p' /sys/fs/cgroup/cpu.stat 2>/dev/null || cat /sys/fs/cgroup/cpuacct/cpuacct.usage; }"#,
+                "redis-benchmark",
+            ]
+            .map(String::from)
+            .to_vec()
+        } else {
+            ["exec", self.container, "redis-benchmark"]
+                .map(String::from)
+                .to_vec()
+        };
+        for arg in [
+            "-h".to_string(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            self.port.to_string(),
+            "-c".into(),
+            tasks.to_string(),
+            "-n".into(),
+            n.to_string(),
+            "-P".into(),
+            pipeline.to_string(),
+            "--csv".into(),
+        ] {
+            cmd.push(arg);
+        }
+        cmd.extend(args.iter().cloned());
+        let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        eprintln!("redis-benchmark command: docker {}", refs.join(" "));
+        let csv = docker(&refs);
+        // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+        let line = csv
+            .lines()
+            .rfind(|l| l.starts_with('"'))
+            .unwrap_or_default()
+            .replace('"', "");
+        let cpu_us = csv
+            .lines()
+            .last()
+            .and_then(|l| l.trim().parse::<f64>().ok())
+            .map_or(f64::NAN, |ns| ns / 1000.0 / n as f64);
+        let f: Vec<&str> = line.split(',').collect();
+        let num = |i: usize| {
+            f.get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        (num(1), num(4) * 1000.0, num(6) * 1000.0, cpu_us)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn range(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{lo:.2}–{hi:.2}")
+}
+
+/// Medians over the rounds, and each contender's ratios to the ceiling of
+/// the same round (lowest–highest).
+fn report(rows: &[Row]) {
+    println!(
+        "| client | tasks | decisions/s | p50 µs | p99 µs | client CPU µs/call | ÷ ceiling, throughput | ÷ ceiling, p99 |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for tasks in concurrency() {
+        for who in [STORE, BARE, POOLED, CEILING, PIPELINED] {
+            let mine: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.tasks == tasks && r.who == who)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let ceiling_of = |round: usize| {
+                rows.iter()
+                    .find(|r| r.tasks == tasks && r.round == round && r.who == CEILING)
+                    .expect("a ceiling every round")
+            };
+            let rps: Vec<f64> = mine
+                .iter()
+                .map(|r| r.rps / ceiling_of(r.round).rps)
+                .collect();
+            let p99: Vec<f64> = mine
+                .iter()
+                .map(|r| r.p99_us / ceiling_of(r.round).p99_us)
+                .collect();
             println!(
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0}% |",
-                r.who,
-                r.tasks,
-                r.rps,
-                r.p50_us,
-                r.p99_us,
-                100.0 * r.rps / ceiling
+                "| {who} | {tasks} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2} ({}) | {:.2} ({}) |",
+                median(mine.iter().map(|r| r.rps).collect()),
+                median(mine.iter().map(|r| r.p50_us).collect()),
+                median(mine.iter().map(|r| r.p99_us).collect()),
+                median(mine.iter().map(|r| r.cpu_us).collect()),
+                median(rps.clone()),
+                range(&rps),
+                median(p99.clone()),
+                range(&p99),
             );
         }
     }
