@@ -57,7 +57,7 @@ pub use error::{ConfigError, ErrorKind, StoreError};
 pub use intern::intern;
 pub use limiter::{
     Admission, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, MIN_RETRY,
-    PendingCheck, Rule, RuleStats, WaitError,
+    PendingCheck, Permit, Rule, RuleStats, WaitError,
 };
 pub use plans::{Plans, PlansBuilder};
 pub use policy::parse::{DEFAULT_ALGORITHM, ParsePolicyError, parse_policies};

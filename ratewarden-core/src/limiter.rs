@@ -78,7 +78,7 @@ pub use crate::decision::FailurePolicy;
 use rule::{Applied, Charge, Holder, Local, StorageKey, Tried};
 pub use rule::{MAX_RULE_NAME, Rule};
 pub use stats::RuleStats;
-pub use wait::{MIN_RETRY, WaitError};
+pub use wait::{MIN_RETRY, Permit, WaitError};
 
 /// The default bound on every call a rule makes ([`Rule::with_timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);

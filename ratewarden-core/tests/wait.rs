@@ -136,3 +136,60 @@ async fn a_weight_no_wait_could_admit_is_an_error_at_once() {
     assert_eq!(elapsed(&clock, before), Duration::ZERO);
     assert_eq!(limiter.stats()[0].allowed + limiter.stats()[0].refused, 0);
 }
+
+/// Takes `n` units at once (a deadline of zero), or says how many it got.
+async fn take_now(limiter: &Limiter, n: usize) -> usize {
+    for got in 0..n {
+        match limiter.acquire(b"k", Duration::ZERO).await {
+            Ok(permit) => {
+                permit.used();
+            }
+            Err(_) => return got,
+        }
+    }
+    n
+}
+
+#[tokio::test]
+async fn permits_released_or_dropped_by_a_cancelled_holder_give_their_units_back() {
+    let (limiter, clock) = limiter(Policy::fixed_window(3, Duration::from_secs(60)).unwrap());
+    let start = clock.now();
+    let used = limiter.acquire(b"k", Duration::ZERO).await.unwrap();
+    assert!(used.decision().allowed);
+    used.used();
+    let released = limiter.acquire(b"k", Duration::ZERO).await.unwrap();
+    released.release().await;
+    // A holder cancelled between its permit and its call.
+    let held = limiter.acquire(b"k", Duration::ZERO).await.unwrap();
+    let holder = tokio::spawn(async move {
+        let _permit = held;
+        std::future::pending::<()>().await;
+    });
+    tokio::task::yield_now().await;
+    holder.abort();
+    assert!(holder.await.unwrap_err().is_cancelled());
+    // The dropped permit's refund runs on a task of its own.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    // One unit spent of three: two more now, not a third.
+    assert_eq!(take_now(&limiter, 3).await, 2);
+    assert_eq!(elapsed(&clock, start), Duration::ZERO);
+}
+
+#[test]
+fn a_permit_dropped_outside_any_runtime_stays_counted_without_a_panic() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    };
+    let (limiter, _clock) = limiter(Policy::fixed_window(2, Duration::from_secs(60)).unwrap());
+    let permit = runtime()
+        .block_on(limiter.acquire(b"k", Duration::ZERO))
+        .unwrap();
+    drop(permit);
+    // Still counted: one more unit, not two.
+    assert_eq!(runtime().block_on(take_now(&limiter, 2)), 1);
+}

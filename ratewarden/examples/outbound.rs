@@ -16,6 +16,16 @@ async fn call_partner() {
     println!("called the partner API");
 }
 
+/// Preparing a call, which may fail after the permit is granted.
+async fn build_request() -> Result<String, Box<dyn std::error::Error>> {
+    Ok("report".into())
+}
+
+/// Sending it.
+async fn send(request: String) {
+    println!("sent {request}");
+}
+
 /// What the caller answers its own client when no permit comes in time.
 fn busy(retry_after: Duration) -> Box<dyn std::error::Error> {
     format!("the partner API is busy; retry in {retry_after:?}").into()
@@ -37,6 +47,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(WaitError::Deadline { last, .. }) => return Err(busy(last.retry_after)),
         Err(e) => return Err(e.into()),
     }
+
+    let permit = partner.acquire(b"partner", Duration::from_secs(2)).await?;
+    let request = build_request().await?; // on an error the permit is dropped unused: the unit comes back
+    permit.used(); // from here the call is made and its unit stays spent
+    send(request).await;
 
     // Any client service: a hyper or tonic client, here one that answers
     // the length of what it was sent.

@@ -34,7 +34,8 @@ use ratewarden_core::{Limiter, WaitError};
 use tower::{Layer, Service};
 
 /// Wraps a client service so that each call first waits for a permit for
-/// one key of a [`Limiter`] ([`Limiter::until_ready`]), up to a deadline.
+/// one key of a [`Limiter`] ([`Limiter::acquire`]), up to a deadline. A
+/// call cancelled while it pauses between attempts spends nothing.
 #[derive(Debug, Clone)]
 pub struct WaitLayer {
     limiter: Limiter,
@@ -124,12 +125,16 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         Box::pin(async move {
-            layer
+            let permit = layer
                 .limiter
-                .until_ready(&layer.key, layer.max_wait)
+                .acquire(&layer.key, layer.max_wait)
                 .await
                 .map_err(WaitCallError::Wait)?;
-            inner.call(request).await.map_err(WaitCallError::Service)
+            // Spent from here on: the call goes out, whether or not its
+            // answer is awaited.
+            let call = inner.call(request);
+            permit.used();
+            call.await.map_err(WaitCallError::Service)
         })
     }
 }

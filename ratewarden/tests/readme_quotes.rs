@@ -95,6 +95,6 @@ fn the_readme_quotes_the_outbound_example_verbatim() {
         "### Wait for a permit (outbound calls)",
         "\n## ",
         "outbound.rs",
-        2,
+        3,
     );
 }

@@ -2,10 +2,11 @@
 //! else's limit (a third-party API's quota, shared by a fleet through a
 //! shared store) instead of refusing its own clients.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::Limiter;
+use super::{Admission, Limiter};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 
@@ -98,23 +99,140 @@ impl Limiter {
         weight: u32,
         max_wait: Duration,
     ) -> Result<Decision, WaitError> {
+        self.waiting(max_wait, || self.check_cost(key, weight), |d| d)
+            .await
+    }
+
+    /// Waits as [`until_ready`](Self::until_ready) does, and returns the
+    /// admission as a [`Permit`] for a call not yet made: mark it
+    /// [`used`](Permit::used) when the call goes out. A permit dropped
+    /// unused (its holder cancelled, a request that failed to build) gives
+    /// its units back, so a fleet's shared quota is not spent on calls that
+    /// were never made.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use ratewarden_core::{Clock, Limiter, ManualClock, Policy, Rule};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let clock = ManualClock::new();
+    /// let limiter = Limiter::builder()
+    ///     .clock(clock.clone())
+    ///     .rule(Rule::new("partner-api", store, Policy::sliding_log(1, Duration::from_secs(1))?)?)
+    ///     .build()?;
+    /// let start = clock.now();
+    /// let permit = limiter.acquire(b"partner", Duration::from_secs(5)).await?;
+    /// permit.release().await; // the call was not made after all
+    /// let permit = limiter.acquire(b"partner", Duration::from_secs(5)).await?;
+    /// assert_eq!(clock.now(), start); // at once: the unit had come back
+    /// permit.used(); // the call goes out; the unit stays spent
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    pub async fn acquire(&self, key: &[u8], max_wait: Duration) -> Result<Permit, WaitError> {
+        self.acquire_cost(key, 1, max_wait).await
+    }
+
+    /// [`acquire`](Self::acquire) for a request that weighs `weight` units.
+    pub async fn acquire_cost(
+        &self,
+        key: &[u8],
+        weight: u32,
+        max_wait: Duration,
+    ) -> Result<Permit, WaitError> {
+        let admission = self
+            .waiting(
+                max_wait,
+                || self.check_admission(key, weight),
+                Admission::decision,
+            )
+            .await?;
+        Ok(Permit {
+            admission: Some(admission),
+        })
+    }
+
+    /// Attempts until one is admitted, pausing after each refusal.
+    async fn waiting<T, Fut>(
+        &self,
+        max_wait: Duration,
+        mut attempt: impl FnMut() -> Fut,
+        decision: impl Fn(&T) -> &Decision,
+    ) -> Result<T, WaitError>
+    where
+        Fut: Future<Output = Result<T, ConfigError>>,
+    {
         let clock = self.clock().clone();
         let started = clock.monotonic();
         loop {
-            let decision = self.check_cost(key, weight).await?;
-            if decision.allowed {
-                return Ok(decision);
+            let outcome = attempt().await?;
+            let refusal = decision(&outcome);
+            if refusal.allowed {
+                return Ok(outcome);
             }
             let waited = clock.monotonic().saturating_sub(started);
-            let pause = pause_after(&decision);
+            let pause = pause_after(refusal);
             if waited.saturating_add(pause) > max_wait {
                 return Err(WaitError::Deadline {
                     max_wait,
                     waited,
-                    last: Box::new(decision),
+                    last: Box::new(refusal.clone()),
                 });
             }
             clock.sleep(pause).await;
+        }
+    }
+}
+
+/// An admitted request whose call has not been made yet, from
+/// [`Limiter::acquire`]. [`used`](Self::used) keeps its units spent;
+/// dropped unused, it gives them back ([`Admission::refund`]) on a task of
+/// the Tokio runtime it is dropped in, or stays counted (the strict side)
+/// when dropped outside any runtime. [`release`](Self::release) gives them
+/// back and waits until the stores have them.
+#[must_use = "a permit dropped without `used` gives its units back"]
+#[derive(Debug)]
+pub struct Permit {
+    /// `None` once used or released.
+    admission: Option<Admission>,
+}
+
+impl Permit {
+    /// The admission's decision.
+    pub fn decision(&self) -> &Decision {
+        // Only `used` and `release` take it, and both consume the permit.
+        self.admission
+            .as_ref()
+            .map(Admission::decision)
+            .expect("a permit holds its admission until consumed")
+    }
+
+    /// The call is being made: its units stay spent.
+    pub fn used(mut self) -> Decision {
+        self.admission
+            .take()
+            .map(|a| a.decision)
+            .expect("a permit holds its admission until consumed")
+    }
+
+    /// Gives the units back now, waiting for every store that counted them.
+    pub async fn release(mut self) {
+        if let Some(admission) = self.admission.take() {
+            admission.refund().await;
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let Some(admission) = self.admission.take() else {
+            return;
+        };
+        // Drop cannot wait for a store, so the refund runs on its own task;
+        // outside a runtime there is nothing to run it, and the units stay
+        // counted: stricter, never looser.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(admission.refund());
         }
     }
 }
