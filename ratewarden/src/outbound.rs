@@ -1,7 +1,8 @@
 //! Outbound rate limiting: a tower [`Layer`] that makes each call of a
 //! client service (a hyper or tonic client, any `tower::Service`) wait for
 //! a permit first, so that a fleet sharing a store stays under a partner
-//! API's quota.
+//! API's quota. With the `reqwest` feature, `reqwest::WaitMiddleware` does
+//! the same for a `reqwest-middleware` client.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -32,6 +33,9 @@ use std::time::Duration;
 
 use ratewarden_core::{Limiter, WaitError};
 use tower::{Layer, Service};
+
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 
 /// Wraps a client service so that each call first waits for a permit for
 /// one key of a [`Limiter`] ([`Limiter::acquire`]), up to a deadline. A
