@@ -543,11 +543,19 @@ fn canonical(addr: IpAddr) -> IpAddr {
 }
 
 /// The peer address of a request: axum's `ConnectInfo<SocketAddr>` (with the
-/// `axum` feature), else a [`SocketAddr`] extension, else none.
+/// `axum` feature), tonic's `TcpConnectInfo` (with the `grpc` feature), else
+/// a [`SocketAddr`] extension, else none.
 pub fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
+    }
+    #[cfg(feature = "grpc")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(addr.ip());
     }
     extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }

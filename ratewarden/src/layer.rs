@@ -110,12 +110,14 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use ratewarden_core::{ConfigError, Decision, Limiter, Plans, StoreError};
+use ratewarden_core::{Admission, ConfigError, Decision, Limiter, PendingCheck, Plans, StoreError};
 use tower::{Layer, Service};
 
 use crate::identity::{ClientIdentity, ClientKey};
 use crate::key::{ClientAddress, KeyExtractor};
 
+#[cfg(feature = "grpc")]
+mod grpc;
 mod headers;
 
 use headers::HeaderWriter;
@@ -176,6 +178,9 @@ struct Shared {
     cost: Option<Box<CostFn>>,
     counts: Option<Box<CountsFn>>,
     refusal: Option<Box<RefusalFn>>,
+    /// Answers of the layer's own are gRPC statuses.
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+    grpc: bool,
 }
 
 /// What the layer does with a request `key` has no key for.
@@ -237,6 +242,7 @@ impl RateLimitLayer {
             counts: None,
             refusal: None,
             mode: HeaderMode::default(),
+            grpc: false,
         }
     }
 
@@ -354,6 +360,7 @@ pub struct RateLimitLayerBuilder {
     counts: Option<Box<CountsFn>>,
     refusal: Option<Box<RefusalFn>>,
     mode: HeaderMode,
+    grpc: bool,
 }
 
 impl fmt::Debug for RateLimitLayerBuilder {
@@ -505,6 +512,36 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Serves a tonic (gRPC) service: every answer the layer gives itself
+    /// is a gRPC status in a trailers-only response, which a tonic client
+    /// reads as the call's error. A refusal is `RESOURCE_EXHAUSTED`, its
+    /// details a `google.rpc.RetryInfo` with the refusal's retry delay
+    /// (`tonic_types::StatusExt::get_error_details`), and the rate-limit
+    /// headers come as the status's metadata; a request without a key is
+    /// `INVALID_ARGUMENT` (or the code nearest the [`MissingKey::Reject`]
+    /// status), one costing more than a rule ever admits
+    /// `INVALID_ARGUMENT`, one without a client address `INTERNAL`. A
+    /// custom [`refusal`](Self::refusal) still answers as it is written.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = std::sync::Arc::new(ratewarden::example::MapStore::default());
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("grpc", store, Policy::sliding_window(100, Duration::from_secs(60))?)?)
+    ///     .build()?;
+    /// let layer = RateLimitLayer::builder(limiter, ClientIdentity::random()?).grpc().build()?;
+    /// // tonic::transport::Server::builder().layer(layer).add_service(…)
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    #[cfg(feature = "grpc")]
+    pub fn grpc(mut self) -> Self {
+        self.grpc = true;
+        self
+    }
+
     /// Which rate-limit headers responses carry; [`HeaderMode::Both`]
     /// unless set.
     pub fn headers(mut self, mode: HeaderMode) -> Self {
@@ -577,6 +614,7 @@ impl RateLimitLayerBuilder {
                 cost: self.cost,
                 counts: self.counts,
                 refusal: self.refusal,
+                grpc: self.grpc,
             }),
         }
     }
@@ -649,11 +687,18 @@ where
                         return ResponseFuture::inner(self.inner.call(request), decision, headers);
                     }
                     if self.shared.refusal.is_none() {
-                        return ResponseFuture::ready(self.shared.default_refusal(&decision, plan));
+                        return ResponseFuture::ready(
+                            self.shared
+                                .default_refusal(&decision, plan)
+                                .map(RateLimitBody::full),
+                        );
                     }
                     let shared = self.shared.clone();
                     return ResponseFuture::boxed(async move {
-                        Ok(shared.refusal(&decision, plan).await)
+                        Ok(shared
+                            .refusal(&decision, plan)
+                            .await
+                            .map(RateLimitBody::full))
                     });
                 }
                 Err(waiting) => pending = Some(waiting),
@@ -665,62 +710,153 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::boxed(async move {
-            let (key, cost, plan) = match plan {
-                Plan::Check(key, cost, plan) => (key, cost, plan),
-                Plan::Skip => {
+            match gate(&shared, plan, pending).await {
+                Gate::Pass => {
                     let response = inner.call(request).await?;
-                    return Ok(response.map(RateLimitBody::inner));
+                    Ok(response.map(RateLimitBody::inner))
                 }
-                Plan::Reject(status) => return Ok(error_response(status, MISSING_KEY_BODY)),
-                Plan::NoAddress => {
-                    return Ok(error_response(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        NO_ADDRESS_BODY,
-                    ));
+                Gate::Respond(response) => Ok(response.map(RateLimitBody::full)),
+                Gate::Admitted(admitted) => {
+                    request.extensions_mut().insert(admitted.decision.clone());
+                    let mut response = inner.call(request).await?;
+                    admitted
+                        .finish(response.status(), response.headers_mut())
+                        .await;
+                    Ok(response.map(RateLimitBody::inner))
                 }
-            };
-            if let Some(counts) = &shared.counts {
-                let Ok(admission) = shared
-                    .limiter(plan)
-                    .check_admission(key.as_bytes(), cost)
-                    .await
-                else {
-                    return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, COST_BODY));
-                };
-                let decision = admission.decision().clone();
-                if !decision.allowed {
-                    return Ok(shared.refusal(&decision, plan).await);
-                }
-                request.extensions_mut().insert(decision.clone());
-                let mut response = inner.call(request).await?;
-                if !counts(response.status()) {
-                    admission.refund().await;
-                }
-                shared
-                    .headers(plan)
-                    .write(&decision, response.headers_mut());
-                return Ok(response.map(RateLimitBody::inner));
             }
-            let decision = match pending {
-                Some(pending) => pending.decide().await,
-                None => match shared.limiter(plan).check_cost(key.as_bytes(), cost).await {
-                    Ok(decision) => decision,
-                    Err(_) => {
-                        return Ok(error_response(StatusCode::PAYLOAD_TOO_LARGE, COST_BODY));
-                    }
-                },
-            };
-            if !decision.allowed {
-                return Ok(shared.refusal(&decision, plan).await);
-            }
-            request.extensions_mut().insert(decision.clone());
-            let mut response = inner.call(request).await?;
-            shared
-                .headers(plan)
-                .write(&decision, response.headers_mut());
-            Ok(response.map(RateLimitBody::inner))
         })
     }
+}
+
+/// What the layer makes of a request, from its head alone: the one road
+/// every request takes that is not decided inline, and the whole road for
+/// a server adapter other than tower's (`ratewarden-actix`), so that the
+/// adapters cannot drift apart. From [`RateLimitLayer::gate`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Gate {
+    /// Not limited ([`RateLimitLayerBuilder::skip`]): call the handler and
+    /// send its response as it is.
+    Pass,
+    /// Admitted: call the handler, then [`finish`](Admitted::finish) its
+    /// response.
+    Admitted(Admitted),
+    /// Send this response instead of calling the handler: a refusal, or an
+    /// error of the layer's own (no key, no client address, a weight no
+    /// rule admits).
+    Respond(Response<Bytes>),
+}
+
+/// An admitted request whose response is still to come; see [`Gate`].
+pub struct Admitted {
+    decision: Decision,
+    plan: usize,
+    shared: Arc<Shared>,
+    /// Kept to give the request back if its response must not count
+    /// ([`RateLimitLayerBuilder::count_only`]); boxed, since few layers
+    /// count only some responses and every `Gate` is moved.
+    admission: Option<Box<Admission>>,
+}
+
+impl fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admitted")
+            .field("decision", &self.decision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admitted {
+    /// The decision, which the tower layer also puts in the request's
+    /// extensions for the handler.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Completes the request once the handler has answered with `status`:
+    /// gives the request back if a [`count_only`](RateLimitLayerBuilder::count_only)
+    /// rule says that status does not count, and writes the rate-limit
+    /// headers into the response's `headers`.
+    pub async fn finish(self, status: StatusCode, headers: &mut http::HeaderMap) {
+        if let (Some(admission), Some(counts)) = (self.admission, &self.shared.counts)
+            && !counts(status)
+        {
+            admission.refund().await;
+        }
+        self.shared
+            .headers(self.plan)
+            .write(&self.decision, headers);
+    }
+}
+
+impl RateLimitLayer {
+    /// Decides a request from its head as the layer would: for serving
+    /// through a framework that is not tower's. The peer address, if
+    /// requests are keyed by it, goes in `parts.extensions` as a
+    /// [`SocketAddr`](std::net::SocketAddr).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratewarden::{ClientIdentity, Gate, Limiter, Policy, RateLimitLayer, Rule};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let store = std::sync::Arc::new(ratewarden::example::MapStore::default());
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("api", store, Policy::fixed_window(1, Duration::from_secs(60))?)?)
+    ///     .build()?;
+    /// let layer = RateLimitLayer::new(limiter, ClientIdentity::new([7u8; 32])?)?;
+    /// let head = || {
+    ///     let mut request = http::Request::new(());
+    ///     request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 1], 4000)));
+    ///     request.into_parts().0
+    /// };
+    /// let Gate::Admitted(admitted) = layer.gate(&head()).await else { panic!() };
+    /// let mut headers = http::HeaderMap::new(); // the handler's response's
+    /// admitted.finish(http::StatusCode::OK, &mut headers).await;
+    /// assert_eq!(headers["x-ratelimit-remaining"], "0");
+    /// let Gate::Respond(refusal) = layer.gate(&head()).await else { panic!() };
+    /// assert_eq!(refusal.status(), 429);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    pub async fn gate(&self, parts: &Parts) -> Gate {
+        let plan = self.shared.plan(parts);
+        gate(&self.shared, plan, None).await
+    }
+}
+
+/// [`Gate`] for `plan`, awaiting `pending` if the limiter began there.
+async fn gate(shared: &Arc<Shared>, plan: Plan, pending: Option<PendingCheck>) -> Gate {
+    let (key, cost, plan) = match plan {
+        Plan::Check(key, cost, plan) => (key, cost, plan),
+        Plan::Skip => return Gate::Pass,
+        Plan::Reject(status) => return Gate::Respond(shared.own(Own::MissingKey(status))),
+        Plan::NoAddress => return Gate::Respond(shared.own(Own::NoAddress)),
+    };
+    let limiter = shared.limiter(plan);
+    let (decision, admission) = if shared.counts.is_some() {
+        match limiter.check_admission(key.as_bytes(), cost).await {
+            Ok(admission) => (admission.decision().clone(), Some(Box::new(admission))),
+            Err(_) => return Gate::Respond(shared.own(Own::Cost)),
+        }
+    } else {
+        match pending {
+            Some(pending) => (pending.decide().await, None),
+            None => match limiter.check_cost(key.as_bytes(), cost).await {
+                Ok(decision) => (decision, None),
+                Err(_) => return Gate::Respond(shared.own(Own::Cost)),
+            },
+        }
+    };
+    if !decision.allowed {
+        return Gate::Respond(shared.refusal(&decision, plan).await);
+    }
+    Gate::Admitted(Admitted {
+        decision,
+        plan,
+        shared: shared.clone(),
+        admission,
+    })
 }
 
 type BoxResponseFuture<B, E> = BoxFuture<Result<Response<RateLimitBody<B>>, E>>;
@@ -821,25 +957,79 @@ where
     }
 }
 
-const MISSING_KEY_BODY: &[u8] = b"{\"error\":\"missing_key\",\
-    \"message\":\"This request carries no rate-limit key.\"}";
-const NO_ADDRESS_BODY: &[u8] = b"{\"error\":\"no_client_address\",\
-    \"message\":\"The server cannot see the client's address to rate-limit this request.\"}";
-const NOT_LIMITED_BODY: &[u8] = b"{\"error\":\"not_limited\",\
-    \"message\":\"Requests like this one are not rate-limited.\"}";
-const COST_BODY: &[u8] = b"{\"error\":\"cost_exceeds_limit\",\
-    \"message\":\"This request costs more than the rate limit ever admits.\"}";
-
-fn error_response<B>(status: StatusCode, body: &'static [u8]) -> Response<RateLimitBody<B>> {
-    let mut response = Response::new(RateLimitBody::full(Bytes::from_static(body)));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
+/// An answer the layer gives itself, without the inner service.
+#[derive(Debug, Clone, Copy)]
+enum Own {
+    /// No key, refused with this status ([`MissingKey::Reject`]).
+    MissingKey(StatusCode),
+    /// Keyed by address, with none to be had: the server's mistake.
+    NoAddress,
+    /// A weight above what a rule ever admits.
+    Cost,
 }
 
+/// The JSON body of an answer of the layer's own, and its message alone
+/// (a gRPC status's), written once for both.
+macro_rules! own_texts {
+    ($error:literal, $message:literal) => {
+        (
+            concat!(
+                "{\"error\":\"",
+                $error,
+                "\",\"message\":\"",
+                $message,
+                "\"}"
+            ),
+            $message,
+        )
+    };
+}
+
+impl Own {
+    fn status(self) -> StatusCode {
+        match self {
+            Own::MissingKey(status) => status,
+            Own::NoAddress => StatusCode::INTERNAL_SERVER_ERROR,
+            Own::Cost => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
+    fn texts(self) -> (&'static str, &'static str) {
+        match self {
+            Own::MissingKey(_) => {
+                own_texts!("missing_key", "This request carries no rate-limit key.")
+            }
+            Own::NoAddress => own_texts!(
+                "no_client_address",
+                "The server cannot see the client's address to rate-limit this request."
+            ),
+            Own::Cost => own_texts!(
+                "cost_exceeds_limit",
+                "This request costs more than the rate limit ever admits."
+            ),
+        }
+    }
+}
+
+const NOT_LIMITED_BODY: &[u8] = b"{\"error\":\"not_limited\",\
+    \"message\":\"Requests like this one are not rate-limited.\"}";
+
 impl Shared {
+    fn own(&self, own: Own) -> Response<Bytes> {
+        let (json, message) = own.texts();
+        #[cfg(feature = "grpc")]
+        if self.grpc {
+            return grpc::own(own.status(), message);
+        }
+        let _ = message;
+        let mut response = Response::new(Bytes::from_static(json.as_bytes()));
+        *response.status_mut() = own.status();
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        response
+    }
+
     fn plan(&self, parts: &Parts) -> Plan {
         if self.skip.as_ref().is_some_and(|skip| skip(parts)) {
             return Plan::Skip;
@@ -887,14 +1077,15 @@ impl Shared {
         Plan::NoAddress
     }
 
-    fn default_refusal<B>(&self, decision: &Decision, plan: usize) -> Response<RateLimitBody<B>> {
-        self.headers(plan)
-            .refusal(decision)
-            .into_http()
-            .map(RateLimitBody::full)
+    fn default_refusal(&self, decision: &Decision, plan: usize) -> Response<Bytes> {
+        #[cfg(feature = "grpc")]
+        if self.grpc {
+            return grpc::refusal(decision, self.headers(plan));
+        }
+        self.headers(plan).refusal(decision).into_http()
     }
 
-    async fn refusal<B>(&self, decision: &Decision, plan: usize) -> Response<RateLimitBody<B>> {
+    async fn refusal(&self, decision: &Decision, plan: usize) -> Response<Bytes> {
         let custom = match &self.refusal {
             Some(refusal) => refusal(decision).await,
             None => None,
@@ -903,7 +1094,7 @@ impl Shared {
             return self.default_refusal(decision, plan);
         };
         self.headers(plan).write(decision, response.headers_mut());
-        response.map(RateLimitBody::full)
+        response
     }
 }
 

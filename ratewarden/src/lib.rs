@@ -228,6 +228,6 @@ pub use ratewarden_redis as redis;
 pub use identity::{AddressSource, ClientIdentity, ClientKey};
 pub use key::KeyExtractor;
 pub use layer::{
-    HeaderMode, MissingKey, RateLimit, RateLimitBody, RateLimitHeaders, RateLimitLayer,
-    RateLimitLayerBuilder, Refusal,
+    Admitted, Gate, HeaderMode, MissingKey, RateLimit, RateLimitBody, RateLimitHeaders,
+    RateLimitLayer, RateLimitLayerBuilder, Refusal,
 };

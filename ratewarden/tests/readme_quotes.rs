@@ -93,8 +93,13 @@ fn the_readme_quotes_the_plans_example_verbatim() {
 fn the_readme_quotes_the_outbound_example_verbatim() {
     assert_quoted(
         "### Wait for a permit (outbound calls)",
-        "\n## ",
+        "\n### ",
         "outbound.rs",
         3,
     );
+}
+
+#[test]
+fn the_readme_quotes_the_grpc_example_verbatim() {
+    assert_quoted("### gRPC (tonic)", "\n## ", "grpc.rs", 2);
 }
