@@ -24,7 +24,8 @@ mkdir -p "$out"
 status=0
 for pair in ratewarden-core:ratewarden_core ratewarden-memory:ratewarden_memory \
     ratewarden-redis:ratewarden_redis ratewarden-postgres:ratewarden_postgres \
-    ratewarden-conformance:ratewarden_conformance ratewarden:ratewarden; do
+    ratewarden-conformance:ratewarden_conformance ratewarden:ratewarden \
+    ratewarden-actix:ratewarden_actix; do
     package=${pair%%:*}
     lib=${pair##*:}
     RUSTC_BOOTSTRAP=1 cargo rustdoc -q -p "$package" --all-features --lib -- \
