@@ -145,8 +145,8 @@ where
 /// types and the layer `http` 1's, so each part is copied across.
 fn head(request: &ServiceRequest) -> http::request::Parts {
     let (mut parts, ()) = http::Request::new(()).into_parts();
-    parts.method = http::Method::from_bytes(request.method().as_str().as_bytes())
-        .unwrap_or_default();
+    parts.method =
+        http::Method::from_bytes(request.method().as_str().as_bytes()).unwrap_or_default();
     parts.uri = request.uri().to_string().parse().unwrap_or_default();
     for (name, value) in request.headers() {
         // Both crates check names and values alike; a pair one accepted

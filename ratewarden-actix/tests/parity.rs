@@ -139,8 +139,14 @@ async fn admissions_and_refusals_answer_as_the_tower_layer_does() {
     let replies = both(memory, FailurePolicy::Closed, |b| b, &[PLAIN; 5]).await;
     for (n, reply) in replies[..LIMIT as usize].iter().enumerate() {
         assert_eq!(reply.status, StatusCode::OK);
-        assert_eq!(reply.body, format!("hello; {} left", LIMIT as usize - 1 - n));
-        assert_eq!(reply.header_u64("x-ratelimit-remaining"), u64::from(LIMIT) - 1 - n as u64);
+        assert_eq!(
+            reply.body,
+            format!("hello; {} left", LIMIT as usize - 1 - n)
+        );
+        assert_eq!(
+            reply.header_u64("x-ratelimit-remaining"),
+            u64::from(LIMIT) - 1 - n as u64
+        );
     }
     for reply in &replies[LIMIT as usize..] {
         assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
@@ -173,7 +179,12 @@ async fn keys_from_a_header_and_a_missing_key_answer_as_the_tower_layer_does() {
 async fn a_store_that_is_down_answers_under_the_failure_policy_as_the_tower_layer_does() {
     let down = || Arc::new(Unavailable) as Arc<dyn Store>;
     let closed = both(down, FailurePolicy::Closed, |b| b, &[PLAIN; 2]).await;
-    assert!(closed.iter().all(|r| r.status == StatusCode::TOO_MANY_REQUESTS), "{closed:?}");
+    assert!(
+        closed
+            .iter()
+            .all(|r| r.status == StatusCode::TOO_MANY_REQUESTS),
+        "{closed:?}"
+    );
     let open = both(down, FailurePolicy::Open, |b| b, &[PLAIN; 2]).await;
     assert!(open.iter().all(|r| r.status == StatusCode::OK), "{open:?}");
 }
