@@ -15,10 +15,16 @@
 //!   body and `X-RateLimit-*` / IETF `RateLimit-Policy` / `RateLimit`
 //!   headers; its builder adds keys, skipped requests, costs, custom
 //!   refusals and header modes, and [`RateLimitHeaders`] gives a middleware
-//!   of your own the same headers.
+//!   of your own the same headers. With `grpc`, it serves tonic services
+//!   (`RESOURCE_EXHAUSTED` with the retry delay); [`RateLimitLayer::gate`]
+//!   is its whole decision for another server (the `ratewarden-actix`
+//!   crate).
 //! * [`outbound`]: the other direction, a [`WaitLayer`](outbound::WaitLayer)
 //!   that makes each call of a client service wait for a permit
-//!   ([`Limiter::until_ready`]), to stay under a partner API's quota.
+//!   ([`Limiter::acquire`]), to stay under a partner API's quota; with
+//!   `reqwest`, the same as a `reqwest-middleware` middleware.
+//! * `config` (feature `config`): limits, stores and per-route limits from
+//!   a TOML file, reloaded on `SIGHUP` without forgetting counted usage.
 //! * Everything public in [`ratewarden_core`] is re-exported here: [`Limiter`],
 //!   [`Rule`], [`Policy`], [`Decision`], [`Store`], the clocks and errors.
 //!
@@ -210,6 +216,8 @@
 // crate itself is not re-exported, which would name every item twice.
 pub use ratewarden_core::*;
 
+#[cfg(feature = "config")]
+pub mod config;
 pub mod identity;
 pub mod key;
 pub mod layer;

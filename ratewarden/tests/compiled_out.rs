@@ -49,3 +49,27 @@ fn redis_count_only_and_plans_compiled_out() {}
 #[ignore = "the PostgreSQL case of tests/plans.rs needs the postgres feature: \
             cargo test -p ratewarden --all-features, or scripts/test.sh"]
 fn postgres_plans_compiled_out() {}
+
+#[cfg(not(feature = "redis"))]
+#[test]
+#[ignore = "tests/fleet_outbound.rs needs the redis feature: \
+            cargo test -p ratewarden --all-features, or scripts/test.sh"]
+fn fleet_outbound_compiled_out() {}
+
+#[cfg(not(feature = "grpc"))]
+#[test]
+#[ignore = "tests/grpc.rs needs the grpc feature: \
+            cargo test -p ratewarden --all-features, or scripts/test.sh"]
+fn grpc_compiled_out() {}
+
+#[cfg(not(feature = "reqwest"))]
+#[test]
+#[ignore = "tests/outbound_reqwest.rs needs the reqwest feature: \
+            cargo test -p ratewarden --all-features, or scripts/test.sh"]
+fn outbound_reqwest_compiled_out() {}
+
+#[cfg(not(all(feature = "config", feature = "memory", feature = "axum")))]
+#[test]
+#[ignore = "tests/config.rs needs the config, memory and axum features: \
+            cargo test -p ratewarden --all-features, or scripts/test.sh"]
+fn config_compiled_out() {}

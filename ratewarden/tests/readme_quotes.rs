@@ -101,5 +101,10 @@ fn the_readme_quotes_the_outbound_example_verbatim() {
 
 #[test]
 fn the_readme_quotes_the_grpc_example_verbatim() {
-    assert_quoted("### gRPC (tonic)", "\n## ", "grpc.rs", 2);
+    assert_quoted("### gRPC (tonic)", "\n### ", "grpc.rs", 2);
+}
+
+#[test]
+fn the_readme_quotes_the_limits_file_example_verbatim() {
+    assert_quoted("### Limits from a file", "\n## ", "limits_file.rs", 1);
 }

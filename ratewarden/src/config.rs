@@ -1,0 +1,702 @@
+//! Limits described in a TOML file, and reloaded without a restart
+//! (feature `config`).
+//!
+//! ```toml
+//! # Stores by name, as `ratewarden::store::from_url` opens them. An
+//! # application can also hand its own in (`LimitsBuilder::store`).
+//! [stores]
+//! local = "memory://?capacity=100000"
+//! shared = "redis://10.0.0.5:6379"
+//!
+//! # A limit of one rule: a store (default: the one named "default") and a
+//! # policy in `Policy`'s text.
+//! [limits.feedback]
+//! store = "shared"
+//! policy = "5/hour"
+//! on_failure = "closed"          # or "open" (the default)
+//!
+//! # A limit of several rules, checked in order: a memory tier in front of
+//! # the shared store, which is bought in leases of 16 units.
+//! [limits.search]
+//! rules = [
+//!   { name = "search-local", store = "local", policy = "60/minute" },
+//!   { store = "shared", policy = "60/minute", lease = 16, timeout_ms = 100, fallback = "local" },
+//! ]
+//!
+//! # Escalation: decided in memory, one admission in `every` confirmed by
+//! # the durable store.
+//! [limits.contact]
+//! store = "local"
+//! policy = "10/day"
+//! escalate = { store = "shared", policy = "10/day", every = 10 }
+//!
+//! # Per-route limits: which limit each route takes.
+//! [routes]
+//! "/api/search" = "search"
+//! "/api/feedback" = "feedback"
+//! ```
+//!
+//! [`Limits`] holds what a file built: a [`Limiter`] per limit, and per
+//! route. Anything wrong with a file (not TOML, an unknown key, a policy
+//! that does not parse, a store no one named, a rule a store cannot apply)
+//! is refused with the file's name, the line and column, and the line
+//! itself, so the key at fault is in the message.
+//!
+//! **Reloading.** [`Limits::reload`] reads the file again and builds new
+//! limiters on the *same* stores: a store whose name and URL did not change
+//! is kept, with everything it has counted, and so are leases. A limit whose
+//! policy changes keeps its clients' usage as long as its rules keep their
+//! names and algorithms (state is kept per rule name and algorithm). A
+//! file that does not load changes nothing. [`Reloader`] puts it together
+//! for a server: it rebuilds the application's service from the new limits
+//! and swaps it into a [`Reloadable`] service, on [`Reloader::reload`] or on
+//! `SIGHUP` ([`Reloader::reload_on_sighup`]); requests in flight finish on
+//! the service they started on.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use ratewarden_core::lease::{LeaseConfig, LeasedStore};
+use ratewarden_core::{
+    Clock, ConfigError, FailurePolicy, Limiter, Policy, Rule, Store, SystemClock,
+};
+use serde::Deserialize;
+use toml::Spanned;
+use tower::Service;
+use tower::util::{Oneshot, ServiceExt};
+
+/// The store a limit or rule uses when it names none.
+pub const DEFAULT_STORE: &str = "default";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    stores: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    limits: BTreeMap<String, Spanned<LimitSpec>>,
+    #[serde(default)]
+    routes: BTreeMap<String, Spanned<String>>,
+}
+
+/// One limit: the fields of a single rule, or `rules`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitSpec {
+    rules: Option<Vec<Spanned<RuleSpec>>>,
+    name: Option<String>,
+    store: Option<Spanned<String>>,
+    policy: Option<Spanned<Policy>>,
+    on_failure: Option<Spanned<String>>,
+    timeout_ms: Option<Spanned<u64>>,
+    fallback: Option<Spanned<String>>,
+    lease: Option<Spanned<u32>>,
+    escalate: Option<Spanned<EscalateSpec>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSpec {
+    name: Option<String>,
+    store: Option<Spanned<String>>,
+    policy: Spanned<Policy>,
+    on_failure: Option<Spanned<String>>,
+    timeout_ms: Option<Spanned<u64>>,
+    fallback: Option<Spanned<String>>,
+    lease: Option<Spanned<u32>>,
+    escalate: Option<Spanned<EscalateSpec>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EscalateSpec {
+    store: Spanned<String>,
+    policy: Spanned<Policy>,
+    every: u32,
+}
+
+/// A leased view of a store, with the store it leases from.
+type Lease = (Arc<dyn Store>, Arc<LeasedStore>);
+
+/// A store the file opened, with the URL it was opened from.
+#[derive(Clone)]
+struct Opened {
+    url: String,
+    store: Arc<dyn Store>,
+}
+
+/// What a file built: a [`Limiter`] for each of its limits and routes.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Limits {
+    origin: String,
+    path: Option<PathBuf>,
+    given: Arc<BTreeMap<String, Arc<dyn Store>>>,
+    clock: Arc<dyn Clock>,
+    opened: BTreeMap<String, Opened>,
+    /// Leased views of stores, by store name and batch size, kept across
+    /// reloads so that units in hand are not stranded.
+    leases: BTreeMap<(String, u32), Lease>,
+    limiters: BTreeMap<String, Limiter>,
+    /// The limits that name nothing but a policy.
+    bare: BTreeMap<String, Policy>,
+    routes: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for Limits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limits")
+            .field("origin", &self.origin)
+            .field("limits", &self.limiters.keys().collect::<Vec<_>>())
+            .field("routes", &self.routes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds [`Limits`]; see [`Limits::builder`].
+#[derive(Clone)]
+pub struct LimitsBuilder {
+    given: BTreeMap<String, Arc<dyn Store>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for LimitsBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitsBuilder")
+            .field("stores", &self.given.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LimitsBuilder {
+    /// Names one of the application's own stores, for the file to use
+    /// like those under `[stores]` (which may not reuse the name). A store
+    /// named [`DEFAULT_STORE`] decides every rule that names none.
+    pub fn store(mut self, name: impl Into<String>, store: Arc<dyn Store>) -> Self {
+        self.given.insert(name.into(), store);
+        self
+    }
+
+    /// The clock every limiter reads; the system's unless set.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Reads and builds the file at `path`.
+    pub async fn load(self, path: impl AsRef<Path>) -> Result<Limits, ConfigError> {
+        let path = path.as_ref();
+        let text = read(path)?;
+        let empty = self.empty(path.display().to_string(), Some(path.to_owned()));
+        empty.rebuilt(&text).await
+    }
+
+    /// Builds the limits in `text`; errors name it `origin`.
+    pub async fn parse(self, text: &str, origin: &str) -> Result<Limits, ConfigError> {
+        self.empty(origin.to_owned(), None).rebuilt(text).await
+    }
+
+    fn empty(self, origin: String, path: Option<PathBuf>) -> Limits {
+        Limits {
+            origin,
+            path,
+            given: Arc::new(self.given),
+            clock: self.clock,
+            opened: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            limiters: BTreeMap::new(),
+            bare: BTreeMap::new(),
+            routes: BTreeMap::new(),
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::Invalid(format!("cannot read {}: {e}", path.display())))
+}
+
+impl Limits {
+    /// A builder, to hand in the application's own stores or a clock.
+    pub fn builder() -> LimitsBuilder {
+        LimitsBuilder {
+            given: BTreeMap::new(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Reads and builds the file at `path`, with no store but its own.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let text = r#"
+    ///     [stores]
+    ///     default = "memory://"
+    ///
+    ///     [limits.search]
+    ///     policy = "60/minute"
+    ///
+    ///     [routes]
+    ///     "/api/search" = "search"
+    /// "#;
+    /// let limits = ratewarden::config::Limits::builder().parse(text, "limits.toml").await?;
+    /// let search = limits.route("/api/search").unwrap();
+    /// assert!(search.check(b"client").await.allowed);
+    ///
+    /// let err = ratewarden::config::Limits::builder()
+    ///     .parse("[limits.search]\npolicy = \"60/mnute\"\n", "limits.toml")
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("limits.toml: line 2, column 10: `policy = \"60/mnute\"`:"), "{err}");
+    /// # Ok::<(), ratewarden::ConfigError>(()) }).unwrap();
+    /// ```
+    pub async fn from_file(path: impl AsRef<Path>) -> Result<Limits, ConfigError> {
+        Limits::builder().load(path).await
+    }
+
+    /// The limiter of the limit `name`.
+    pub fn limiter(&self, name: &str) -> Option<&Limiter> {
+        self.limiters.get(name)
+    }
+
+    /// The policy of the limit `name` if the file gives it nothing else
+    /// (no store, no rules, no option): for an application that composes
+    /// such limits itself, around its own stores. [`limiter`](Self::limiter)
+    /// still builds it on the [`DEFAULT_STORE`].
+    pub fn bare_policy(&self, name: &str) -> Option<Policy> {
+        self.bare.get(name).copied()
+    }
+
+    /// Every limit, by name.
+    pub fn limiters(&self) -> impl Iterator<Item = (&str, &Limiter)> {
+        self.limiters.iter().map(|(n, l)| (n.as_str(), l))
+    }
+
+    /// The limiter of the limit `route` takes under `[routes]`.
+    pub fn route(&self, route: &str) -> Option<&Limiter> {
+        self.limiters.get(self.routes.get(route)?)
+    }
+
+    /// Every route and its limiter, in the routes' order.
+    pub fn routes(&self) -> impl Iterator<Item = (&str, &Limiter)> {
+        self.routes
+            .iter()
+            .filter_map(|(route, name)| Some((route.as_str(), self.limiters.get(name)?)))
+    }
+
+    /// The file read again, built on these limits' stores: see
+    /// [reloading](self#reloading). Refused, with these limits untouched,
+    /// if the file does not load; refused for limits that were not read
+    /// from a file ([`LimitsBuilder::parse`]: use
+    /// [`reload_from`](Self::reload_from)).
+    pub async fn reload(&self) -> Result<Limits, ConfigError> {
+        let path = self.path.as_ref().ok_or_else(|| {
+            ConfigError::Invalid(format!("{}: not read from a file", self.origin))
+        })?;
+        self.rebuilt(&read(path)?).await
+    }
+
+    /// [`reload`](Self::reload) from `text` instead of the file.
+    pub async fn reload_from(&self, text: &str) -> Result<Limits, ConfigError> {
+        self.rebuilt(text).await
+    }
+
+    /// Limits built from `text`, keeping what this one opened where it
+    /// still applies.
+    async fn rebuilt(&self, text: &str) -> Result<Limits, ConfigError> {
+        let at = |span: std::ops::Range<usize>, message: String| {
+            ConfigError::Invalid(locate(&self.origin, text, span, &message))
+        };
+        let file: File = toml::from_str(text).map_err(|e| match e.span() {
+            Some(span) => at(span, e.message().trim_end().to_owned()),
+            None => ConfigError::Invalid(format!("{}: {}", self.origin, e.message().trim_end())),
+        })?;
+        let mut next = Limits {
+            origin: self.origin.clone(),
+            path: self.path.clone(),
+            given: self.given.clone(),
+            clock: self.clock.clone(),
+            opened: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            limiters: BTreeMap::new(),
+            bare: BTreeMap::new(),
+            routes: BTreeMap::new(),
+        };
+        for (name, url) in &file.stores {
+            if self.given.contains_key(name) {
+                return Err(at(
+                    url.span(),
+                    format!("the store {name:?} is the application's own; name this one otherwise"),
+                ));
+            }
+            let kept = self.opened.get(name).filter(|o| &o.url == url.get_ref());
+            let store = match kept {
+                Some(opened) => opened.store.clone(),
+                None => crate::store::from_url(url.get_ref())
+                    .await
+                    .map_err(|e| at(url.span(), e.to_string()))?,
+            };
+            next.opened.insert(
+                name.clone(),
+                Opened {
+                    url: url.get_ref().clone(),
+                    store,
+                },
+            );
+        }
+        for (name, spec) in file.limits {
+            if let Some(policy) = spec.get_ref().bare() {
+                next.bare.insert(name.clone(), policy);
+            }
+            let span = spec.span();
+            let rules = spec
+                .into_inner()
+                .rules(name.clone())
+                .map_err(|m| at(span.clone(), m))?;
+            let mut built = Vec::with_capacity(rules.len());
+            for (i, rule) in rules.into_iter().enumerate() {
+                let default_name = match i {
+                    0 => name.clone(),
+                    _ => format!("{name}-{}", i + 1),
+                };
+                built.push(next.rule(self, rule, default_name, &at)?);
+            }
+            let limiter = Limiter::builder()
+                .shared_clock(next.clock.clone())
+                .rules(built)
+                .build()
+                .map_err(|e| at(span, e.to_string()))?;
+            next.limiters.insert(name, limiter);
+        }
+        for (route, limit) in file.routes {
+            if !next.limiters.contains_key(limit.get_ref()) {
+                return Err(at(
+                    limit.span(),
+                    format!("no limit is named {:?}", limit.get_ref()),
+                ));
+            }
+            next.routes.insert(route, limit.into_inner());
+        }
+        Ok(next)
+    }
+
+    /// The store `name` names, leased in batches of `lease` if given.
+    fn store(
+        &mut self,
+        before: &Limits,
+        name: &Spanned<String>,
+        lease: Option<&Spanned<u32>>,
+        at: &impl Fn(std::ops::Range<usize>, String) -> ConfigError,
+    ) -> Result<Arc<dyn Store>, ConfigError> {
+        let key = name.get_ref();
+        let store = match self.given.get(key) {
+            Some(store) => store.clone(),
+            None => match self.opened.get(key) {
+                Some(opened) => opened.store.clone(),
+                None => {
+                    let mut known: Vec<&str> = self.given.keys().map(String::as_str).collect();
+                    known.extend(self.opened.keys().map(String::as_str));
+                    return Err(at(
+                        name.span(),
+                        format!("no store is named {key:?} (stores: {})", known.join(", ")),
+                    ));
+                }
+            },
+        };
+        let Some(units) = lease else {
+            return Ok(store);
+        };
+        let config =
+            LeaseConfig::new(*units.get_ref()).map_err(|e| at(units.span(), e.to_string()))?;
+        let id = (key.clone(), *units.get_ref());
+        // The same lease as before if it leases the same store: its units
+        // in hand stay spendable.
+        let leased = match before.leases.get(&id) {
+            Some((shared, old)) if Arc::ptr_eq(shared, &store) => old.clone(),
+            _ => Arc::new(LeasedStore::new(store.clone(), config)),
+        };
+        self.leases.insert(id, (store, leased.clone()));
+        Ok(leased)
+    }
+
+    fn rule(
+        &mut self,
+        before: &Limits,
+        spec: Spanned<RuleSpec>,
+        default_name: String,
+        at: &impl Fn(std::ops::Range<usize>, String) -> ConfigError,
+    ) -> Result<Rule, ConfigError> {
+        let span = spec.span();
+        let spec = spec.into_inner();
+        let default_store = Spanned::new(span.clone(), DEFAULT_STORE.to_owned());
+        let store_name = spec.store.as_ref().unwrap_or(&default_store);
+        let store = self.store(before, store_name, spec.lease.as_ref(), at)?;
+        let policy = spec.policy;
+        let name = spec.name.unwrap_or(default_name);
+        let mut rule = Rule::new(name, store, *policy.get_ref())
+            .map_err(|e| at(policy.span(), e.to_string()))?;
+        if let Some(on_failure) = spec.on_failure {
+            rule = rule.on_failure(match on_failure.get_ref().as_str() {
+                "open" => FailurePolicy::Open,
+                "closed" => FailurePolicy::Closed,
+                other => {
+                    return Err(at(
+                        on_failure.span(),
+                        format!("on_failure is \"open\" or \"closed\", not {other:?}"),
+                    ));
+                }
+            });
+        }
+        if let Some(ms) = spec.timeout_ms {
+            rule = rule
+                .with_timeout(Duration::from_millis(*ms.get_ref()))
+                .map_err(|e| at(ms.span(), e.to_string()))?;
+        }
+        if let Some(fallback) = spec.fallback {
+            let store = self.store(before, &fallback, None, at)?;
+            rule = rule
+                .with_fallback(store)
+                .map_err(|e| at(fallback.span(), e.to_string()))?;
+        }
+        if let Some(escalate) = spec.escalate {
+            let span = escalate.span();
+            let escalate = escalate.into_inner();
+            let durable = self.store(before, &escalate.store, None, at)?;
+            rule = rule
+                .with_escalation(durable, *escalate.policy.get_ref(), escalate.every, None)
+                .map_err(|e| at(span, e.to_string()))?;
+        }
+        Ok(rule)
+    }
+}
+
+impl LimitSpec {
+    /// The policy, if the limit names nothing else.
+    fn bare(&self) -> Option<Policy> {
+        let only_policy = self.rules.is_none()
+            && self.name.is_none()
+            && self.store.is_none()
+            && self.on_failure.is_none()
+            && self.timeout_ms.is_none()
+            && self.fallback.is_none()
+            && self.lease.is_none()
+            && self.escalate.is_none();
+        only_policy.then(|| self.policy.as_ref().map(|p| *p.get_ref()))?
+    }
+
+    /// The rules of the limit: `rules`, or the one rule its own fields
+    /// describe.
+    fn rules(self, limit: String) -> Result<Vec<Spanned<RuleSpec>>, String> {
+        let single = self.policy.is_some()
+            || self.store.is_some()
+            || self.name.is_some()
+            || self.on_failure.is_some()
+            || self.timeout_ms.is_some()
+            || self.fallback.is_some()
+            || self.lease.is_some()
+            || self.escalate.is_some();
+        match (self.rules, single) {
+            (Some(_), true) => Err(format!(
+                "limit {limit:?} has both `rules` and the fields of a single rule; keep one"
+            )),
+            (Some(rules), false) if rules.is_empty() => {
+                Err(format!("limit {limit:?} has no rules"))
+            }
+            (Some(rules), false) => Ok(rules),
+            (None, _) => {
+                let Some(policy) = self.policy else {
+                    return Err(format!("limit {limit:?} needs a `policy` (or `rules`)"));
+                };
+                let span = policy.span();
+                Ok(vec![Spanned::new(
+                    span,
+                    RuleSpec {
+                        name: self.name,
+                        store: self.store,
+                        policy,
+                        on_failure: self.on_failure,
+                        timeout_ms: self.timeout_ms,
+                        fallback: self.fallback,
+                        lease: self.lease,
+                        escalate: self.escalate,
+                    },
+                )])
+            }
+        }
+    }
+}
+
+/// `message` about the text at `span` of `origin`: its line and column
+/// (from 1) and the line itself, which names the key.
+fn locate(origin: &str, text: &str, span: std::ops::Range<usize>, message: &str) -> String {
+    let start = span.start.min(text.len());
+    let before = text.get(..start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    let content = text[line_start..].lines().next().unwrap_or("").trim();
+    format!("{origin}: line {line}, column {column}: `{content}`: {message}")
+}
+
+/// A tower service that can be replaced while it serves: each call goes to
+/// the service in place when it starts. Cheap to clone; clones share the
+/// place.
+///
+/// Serve it behind a fixed router so that connection details still reach
+/// it (`Router::new().fallback_service(reloadable)` and
+/// `into_make_service_with_connect_info`).
+pub struct Reloadable<S> {
+    current: Arc<ArcSwap<S>>,
+}
+
+impl<S> Clone for Reloadable<S> {
+    fn clone(&self) -> Self {
+        Reloadable {
+            current: self.current.clone(),
+        }
+    }
+}
+
+impl<S> fmt::Debug for Reloadable<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reloadable").finish_non_exhaustive()
+    }
+}
+
+impl<S> Reloadable<S> {
+    /// Serves with `service` until it is replaced.
+    pub fn new(service: S) -> Self {
+        Reloadable {
+            current: Arc::new(ArcSwap::from_pointee(service)),
+        }
+    }
+
+    /// Serves every call that starts from now on with `service`.
+    pub fn replace(&self, service: S) {
+        self.current.store(Arc::new(service));
+    }
+}
+
+impl<S, R> Service<R> for Reloadable<S>
+where
+    S: Service<R> + Clone,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Oneshot<S, R>;
+
+    /// Always ready: readiness is the service's in place when a call
+    /// starts, which `call` waits for.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        S::clone(&self.current.load()).oneshot(request)
+    }
+}
+
+type BuildFn<S> = dyn Fn(&Limits) -> Result<S, ConfigError> + Send + Sync;
+
+/// Reloads [`Limits`] and rebuilds the service that uses them: what a
+/// server needs to apply an edited file without a restart.
+pub struct Reloader<S> {
+    limits: tokio::sync::Mutex<Limits>,
+    service: Reloadable<S>,
+    build: Box<BuildFn<S>>,
+}
+
+impl<S> fmt::Debug for Reloader<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reloader").finish_non_exhaustive()
+    }
+}
+
+impl<S: Send + Sync + 'static> Reloader<S> {
+    /// Builds the service from `limits` with `build`, and returns the
+    /// reloader with the service to serve.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ratewarden::config::{Limits, Reloader};
+    /// use ratewarden::{ClientIdentity, RateLimitLayer};
+    /// use axum::{Router, routing::get};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let identity = ClientIdentity::random()?;
+    /// let file = "[stores]\ndefault = \"memory://\"\n[limits.search]\npolicy = \"60/minute\"\n[routes]\n\"/search\" = \"search\"\n";
+    /// let limits = Limits::builder().parse(file, "limits.toml").await?;
+    /// let (reloader, app) = Reloader::new(limits, move |limits: &Limits| {
+    ///     let mut router = Router::new();
+    ///     for (route, limiter) in limits.routes() {
+    ///         let layer = RateLimitLayer::new(limiter.clone(), identity.clone())?;
+    ///         router = router.route(route, get(|| async { "results" }).route_layer(layer));
+    ///     }
+    ///     Ok(router)
+    /// })?;
+    /// let app: Router = Router::new().fallback_service(app); // serve this
+    /// reloader.reload_from(&file.replace("60/minute", "120/minute")).await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    pub fn new(
+        limits: Limits,
+        build: impl Fn(&Limits) -> Result<S, ConfigError> + Send + Sync + 'static,
+    ) -> Result<(Arc<Reloader<S>>, Reloadable<S>), ConfigError> {
+        let service = Reloadable::new(build(&limits)?);
+        let reloader = Arc::new(Reloader {
+            limits: tokio::sync::Mutex::new(limits),
+            service: service.clone(),
+            build: Box::new(build),
+        });
+        Ok((reloader, service))
+    }
+
+    /// Reads the file again ([`Limits::reload`]) and swaps in the service
+    /// built from it. On any error nothing changes.
+    pub async fn reload(&self) -> Result<(), ConfigError> {
+        // One reload at a time: two racing would each keep the stores of
+        // the limits they started from.
+        let mut current = self.limits.lock().await;
+        let limits = current.reload().await?;
+        self.swap(&mut current, limits)
+    }
+
+    /// [`reload`](Self::reload) from `text`.
+    pub async fn reload_from(&self, text: &str) -> Result<(), ConfigError> {
+        let mut current = self.limits.lock().await;
+        let limits = current.reload_from(text).await?;
+        self.swap(&mut current, limits)
+    }
+
+    /// The limits in force.
+    pub async fn limits(&self) -> Limits {
+        self.limits.lock().await.clone()
+    }
+
+    fn swap(&self, current: &mut Limits, limits: Limits) -> Result<(), ConfigError> {
+        let service = (self.build)(&limits)?;
+        self.service.replace(service);
+        *current = limits;
+        Ok(())
+    }
+
+    /// Reloads on every `SIGHUP` until the runtime stops, logging each
+    /// outcome; a file that does not load leaves the limits in force.
+    #[cfg(unix)]
+    pub fn reload_on_sighup(self: Arc<Self>) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        Ok(tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                match self.reload().await {
+                    Ok(()) => tracing::info!("limits reloaded"),
+                    Err(e) => tracing::error!(error = %e, "limits not reloaded; the old ones stay"),
+                }
+            }
+        }))
+    }
+}

@@ -1,0 +1,321 @@
+//! Limits from a TOML file: what it builds, the errors that name the line
+//! and key at fault, and a reload while traffic runs that keeps counted
+//! usage and refuses a broken file.
+#![cfg(all(feature = "config", feature = "memory", feature = "axum"))]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use ratewarden::config::{Limits, Reloader};
+use ratewarden::{ClientIdentity, ConfigError, ManualClock, RateLimitLayer};
+use ratewarden_test_support::http::TestClient;
+
+const FILE: &str = r#"
+[stores]
+local = "memory://?capacity=1000"
+durable = "memory://?capacity=1000"
+
+[limits.search]
+store = "local"
+policy = "5/minute"
+
+[limits.feedback]
+rules = [
+  { name = "feedback-local", store = "local", policy = "fixed_window 3/hour" },
+  { store = "durable", policy = "fixed_window 3/hour", lease = 2, timeout_ms = 50, fallback = "local", on_failure = "closed" },
+]
+
+[limits.contact]
+store = "local"
+policy = "10/day"
+escalate = { store = "durable", policy = "10/day", every = 5 }
+
+[routes]
+"/search" = "search"
+"/feedback" = "feedback"
+"#;
+
+async fn parse(text: &str) -> Result<Limits, ConfigError> {
+    Limits::builder()
+        .clock(Arc::new(ManualClock::new()))
+        .parse(text, "limits.toml")
+        .await
+}
+
+#[tokio::test]
+async fn a_file_builds_stores_rules_tiers_leases_escalation_and_routes() {
+    let limits = parse(FILE).await.unwrap();
+    let names = |limit: &str| -> Vec<String> {
+        let limiter = limits.limiter(limit).unwrap();
+        limiter
+            .rules()
+            .iter()
+            .map(|r| r.name().to_owned())
+            .collect()
+    };
+    assert_eq!(names("search"), ["search"]);
+    assert_eq!(names("feedback"), ["feedback-local", "feedback-2"]);
+    let feedback = limits.limiter("feedback").unwrap();
+    assert!(
+        limits.limiter("contact").unwrap().rules()[0]
+            .escalation_policy()
+            .is_some()
+    );
+    let routes: Vec<&str> = limits.routes().map(|(route, _)| route).collect();
+    assert_eq!(routes, ["/feedback", "/search"]);
+    // Three a limit; the tiers count together, refusals count nowhere.
+    let search = limits.route("/search").unwrap();
+    let admitted = futures_admitted(search, 8).await;
+    assert_eq!(admitted, 5);
+    assert_eq!(futures_admitted(feedback, 5).await, 3);
+}
+
+async fn futures_admitted(limiter: &ratewarden::Limiter, n: u32) -> u32 {
+    let mut admitted = 0;
+    for _ in 0..n {
+        admitted += u32::from(limiter.check(b"client").await.allowed);
+    }
+    admitted
+}
+
+/// The file with `line` replaced by `with`, and the error it gets.
+async fn broken(line: &str, with: &str) -> String {
+    assert!(FILE.contains(line), "{line}");
+    let err = parse(&FILE.replace(line, with))
+        .await
+        .unwrap_err()
+        .to_string();
+    err.strip_prefix("invalid configuration: ")
+        .unwrap_or_else(|| panic!("{err}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn errors_name_the_line_and_the_key_at_fault() {
+    let err = broken("policy = \"5/minute\"", "policy = \"5/mnute\"").await;
+    assert!(
+        err.starts_with("limits.toml: line 8, column 10: `policy = \"5/mnute\"`:"),
+        "{err}"
+    );
+    let err = broken(
+        "store = \"local\"\npolicy = \"5/minute\"",
+        "stor = \"local\"\npolicy = \"5/minute\"",
+    )
+    .await;
+    assert!(
+        err.starts_with("limits.toml: line 7, column 1: `stor = \"local\"`:"),
+        "{err}"
+    );
+    assert!(err.contains("unknown field `stor`"), "{err}");
+    let err = broken(
+        "store = \"local\"\npolicy = \"5/minute\"",
+        "store = \"locl\"\npolicy = \"5/minute\"",
+    )
+    .await;
+    assert!(
+        err.starts_with("limits.toml: line 7, column 9: `store = \"locl\"`:"),
+        "{err}"
+    );
+    assert!(
+        err.contains("no store is named \"locl\" (stores: durable, local)"),
+        "{err}"
+    );
+    let err = broken("\"/search\" = \"search\"", "\"/search\" = \"serch\"").await;
+    assert!(
+        err.starts_with("limits.toml: line 22, column 13:")
+            && err.contains("no limit is named \"serch\""),
+        "{err}"
+    );
+    let err = broken("lease = 2,", "lease = 0,").await;
+    assert!(
+        err.contains("line 13") && err.contains("`{ store = \"durable\""),
+        "{err}"
+    );
+    let err = broken("on_failure = \"closed\"", "on_failure = \"shut\"").await;
+    assert!(
+        err.contains("on_failure is \"open\" or \"closed\", not \"shut\""),
+        "{err}"
+    );
+    let err = broken(
+        "local = \"memory://?capacity=1000\"",
+        "local = \"memcache://x\"",
+    )
+    .await;
+    assert!(
+        err.starts_with("limits.toml: line 3, column 9:") && err.contains("unknown store scheme"),
+        "{err}"
+    );
+    // The lease is built: a sliding log cannot be leased.
+    let err = broken(
+        "policy = \"fixed_window 3/hour\", lease",
+        "policy = \"3/hour\", lease",
+    )
+    .await;
+    assert!(
+        err.contains("line 13")
+            && err.contains("the leased store does not support the sliding_log algorithm"),
+        "{err}"
+    );
+    let err = parse("[limits.a]\nstore = \"x\"\nrules = []\n")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("both `rules` and the fields of a single rule"),
+        "{err}"
+    );
+}
+
+/// The app a file describes: each route limited by its limit, keyed by
+/// client address.
+fn app(limits: &Limits, identity: &ClientIdentity) -> Result<Router, ConfigError> {
+    let mut router = Router::new();
+    for (route, limiter) in limits.routes() {
+        let layer = RateLimitLayer::new(limiter.clone(), identity.clone())?;
+        router = router.route(route, get(|| async { "ok" }).route_layer(layer));
+    }
+    Ok(router)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_traffic_keeps_counted_usage_and_a_broken_file_keeps_the_old_limits() {
+    let dir = std::env::temp_dir().join(format!("ratewarden-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, FILE).unwrap();
+    let limits = Limits::builder()
+        .clock(Arc::new(ManualClock::new()))
+        .load(&path)
+        .await
+        .unwrap();
+    let identity = ClientIdentity::new([7u8; 32]).unwrap();
+    let build = {
+        let identity = identity.clone();
+        move |limits: &Limits| app(limits, &identity)
+    };
+    let (reloader, service) = Reloader::new(limits, build).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Router::new().fallback_service(service);
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            served.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+
+    // Traffic from one client, all along.
+    let client = TestClient::new(addr, None);
+    let (admitted, refused) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (admitted, refused, stop) = (admitted.clone(), refused.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut limits_seen = std::collections::BTreeSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                let reply = client.get("/search").await;
+                match reply.status.as_u16() {
+                    200 => admitted.fetch_add(1, Ordering::Relaxed),
+                    429 => refused.fetch_add(1, Ordering::Relaxed),
+                    other => panic!("a request failed: {other} {reply:?}"),
+                };
+                limits_seen.insert(reply.header_u64("x-ratelimit-limit"));
+                tokio::task::yield_now().await;
+            }
+            limits_seen
+        })
+    };
+
+    // The first limit fills (5 a minute), and refusals follow.
+    wait_until(&refused, 3).await;
+    assert_eq!(admitted.load(Ordering::Relaxed), 5);
+
+    // A broken file: refused, and the old limit stays in force.
+    std::fs::write(
+        &path,
+        FILE.replace("policy = \"5/minute\"", "policy = \"8/mnute\""),
+    )
+    .unwrap();
+    let err = reloader.reload().await.unwrap_err().to_string();
+    assert!(
+        err.contains("line 8") && err.contains("`policy = \"8/mnute\"`"),
+        "{err}"
+    );
+    let before = refused.load(Ordering::Relaxed);
+    wait_until(&refused, before + 3).await;
+    assert_eq!(admitted.load(Ordering::Relaxed), 5);
+
+    // The limit raised to 8 a minute while traffic runs: the 5 already
+    // counted stay counted, so 3 more are admitted, not 8.
+    std::fs::write(
+        &path,
+        FILE.replace("policy = \"5/minute\"", "policy = \"8/minute\""),
+    )
+    .unwrap();
+    reloader.reload().await.unwrap();
+    let before = refused.load(Ordering::Relaxed);
+    wait_until(&refused, before + 5).await;
+    stop.store(true, Ordering::Relaxed);
+    let limits_seen = traffic.await.unwrap();
+    assert_eq!(admitted.load(Ordering::Relaxed), 8);
+    assert!(
+        limits_seen.contains(&5) && limits_seen.contains(&8),
+        "{limits_seen:?}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Waits, a millisecond at a time, until `counter` reaches `n`; the bound
+/// only catches traffic that stopped.
+async fn wait_until(counter: &AtomicU32, n: u32) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while counter.load(Ordering::Relaxed) < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("traffic stopped");
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_reloads_the_file() {
+    let dir = std::env::temp_dir().join(format!("ratewarden-sighup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, FILE).unwrap();
+    let limits = Limits::builder().load(&path).await.unwrap();
+    let identity = ClientIdentity::new([7u8; 32]).unwrap();
+    let (reloader, _service) = Reloader::new(limits, move |l: &Limits| app(l, &identity)).unwrap();
+    let _watch = reloader.clone().reload_on_sighup().unwrap();
+    let search_limit = |limits: Limits| {
+        limits.limiter("search").unwrap().rules()[0]
+            .policy()
+            .limit()
+    };
+    assert_eq!(search_limit(reloader.limits().await), 5);
+    std::fs::write(
+        &path,
+        FILE.replace("policy = \"5/minute\"", "policy = \"9/minute\""),
+    )
+    .unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &std::process::id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while search_limit(reloader.limits().await) != 9 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the hangup reloaded the file");
+    std::fs::remove_dir_all(&dir).ok();
+}
