@@ -310,7 +310,7 @@ async fn soak(backend: Backend, args: &Args) -> Vec<String> {
         .expect("a proxy on loopback");
     let store_url = rd::via(&url, proxy.addr());
     let limits = std::env::temp_dir().join(format!("ratewarden-chaos-{}.toml", std::process::id()));
-    std::fs::write(&limits, format!("[routes.search]\nlimit = \"{POLICY}\"\n")).unwrap();
+    std::fs::write(&limits, format!("[limits.search]\npolicy = \"{POLICY}\"\n")).unwrap();
     let (mut demo, addr) = spawn_demo(&store_url, &limits, !args.untiered);
     let base = format!("http://{addr}");
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());

@@ -172,6 +172,7 @@ fn demo(stores: Stores) -> Router {
         on_failure: FailurePolicy::Open,
         admin_token: None,
         api_keys: Default::default(),
+        file: None,
     };
     ratewarden_demo::app(&settings).expect("the demo's default limits are valid")
 }

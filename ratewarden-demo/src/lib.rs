@@ -24,12 +24,12 @@
 //! [&route=NAME]` lets an operator lift a client's limits ([`admin`]).
 //!
 //! The binary (`cargo run -p ratewarden-demo -- --help`) parses its flags with
-//! [`cli`] into a [`Config`] (reading a [`limits_file`] if `--config` names
-//! one) and serves [`app`]. Tests build [`app`] directly with a manual
-//! clock and their own stores.
+//! [`cli`] into a [`Config`], loads the `--config` file if one is named
+//! ([`load_limits`]: `ratewarden::config`, reloaded on `SIGHUP`) and serves
+//! [`app`]. Tests build [`app`] directly with a manual clock and their own
+//! stores.
 
 pub mod admin;
-pub mod limits_file;
 pub mod plans;
 pub mod prometheus;
 pub mod server;
@@ -64,10 +64,35 @@ pub struct Limits {
     pub contact_per_day: u32,
     /// `GET /api/search` requests per minute.
     pub search_per_minute: u32,
-    /// Policies in full (any algorithm, window or burst), from a
-    /// [`limits_file`]; a route given one here uses it instead of its
-    /// count above.
+    /// Policies in full (any algorithm, window or burst); a route given
+    /// one here uses it instead of its count above.
     pub policies: RoutePolicies,
+    /// The routes whose count came from a flag or the environment: the
+    /// `--config` file does not decide them.
+    pub flagged: Flagged,
+}
+
+/// Which routes' counts were given as flags (or environment variables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flagged {
+    /// `--feedback-per-hour`.
+    pub feedback: bool,
+    /// `--contact-per-day`.
+    pub contact: bool,
+    /// `--search-per-minute`.
+    pub search: bool,
+}
+
+impl Flagged {
+    /// Whether the route `name`'s count was flagged.
+    pub fn route(&self, name: &str) -> bool {
+        match name {
+            "feedback" => self.feedback,
+            "contact" => self.contact,
+            "search" => self.search,
+            _ => false,
+        }
+    }
 }
 
 /// A policy for each route that has one of its own.
@@ -89,6 +114,7 @@ impl Default for Limits {
             contact_per_day: 10,
             search_per_minute: 60,
             policies: RoutePolicies::default(),
+            flagged: Flagged::default(),
         }
     }
 }
@@ -193,6 +219,71 @@ pub struct Settings {
     pub admin_token: Option<admin::AdminToken>,
     /// The API keys that put a caller on the pro plan of `GET /api/reports`.
     pub api_keys: plans::ApiKeys,
+    /// The `--config` file's limits ([`load_limits`]): a route it names
+    /// takes its limit from there unless a flag gave the route's count.
+    pub file: Option<FileLimits>,
+}
+
+/// The limits of a `--config` file, built by [`ratewarden::config`] on the
+/// demo's stores: `default`, the store `--store` names, and with
+/// `--tiered`, `local`, the memory tier in front of it. The file may open
+/// stores of its own under `[stores]`.
+///
+/// ```toml
+/// # A bare policy: the demo's own composition (tier, lease, --fail-closed).
+/// [limits.search]
+/// policy = "gcra 2/s burst 30"
+///
+/// # Anything more: the rules as written.
+/// [limits.feedback]
+/// rules = [{ store = "local", policy = "5/hour" }, { store = "default", policy = "5/hour", on_failure = "closed" }]
+/// ```
+///
+/// The limits it may name are the routes': `feedback`, `contact` and
+/// `search`; `[routes]` is refused, since the demo's routes are its own.
+pub type FileLimits = ratewarden::config::Limits;
+
+/// The routes a `--config` file may give limits to.
+pub const FILE_ROUTES: [&str; 3] = ["feedback", "contact", "search"];
+
+/// Loads the `--config` file at `path` on `stores` (see [`FileLimits`]),
+/// refusing limits for anything but [`FILE_ROUTES`].
+pub async fn load_limits(
+    path: &std::path::Path,
+    stores: &Stores,
+    clock: Arc<dyn Clock>,
+) -> Result<FileLimits, ConfigError> {
+    let mut builder = FileLimits::builder()
+        .store(ratewarden::config::DEFAULT_STORE, stores.primary.clone())
+        .clock(clock);
+    if let Some(local) = &stores.local_tier {
+        builder = builder.store("local", local.clone());
+    }
+    let limits = builder.load(path).await?;
+    check_names(&limits, path)?;
+    Ok(limits)
+}
+
+/// Refuses limits for anything but [`FILE_ROUTES`], and `[routes]`.
+pub fn check_names(limits: &FileLimits, path: &std::path::Path) -> Result<(), ConfigError> {
+    if let Some((name, _)) = limits
+        .limiters()
+        .find(|(name, _)| !FILE_ROUTES.contains(name))
+    {
+        return Err(ConfigError::Invalid(format!(
+            "{}: no route of the demo is named {name:?}; limits are for {}",
+            path.display(),
+            FILE_ROUTES.join(", ")
+        )));
+    }
+    if limits.routes().next().is_some() {
+        return Err(ConfigError::Invalid(format!(
+            "{}: [routes] is not for the demo, whose routes are its own; name the limits {}",
+            path.display(),
+            FILE_ROUTES.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// The demo's router: the three endpoints, each with its own rate limit
@@ -203,8 +294,23 @@ pub struct Settings {
 pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
     let mut router = Router::new().route("/health", get(|| async { "ok\n" }));
     let mut layers = Vec::new();
-    for endpoint in settings.limits.endpoints()? {
-        let layer = RateLimitLayer::new(limiter(settings, &endpoint)?, settings.identity.clone())?;
+    for mut endpoint in settings.limits.endpoints()? {
+        let from_file = settings
+            .file
+            .as_ref()
+            .filter(|_| !settings.limits.flagged.route(endpoint.name));
+        let limiter = match from_file {
+            Some(file) => match (file.bare_policy(endpoint.name), file.limiter(endpoint.name)) {
+                (Some(policy), _) => {
+                    endpoint.policy = policy;
+                    limiter(settings, &endpoint)?
+                }
+                (None, Some(limiter)) => limiter.clone(),
+                (None, None) => limiter(settings, &endpoint)?,
+            },
+            None => limiter(settings, &endpoint)?,
+        };
+        let layer = RateLimitLayer::new(limiter, settings.identity.clone())?;
         let handler: MethodRouter = match endpoint.name {
             "feedback" => post(|| async { json(r#"{"status":"received"}"#) }),
             "contact" => post(|| async { json(r#"{"status":"sent"}"#) }),
@@ -368,7 +474,7 @@ pub fn cli() -> Command {
                 .env("RATEWARDEN_CONFIG")
                 .value_name("FILE")
                 .value_parser(value_parser!(PathBuf))
-                .help("TOML file of per-route policies ([routes.search] limit = \"60/minute\"); a route's --*-per-* flag overrides it"),
+                .help("TOML file of limits for the routes feedback, contact and search ([limits.search] policy = \"60/minute\"; see ratewarden::config), reloaded on SIGHUP; a route's --*-per-* flag overrides it"),
         )
         .arg(
             Arg::new("listen")
@@ -526,7 +632,7 @@ pub struct Config {
     pub on_failure: FailurePolicy,
     /// The limits.
     pub limits: Limits,
-    /// The file the route policies were read from, if one was given.
+    /// The limits file ([`load_limits`]), if one was given.
     pub config_file: Option<PathBuf>,
     /// The admin token, if one was given.
     pub admin_token: Option<admin::AdminToken>,
@@ -543,21 +649,13 @@ impl Config {
         let defaults = Limits::default();
         let limit = |name: &str, default: u32| m.get_one::<u32>(name).copied().unwrap_or(default);
         let config_file = m.get_one::<PathBuf>("config").cloned();
-        let mut policies = match &config_file {
-            Some(path) => limits_file::load(path)?,
-            None => RoutePolicies::default(),
-        };
         // A count given as a flag or in the environment overrides the file.
         let given = |name: &str| m.get_one::<u32>(name).is_some();
-        if given("feedback-per-hour") {
-            policies.feedback = None;
-        }
-        if given("contact-per-day") {
-            policies.contact = None;
-        }
-        if given("search-per-minute") {
-            policies.search = None;
-        }
+        let flagged = Flagged {
+            feedback: given("feedback-per-hour"),
+            contact: given("contact-per-day"),
+            search: given("search-per-minute"),
+        };
         Ok(Config {
             listen: m
                 .get_one::<SocketAddr>("listen")
@@ -580,7 +678,8 @@ impl Config {
                 feedback_per_hour: limit("feedback-per-hour", defaults.feedback_per_hour),
                 contact_per_day: limit("contact-per-day", defaults.contact_per_day),
                 search_per_minute: limit("search-per-minute", defaults.search_per_minute),
-                policies,
+                policies: RoutePolicies::default(),
+                flagged,
             },
             config_file,
             admin_token: get("admin-token")

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ratewarden::SystemClock;
+use ratewarden::config::Reloader;
 use ratewarden_demo::prometheus::Metrics;
 use ratewarden_demo::server::ServerLimits;
-use ratewarden_demo::{Config, Settings, app, cli};
+use ratewarden_demo::{Config, FileLimits, Settings, app, check_names, cli, load_limits};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -31,16 +32,46 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         metrics.watch_memory(role, store);
     }
     let identity = config.identity(stores.primary.capabilities().shared)?;
+    let clock: Arc<dyn ratewarden::Clock> = Arc::new(SystemClock);
+    let file = match &config.config_file {
+        Some(path) => Some(load_limits(path, &stores, clock.clone()).await?),
+        None => None,
+    };
     let settings = Settings {
         limits: config.limits,
         stores,
         identity,
-        clock: Arc::new(SystemClock),
+        clock,
         on_failure: config.on_failure,
         admin_token: config.admin_token.clone(),
         api_keys: config.api_keys.clone(),
+        file,
     };
-    let router = app(&settings)?.merge(metrics.router());
+    let metrics_router = metrics.router();
+    let build = {
+        let settings = settings.clone();
+        move |file: Option<FileLimits>| {
+            let settings = Settings {
+                file,
+                ..settings.clone()
+            };
+            app(&settings).map(|router| router.merge(metrics_router.clone()))
+        }
+    };
+    // With a limits file, the app is rebuilt from it on SIGHUP, on the same
+    // stores, so that what they counted stays counted.
+    let router = match (&config.config_file, &settings.file) {
+        (Some(path), Some(file)) => {
+            let path = path.clone();
+            let (reloader, service) = Reloader::new(file.clone(), move |limits: &FileLimits| {
+                check_names(limits, &path)?;
+                build(Some(limits.clone()))
+            })?;
+            reload_on_hangup(reloader, config.config_file.clone().unwrap_or_default())?;
+            axum::Router::new().fallback_service(service)
+        }
+        _ => build(None)?,
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -60,11 +91,29 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("  client address: {}", config.address_source);
     if let Some(file) = &config.config_file {
-        println!("  limits: {} (flags override)", file.display());
+        println!(
+            "  limits: {} (flags override; kill -HUP {} reloads it)",
+            file.display(),
+            std::process::id()
+        );
     }
     let endpoints = settings.limits.endpoints()?;
     for e in &endpoints {
-        println!("  {:<5}{:<15}{}", e.method, e.path, e.policy);
+        let from_file = settings
+            .file
+            .as_ref()
+            .filter(|_| !settings.limits.flagged.route(e.name))
+            .and_then(|file| file.limiter(e.name));
+        let policies = match from_file {
+            Some(limiter) => limiter
+                .rules()
+                .iter()
+                .map(|r| r.policy().to_string())
+                .collect::<Vec<_>>()
+                .join(", then "),
+            None => e.policy.to_string(),
+        };
+        println!("  {:<5}{:<15}{}", e.method, e.path, policies);
     }
     println!(
         "  POST /api/login      {} failed attempts per 15 min (-d password=demo succeeds, and is not counted)",
@@ -151,6 +200,34 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = term => {}
     }
+}
+
+/// Reloads the limits file on every SIGHUP, saying how it went: what an
+/// operator watching the server's output needs to see.
+#[cfg(unix)]
+fn reload_on_hangup(
+    reloader: std::sync::Arc<Reloader<axum::Router>>,
+    path: std::path::PathBuf,
+) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match reloader.reload().await {
+                Ok(()) => println!("limits reloaded from {}", path.display()),
+                Err(e) => eprintln!("limits not reloaded, the old ones stay: {e}"),
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn reload_on_hangup(
+    _: std::sync::Arc<Reloader<axum::Router>>,
+    _: std::path::PathBuf,
+) -> std::io::Result<()> {
+    Ok(())
 }
 
 /// An address a local curl can reach: loopback instead of "any".

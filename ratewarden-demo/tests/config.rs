@@ -1,5 +1,6 @@
-//! Route policies from a `--config` TOML file: applied, overridden by
-//! flags, and refused with the file and line when wrong.
+//! Route limits from a `--config` TOML file (`ratewarden::config`): bare
+//! policies in the demo's own composition, rules as written, flags that
+//! override a route, and files refused with the file, line and key.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,8 +8,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use ratewarden::memory::MemoryStore;
-use ratewarden::{ClientIdentity, FailurePolicy, ManualClock, Policy};
-use ratewarden_demo::{Config, Settings, Stores, app, cli};
+use ratewarden::{ClientIdentity, FailurePolicy, ManualClock};
+use ratewarden_demo::{Config, Settings, Stores, app, cli, load_limits};
 use ratewarden_test_support::http::{TestClient, serve};
 
 /// Writes `text` to a file of its own under the test's scratch directory.
@@ -20,63 +21,60 @@ fn file(name: &str, text: &str) -> PathBuf {
     path
 }
 
-fn config(args: &[&str]) -> Result<Config, String> {
+fn config(args: &[&str]) -> Config {
     let matches = cli()
         .try_get_matches_from(["ratewarden-demo"].iter().chain(args))
+        .unwrap();
+    Config::from_matches(&matches).unwrap()
+}
+
+/// The settings the binary would serve with `args` and the file at `path`,
+/// on a memory store and `clock`; or the error loading the file ends in.
+async fn settings(
+    path: &std::path::Path,
+    args: &[&str],
+    clock: &ManualClock,
+) -> Result<Settings, String> {
+    let mut all = vec!["--config", path.to_str().unwrap()];
+    all.extend(args);
+    let config = config(&all);
+    let stores = Stores {
+        primary: Arc::new(MemoryStore::new(1_000)),
+        local_tier: None,
+        leased: None,
+    };
+    let file = load_limits(path, &stores, Arc::new(clock.clone()))
+        .await
         .map_err(|e| e.to_string())?;
-    Config::from_matches(&matches).map_err(|e| e.to_string())
-}
-
-/// The error a `--config` file named `name` holding `text` is refused with.
-fn config_error(name: &str, text: &str) -> String {
-    let path = file(name, text);
-    config(&["--config", path.to_str().unwrap()]).unwrap_err()
-}
-
-fn policy(text: &str) -> Policy {
-    text.parse().unwrap()
-}
-
-const VALID: &str = r#"
-# Two routes; contact keeps its built-in limit.
-[routes.feedback]
-limit = "fixed_window 3/hour"
-
-[routes.search]
-limit = "gcra 10/s burst 20"
-"#;
-
-#[tokio::test]
-async fn a_valid_file_is_applied_and_decides_through_the_memory_store() {
-    let path = file("valid.toml", VALID);
-    let config = config(&["--config", path.to_str().unwrap()]).unwrap();
-    assert_eq!(config.config_file.as_deref(), Some(path.as_path()));
-    let policies = config.limits.policies;
-    assert_eq!(policies.feedback, Some(policy("fixed_window 3/h")));
-    assert_eq!(policies.contact, None);
-    assert_eq!(
-        policies.search,
-        Some(Policy::gcra_with_burst(10, Duration::from_secs(1), 20).unwrap())
-    );
-    let endpoints = config.limits.endpoints().unwrap();
-    assert_eq!(endpoints[1].policy.to_string(), "sliding_log 10/d");
-
-    // The burst of 20, then one every 100 ms, on a manual clock.
-    let clock = ManualClock::new();
-    let settings = Settings {
+    Ok(Settings {
         limits: config.limits,
-        stores: Stores {
-            primary: Arc::new(MemoryStore::new(1_000)),
-            local_tier: None,
-            leased: None,
-        },
+        stores,
         identity: ClientIdentity::new("config test secret of 32+ bytes!").unwrap(),
         clock: Arc::new(clock.clone()),
         on_failure: FailurePolicy::Open,
         admin_token: None,
         api_keys: Default::default(),
-    };
+        file: Some(file),
+    })
+}
+
+const VALID: &str = r#"
+# Two routes; contact keeps its built-in limit.
+[limits.feedback]
+policy = "fixed_window 3/hour"
+
+[limits.search]
+policy = "gcra 10/s burst 20"
+"#;
+
+#[tokio::test]
+async fn a_valid_file_is_applied_and_decides_through_the_memory_store() {
+    let clock = ManualClock::new();
+    let settings = settings(&file("valid.toml", VALID), &[], &clock)
+        .await
+        .unwrap();
     let client = TestClient::new(serve(app(&settings).unwrap()).await, None);
+    // The burst of 20, then one every 100 ms, on a manual clock.
     for i in 0..20u64 {
         let reply = client.get("/api/search").await;
         assert_eq!(reply.status, StatusCode::OK, "search {i}");
@@ -86,7 +84,6 @@ async fn a_valid_file_is_applied_and_decides_through_the_memory_store() {
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     // The window a client sees is the time the burst takes to refill.
     assert_eq!(refused.header("ratelimit-policy"), "\"search\";q=20;w=2");
-    // 100 ms, rounded up to whole seconds.
     assert_eq!(refused.header_u64("retry-after"), 1);
     clock.advance(Duration::from_millis(99));
     assert_eq!(
@@ -95,81 +92,116 @@ async fn a_valid_file_is_applied_and_decides_through_the_memory_store() {
     );
     clock.advance(Duration::from_millis(1));
     assert_eq!(client.get("/api/search").await.status, StatusCode::OK);
-    assert_eq!(
-        client.get("/api/search").await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    // Feedback is a fixed window of 3.
+    // Feedback is a fixed window of 3; contact keeps its 10 a day.
     for _ in 0..3 {
         let reply = client.send(http::Method::POST, "/api/feedback", &[]).await;
         assert_eq!(reply.status, StatusCode::OK);
     }
     let reply = client.send(http::Method::POST, "/api/feedback", &[]).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    let reply = client.send(http::Method::POST, "/api/contact", &[]).await;
+    assert_eq!(reply.header_u64("x-ratelimit-limit"), 10);
 }
 
-#[test]
-fn a_flag_overrides_the_file_for_its_route_only() {
+#[tokio::test]
+async fn a_flag_overrides_the_file_for_its_route_only() {
+    let clock = ManualClock::new();
     let path = file("overridden.toml", VALID);
-    let config = config(&[
-        "--config",
-        path.to_str().unwrap(),
-        "--search-per-minute",
-        "7",
-    ])
-    .unwrap();
-    let endpoints = config.limits.endpoints().unwrap();
-    assert_eq!(endpoints[2].policy, policy("sliding_log 7/min"));
-    assert_eq!(endpoints[0].policy, policy("fixed_window 3/h"));
+    let settings = settings(&path, &["--search-per-minute", "7"], &clock)
+        .await
+        .unwrap();
+    let client = TestClient::new(serve(app(&settings).unwrap()).await, None);
+    assert_eq!(
+        client
+            .get("/api/search")
+            .await
+            .header_u64("x-ratelimit-limit"),
+        7
+    );
+    let feedback = client.send(http::Method::POST, "/api/feedback", &[]).await;
+    assert_eq!(feedback.header_u64("x-ratelimit-limit"), 3);
+}
+
+#[tokio::test]
+async fn rules_spelled_out_are_used_as_written() {
+    let clock = ManualClock::new();
+    let text = "[stores]\nother = \"memory://?capacity=100\"\n\n[limits.search]\nrules = [\n  { name = \"search-a\", store = \"other\", policy = \"fixed_window 4/minute\" },\n  { name = \"search-b\", store = \"default\", policy = \"fixed_window 2/minute\" },\n]\n";
+    let settings = settings(&file("rules.toml", text), &[], &clock)
+        .await
+        .unwrap();
+    let client = TestClient::new(serve(app(&settings).unwrap()).await, None);
+    let statuses: Vec<u16> = futures_statuses(&client, 3).await;
+    assert_eq!(statuses, [200, 200, 429]);
+    let refused = client.get("/api/search").await;
+    assert!(
+        refused
+            .header("ratelimit-policy")
+            .contains("\"search-b\";q=2;w=60"),
+        "{refused:?}"
+    );
+}
+
+async fn futures_statuses(client: &TestClient, n: usize) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        statuses.push(client.get("/api/search").await.status.as_u16());
+    }
+    statuses
 }
 
 /// Each `(name, text, parts)`: a file `name` holding `text` is refused
 /// with an error that says every one of `parts`.
-fn assert_refused(cases: &[(&str, &str, &[&str])]) {
+async fn assert_refused(cases: &[(&str, &str, &[&str])]) {
+    let clock = ManualClock::new();
     for (name, text, parts) in cases {
-        let err = config_error(name, text);
+        let err = settings(&file(name, text), &[], &clock).await.unwrap_err();
         for part in *parts {
             assert!(err.contains(part), "{name}: no {part:?} in {err}");
         }
     }
 }
 
-#[test]
-fn a_bad_policy_is_refused_naming_the_file_and_line() {
+#[tokio::test]
+async fn a_bad_policy_is_refused_naming_the_file_line_and_key() {
     assert_refused(&[
         (
             "bad_policy.toml",
-            "[routes.feedback]\nlimit = \"5/hour\"\n\n[routes.search]\nlimit = \"60/fortnight\"\n",
+            "[limits.feedback]\npolicy = \"5/hour\"\n\n[limits.search]\npolicy = \"60/fortnight\"\n",
             &[
-                "bad_policy.toml: line 5, column 9",
+                "bad_policy.toml: line 5, column 10: `policy = \"60/fortnight\"`",
                 "unknown unit \"fortnight\"",
             ],
         ),
         // Well formed, but a policy the constructor refuses.
         (
             "zero.toml",
-            "[routes.contact]\nlimit = \"fixed_window 0/day\"\n",
+            "[limits.contact]\npolicy = \"fixed_window 0/day\"\n",
             &["zero.toml: line 2", "limit must be at least 1"],
         ),
-    ]);
+    ])
+    .await;
 }
 
-#[test]
-fn unknown_keys_and_routes_are_refused_naming_the_line() {
+#[tokio::test]
+async fn unknown_keys_and_routes_are_refused_naming_the_line() {
     assert_refused(&[
         (
             "unknown_key.toml",
-            "[routes.search]\nlimit = \"60/min\"\nburst = 5\n",
-            &["unknown_key.toml: line 3", "unknown field `burst`"],
+            "[limits.search]\npolicy = \"60/min\"\nburst = 5\n",
+            &[
+                "unknown_key.toml: line 3",
+                "`burst = 5`",
+                "unknown field `burst`",
+            ],
         ),
         (
             "unknown_route.toml",
-            "\n[routes.serach]\nlimit = \"60/min\"\n",
+            "\n[limits.serach]\npolicy = \"60/min\"\n",
             // The known routes are listed.
             &[
-                "unknown_route.toml: line 2",
-                "unknown field `serach`",
-                "`search`",
+                "unknown_route.toml",
+                "no route of the demo is named \"serach\"",
+                "feedback, contact, search",
             ],
         ),
         (
@@ -179,25 +211,42 @@ fn unknown_keys_and_routes_are_refused_naming_the_line() {
         ),
         (
             "not_toml.toml",
-            "[routes.search\n",
+            "[limits.search\n",
             &["not_toml.toml: line 1"],
         ),
-    ]);
+        (
+            "no_tier.toml",
+            "[limits.search]\nstore = \"local\"\npolicy = \"60/min\"\n",
+            // No memory tier without --tiered.
+            &["line 2", "no store is named \"local\" (stores: default)"],
+        ),
+    ])
+    .await;
 
     let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-such-limits.toml");
-    let err = config(&["--config", missing.to_str().unwrap()]).unwrap_err();
+    let err = settings(&missing, &[], &ManualClock::new())
+        .await
+        .unwrap_err();
     assert!(
         err.contains("cannot read") && err.contains("no-such-limits.toml"),
         "{err}"
     );
 }
 
-#[test]
-fn the_example_file_is_valid() {
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/limits.example.toml");
-    let config = config(&["--config", example]).unwrap();
-    let [feedback, contact, search] = config.limits.endpoints().unwrap();
-    assert_eq!(feedback.policy, policy("5/hour"));
-    assert_eq!(contact.policy, policy("fixed_window 10/day"));
-    assert_eq!(search.policy, policy("gcra 2/s burst 30"));
+#[tokio::test]
+async fn the_example_file_is_valid() {
+    let example = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/limits.example.toml"));
+    let settings = settings(&example, &[], &ManualClock::new()).await.unwrap();
+    let file = settings.file.as_ref().unwrap();
+    let policy = |name: &str| file.limiter(name).unwrap().rules()[0].policy().to_string();
+    assert_eq!(
+        file.bare_policy("feedback").unwrap().to_string(),
+        "sliding_log 5/h"
+    );
+    assert_eq!(policy("contact"), "fixed_window 10/d");
+    assert_eq!(file.bare_policy("contact"), None);
+    assert_eq!(
+        file.bare_policy("search").unwrap().to_string(),
+        "gcra 2/s burst 30"
+    );
 }

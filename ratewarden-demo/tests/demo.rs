@@ -26,6 +26,7 @@ fn settings(clock: &ManualClock) -> Settings {
         on_failure: FailurePolicy::Open,
         admin_token: None,
         api_keys: Default::default(),
+        file: None,
     }
 }
 

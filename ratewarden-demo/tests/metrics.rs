@@ -61,6 +61,7 @@ fn settings(clock: &ManualClock, stores: Stores, search_per_minute: u32) -> Sett
         on_failure: FailurePolicy::Open,
         admin_token: None,
         api_keys: Default::default(),
+        file: None,
     }
 }
 

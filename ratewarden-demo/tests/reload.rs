@@ -1,0 +1,102 @@
+//! The demo binary, its limits file edited and `SIGHUP` sent while it
+//! serves: the new limit applies, what was counted stays counted, and a
+//! broken file leaves the limit in force.
+#![cfg(unix)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use http::StatusCode;
+use ratewarden_test_support::http::TestClient;
+
+/// The demo on a free port with `--config path`; its address, and its
+/// output lines (stdout and stderr) as they come.
+fn spawn_demo(path: &std::path::Path) -> (Child, String, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratewarden-demo"))
+        .args(["--listen", "127.0.0.1:0", "--config"])
+        .arg(path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the demo binary runs");
+    let (tx, rx) = mpsc::channel();
+    for out in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let first = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the demo prints where it listens");
+    let addr = first.rsplit("http://").next().unwrap().to_string();
+    (child, addr, rx)
+}
+
+/// Sends SIGHUP to `child` and waits for the line saying how the reload
+/// went.
+fn hangup(child: &Child, lines: &mpsc::Receiver<String>) -> String {
+    let status = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the demo answers a hangup");
+        if line.contains("reloaded") {
+            return line;
+        }
+    }
+}
+
+#[tokio::test]
+async fn sighup_applies_an_edited_file_keeping_usage_and_refuses_a_broken_one() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ratewarden-demo-reload");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let limits = |policy: &str| format!("[limits.search]\npolicy = \"{policy}\"\n");
+    std::fs::write(&path, limits("fixed_window 3/hour")).unwrap();
+    let (mut child, addr, lines) = spawn_demo(&path);
+    let client = TestClient::new(addr.parse().unwrap(), None);
+
+    for _ in 0..2 {
+        assert_eq!(client.get("/api/search").await.status, StatusCode::OK);
+    }
+    // Raised to 5: the 2 counted stay counted.
+    std::fs::write(&path, limits("fixed_window 5/hour")).unwrap();
+    let said = hangup(&child, &lines);
+    assert!(said.starts_with("limits reloaded from"), "{said}");
+    let reply = client.get("/api/search").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header_u64("x-ratelimit-limit"), 5);
+    assert_eq!(reply.header_u64("x-ratelimit-remaining"), 2);
+
+    // A broken file: refused, saying where, and 5 stays the limit.
+    std::fs::write(&path, limits("fixed_window 9/hourz")).unwrap();
+    let said = hangup(&child, &lines);
+    assert!(
+        said.starts_with("limits not reloaded, the old ones stay")
+            && said.contains("line 2, column 10: `policy = \"fixed_window 9/hourz\"`"),
+        "{said}"
+    );
+    let statuses: Vec<u16> = {
+        let mut s = Vec::new();
+        for _ in 0..3 {
+            s.push(client.get("/api/search").await.status.as_u16());
+        }
+        s
+    };
+    assert_eq!(statuses, [200, 200, 429]);
+    child.kill().ok();
+    child.wait().ok();
+}
