@@ -1,8 +1,10 @@
 //! A fleet sharing a partner API's quota through one Redis: four instances,
 //! each wanting as many calls a second as the quota for 10 seconds, call a
 //! mock API over HTTP whose quota (10, then 100 a second) is for all of
-//! them (its own calendar seconds). Every call goes through `WaitLayer`
-//! around a hyper client and waits for its permit at most two seconds.
+//! them, counted as a fixed window that opens at the first call after the
+//! last one closed (the fleet's limiter keeps the same kind of window).
+//! Every call goes through `WaitLayer` around a hyper client and waits for
+//! its permit at most two seconds.
 //!
 //! Time is simulated: a clock that jumps to the next wake-up only when
 //! every caller is asleep on it, so a call in flight (to Redis, to the API)
@@ -38,7 +40,7 @@ const SECONDS: u64 = 10;
 const MAX_WAIT: Duration = Duration::from_secs(2);
 /// A healthy answer on a loaded machine is never taken for a failure.
 const TIMEOUT: Duration = Duration::from_secs(10);
-/// Calendar seconds start on whole seconds, as the limiter's windows do.
+/// Where simulated time starts.
 const START: u64 = ManualClock::DEFAULT_START.as_micros();
 
 #[derive(Default)]
@@ -244,15 +246,19 @@ async fn run(shared_url: &str, wire: &WireCounter, quota: u64, leases: bool) -> 
 /// Checks the quota and the share of it the fleet got; returns the calls
 /// made in the first `SECONDS` seconds.
 fn check(outcome: &Outcome, quota: u64, what: &str) -> u64 {
-    let mut per_second = std::collections::BTreeMap::<u64, u64>::new();
+    // The API's windows: a second each, opening at the first call after
+    // the last one closed.
+    let mut window: Option<(u64, u64)> = None;
     for t in &outcome.seen {
-        *per_second.entry(t / 1_000_000).or_default() += 1;
-    }
-    for (second, calls) in &per_second {
+        let (start, calls) = match window {
+            Some((start, calls)) if *t < start + 1_000_000 => (start, calls + 1),
+            _ => (*t, 1),
+        };
         assert!(
-            *calls <= quota,
-            "{what}: the API saw {calls} calls in second {second}"
+            calls <= quota,
+            "{what}: the API saw {calls} calls in its window from {start} µs"
         );
+        window = Some((start, calls));
     }
     let within = outcome
         .seen
