@@ -93,9 +93,6 @@
 //!
 //! The decision is also inserted into the request's extensions, so a
 //! handler can read it (`Extension<Decision>` in axum).
-//!
-//! About 580 lines in one file: the layer, its builder and its service are
-//! one request path, read top to bottom.
 
 use std::fmt;
 use std::future::Future;
@@ -522,6 +519,14 @@ impl RateLimitLayerBuilder {
     /// status), one costing more than a rule ever admits
     /// `INVALID_ARGUMENT`, one without a client address `INTERNAL`. A
     /// custom [`refusal`](Self::refusal) still answers as it is written.
+    /// Refused with [`count_only`](Self::count_only) by
+    /// [`build`](Self::build): a gRPC call's outcome is not its HTTP status.
+    ///
+    /// Requests are keyed by the peer address tonic records for a plain TCP
+    /// connection (`TcpConnectInfo`). Behind tonic's own TLS it records
+    /// `TlsConnectInfo` instead, which this feature does not read: key
+    /// such a server's requests with a [`key`](Self::key) extractor, or
+    /// put the peer's `SocketAddr` into each request's extensions.
     ///
     /// ```
     /// use std::time::Duration;
@@ -577,6 +582,13 @@ impl RateLimitLayerBuilder {
                  ClientIdentity::new instead of ClientIdentity::random",
                 rule.name()
             )));
+        }
+        if self.grpc && self.counts.is_some() {
+            return Err(ConfigError::Invalid(
+                "count_only cannot judge a gRPC call: every call answers HTTP 200 and its \
+                 outcome travels in grpc-status"
+                    .into(),
+            ));
         }
         if let MissingKey::Reject(status) = self.on_missing_key
             && !status.is_client_error()
@@ -749,6 +761,7 @@ pub enum Gate {
 }
 
 /// An admitted request whose response is still to come; see [`Gate`].
+#[must_use = "an admitted request is finished with its response's status and headers"]
 pub struct Admitted {
     decision: Decision,
     plan: usize,

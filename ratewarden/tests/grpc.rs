@@ -131,3 +131,40 @@ async fn a_request_without_a_key_is_invalid_argument() {
     let response = client.check(request).await.unwrap();
     assert_eq!(response.get_ref().status(), ServingStatus::Serving);
 }
+
+#[tokio::test]
+async fn a_call_heavier_than_the_limit_is_invalid_argument() {
+    let mut client = serve(|b| b.grpc().cost(|_| LIMIT + 1)).await;
+    let refused = client.check(check()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert_eq!(
+        refused.message(),
+        "This request costs more than the rate limit ever admits."
+    );
+}
+
+#[test]
+fn count_only_is_refused_with_grpc() {
+    let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+    let limiter = Limiter::builder()
+        .rule(
+            Rule::new(
+                "grpc",
+                store,
+                Policy::fixed_window(LIMIT, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let err = RateLimitLayer::builder(limiter, ClientIdentity::new([7u8; 32]).unwrap())
+        .grpc()
+        .count_only(|status| status == http::StatusCode::UNAUTHORIZED)
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("count_only cannot judge a gRPC call"),
+        "{err}"
+    );
+}
