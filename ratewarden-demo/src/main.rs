@@ -209,16 +209,10 @@ fn reload_on_hangup(
     reloader: std::sync::Arc<Reloader<axum::Router>>,
     path: std::path::PathBuf,
 ) -> std::io::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = signal(SignalKind::hangup())?;
-    tokio::spawn(async move {
-        while hangups.recv().await.is_some() {
-            match reloader.reload().await {
-                Ok(()) => println!("limits reloaded from {}", path.display()),
-                Err(e) => eprintln!("limits not reloaded, the old ones stay: {e}"),
-            }
-        }
-    });
+    reloader.reload_on_sighup_with(move |outcome| match outcome {
+        Ok(()) => println!("limits reloaded from {}", path.display()),
+        Err(e) => eprintln!("limits not reloaded, the old ones stay: {e}"),
+    })?;
     Ok(())
 }
 

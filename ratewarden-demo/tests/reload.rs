@@ -66,7 +66,8 @@ async fn sighup_applies_an_edited_file_keeping_usage_and_refuses_a_broken_one() 
     let path = dir.join("limits.toml");
     let limits = |policy: &str| format!("[limits.search]\npolicy = \"{policy}\"\n");
     std::fs::write(&path, limits("fixed_window 3/hour")).unwrap();
-    let (mut child, addr, lines) = spawn_demo(&path);
+    let (child, addr, lines) = spawn_demo(&path);
+    let child = Killed(child);
     let client = TestClient::new(addr.parse().unwrap(), None);
 
     for _ in 0..2 {
@@ -74,7 +75,7 @@ async fn sighup_applies_an_edited_file_keeping_usage_and_refuses_a_broken_one() 
     }
     // Raised to 5: the 2 counted stay counted.
     std::fs::write(&path, limits("fixed_window 5/hour")).unwrap();
-    let said = hangup(&child, &lines);
+    let said = hangup(&child.0, &lines);
     assert!(said.starts_with("limits reloaded from"), "{said}");
     let reply = client.get("/api/search").await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -83,7 +84,7 @@ async fn sighup_applies_an_edited_file_keeping_usage_and_refuses_a_broken_one() 
 
     // A broken file: refused, saying where, and 5 stays the limit.
     std::fs::write(&path, limits("fixed_window 9/hourz")).unwrap();
-    let said = hangup(&child, &lines);
+    let said = hangup(&child.0, &lines);
     assert!(
         said.starts_with("limits not reloaded, the old ones stay")
             && said.contains("line 2, column 10: `policy = \"fixed_window 9/hourz\"`"),
@@ -97,6 +98,15 @@ async fn sighup_applies_an_edited_file_keeping_usage_and_refuses_a_broken_one() 
         s
     };
     assert_eq!(statuses, [200, 200, 429]);
-    child.kill().ok();
-    child.wait().ok();
+    drop(child);
+}
+
+/// The demo, stopped however the test ends.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
 }

@@ -349,6 +349,7 @@ impl Limits {
                 },
             );
         }
+        let mut rule_names: BTreeMap<String, String> = BTreeMap::new();
         for (name, spec) in file.limits {
             if let Some(policy) = spec.get_ref().bare() {
                 next.bare.insert(name.clone(), policy);
@@ -365,6 +366,21 @@ impl Limits {
                     _ => format!("{name}-{}", i + 1),
                 };
                 built.push(next.rule(self, rule, default_name, &at)?);
+            }
+            // Rules of one name share their counts in a store: two limits
+            // must not meet there by accident (a limit `a-2` beside the
+            // second rule of `a`).
+            for rule in &built {
+                if let Some(other) = rule_names.insert(rule.name().to_owned(), name.clone()) {
+                    return Err(at(
+                        span,
+                        format!(
+                            "limit {name:?} has a rule named {:?}, as limit {other:?} does; \
+                             rules of one name share their counts, so name one otherwise",
+                            rule.name()
+                        ),
+                    ));
+                }
             }
             let limiter = Limiter::builder()
                 .shared_clock(next.clock.clone())
@@ -476,30 +492,42 @@ impl Limits {
 }
 
 impl LimitSpec {
+    /// Whether the limit sets any field of a single rule but its policy:
+    /// the one list of them (the pattern names every field), so that a new
+    /// one cannot be forgotten in [`bare`](Self::bare).
+    fn has_rule_options(&self) -> bool {
+        let LimitSpec {
+            rules: _,
+            policy: _,
+            name,
+            store,
+            on_failure,
+            timeout_ms,
+            fallback,
+            lease,
+            escalate,
+        } = self;
+        name.is_some()
+            || store.is_some()
+            || on_failure.is_some()
+            || timeout_ms.is_some()
+            || fallback.is_some()
+            || lease.is_some()
+            || escalate.is_some()
+    }
+
     /// The policy, if the limit names nothing else.
     fn bare(&self) -> Option<Policy> {
-        let only_policy = self.rules.is_none()
-            && self.name.is_none()
-            && self.store.is_none()
-            && self.on_failure.is_none()
-            && self.timeout_ms.is_none()
-            && self.fallback.is_none()
-            && self.lease.is_none()
-            && self.escalate.is_none();
-        only_policy.then(|| self.policy.as_ref().map(|p| *p.get_ref()))?
+        if self.rules.is_some() || self.has_rule_options() {
+            return None;
+        }
+        self.policy.as_ref().map(|p| *p.get_ref())
     }
 
     /// The rules of the limit: `rules`, or the one rule its own fields
     /// describe.
     fn rules(self, limit: String) -> Result<Vec<Spanned<RuleSpec>>, String> {
-        let single = self.policy.is_some()
-            || self.store.is_some()
-            || self.name.is_some()
-            || self.on_failure.is_some()
-            || self.timeout_ms.is_some()
-            || self.fallback.is_some()
-            || self.lease.is_some()
-            || self.escalate.is_some();
+        let single = self.policy.is_some() || self.has_rule_options();
         match (self.rules, single) {
             (Some(_), true) => Err(format!(
                 "limit {limit:?} has both `rules` and the fields of a single rule; keep one"
@@ -686,16 +714,28 @@ impl<S: Send + Sync + 'static> Reloader<S> {
     }
 
     /// Reloads on every `SIGHUP` until the runtime stops, logging each
-    /// outcome; a file that does not load leaves the limits in force.
+    /// outcome with `tracing`; a file that does not load leaves the limits
+    /// in force.
     #[cfg(unix)]
     pub fn reload_on_sighup(self: Arc<Self>) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        self.reload_on_sighup_with(|outcome| match outcome {
+            Ok(()) => tracing::info!("limits reloaded"),
+            Err(e) => tracing::error!(error = %e, "limits not reloaded; the old ones stay"),
+        })
+    }
+
+    /// [`reload_on_sighup`](Self::reload_on_sighup), telling `report` each
+    /// outcome instead of logging it.
+    #[cfg(unix)]
+    pub fn reload_on_sighup_with(
+        self: Arc<Self>,
+        report: impl Fn(&Result<(), ConfigError>) + Send + 'static,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
         let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         Ok(tokio::spawn(async move {
             while hangups.recv().await.is_some() {
-                match self.reload().await {
-                    Ok(()) => tracing::info!("limits reloaded"),
-                    Err(e) => tracing::error!(error = %e, "limits not reloaded; the old ones stay"),
-                }
+                let outcome = self.reload().await;
+                report(&outcome);
             }
         }))
     }

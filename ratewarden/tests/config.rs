@@ -67,7 +67,7 @@ async fn a_file_builds_stores_rules_tiers_leases_escalation_and_routes() {
     );
     let routes: Vec<&str> = limits.routes().map(|(route, _)| route).collect();
     assert_eq!(routes, ["/feedback", "/search"]);
-    // Three a limit; the tiers count together, refusals count nowhere.
+    // Search admits its 5; feedback's two tiers admit 3 together.
     let search = limits.route("/search").unwrap();
     let admitted = futures_admitted(search, 8).await;
     assert_eq!(admitted, 5);
@@ -147,6 +147,17 @@ async fn errors_name_the_line_and_the_key_at_fault() {
     .await;
     assert!(
         err.starts_with("limits.toml: line 3, column 9:") && err.contains("unknown store scheme"),
+        "{err}"
+    );
+    // Two limits whose rules would share a name, and so their counts.
+    let err = parse(&format!(
+        "{FILE}\n[limits.feedback-2]\nstore = \"local\"\npolicy = \"1/day\"\n"
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("has a rule named \"feedback-2\", as limit"),
         "{err}"
     );
     // The lease is built: a sliding log cannot be leased.
