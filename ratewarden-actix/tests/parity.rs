@@ -64,21 +64,30 @@ fn layer(
         .unwrap()
 }
 
-/// The handler of both servers: what it saw of the admitting decision.
-fn seen(decision: Option<&Decision>) -> String {
-    match decision {
+/// The handler of both servers: what it saw of the admitting decision,
+/// with the status `x-status` asks for (200 without one).
+fn seen(decision: Option<&Decision>, status: Option<&[u8]>) -> (StatusCode, String) {
+    let status = status
+        .and_then(|s| std::str::from_utf8(s).ok()?.parse::<u16>().ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::OK);
+    let body = match decision {
         Some(d) => format!("hello; {} left", d.remaining),
         None => "hello; no decision".into(),
-    }
+    };
+    (status, body)
 }
 
 async fn axum_server(layer: RateLimitLayer) -> SocketAddr {
     let app = Router::new()
         .route(
             "/hello",
-            get(|decision: Option<axum::Extension<Decision>>| async move {
-                seen(decision.as_ref().map(|d| &d.0))
-            }),
+            get(
+                |decision: Option<axum::Extension<Decision>>, headers: http::HeaderMap| async move {
+                    let status = headers.get("x-status").map(|v| v.as_bytes());
+                    seen(decision.as_ref().map(|d| &d.0), status)
+                },
+            ),
         )
         .layer(layer);
     serve(app).await
@@ -89,7 +98,12 @@ async fn actix_server(layer: RateLimitLayer) -> SocketAddr {
         App::new().wrap(RateLimit::new(layer.clone())).route(
             "/hello",
             web::get().to(|request: HttpRequest| async move {
-                seen(request.extensions().get::<Decision>())
+                let status = request.headers().get("x-status").map(|v| v.as_bytes());
+                let (status, body) = seen(request.extensions().get::<Decision>(), status);
+                let status = actix_web::http::StatusCode::from_u16(status.as_u16()).unwrap();
+                actix_web::HttpResponse::build(status)
+                    .content_type("text/plain; charset=utf-8")
+                    .body(body)
             }),
         )
     })
@@ -187,4 +201,38 @@ async fn a_store_that_is_down_answers_under_the_failure_policy_as_the_tower_laye
     );
     let open = both(down, FailurePolicy::Open, |b| b, &[PLAIN; 2]).await;
     assert!(open.iter().all(|r| r.status == StatusCode::OK), "{open:?}");
+}
+
+#[actix_web::test]
+async fn count_only_skip_and_cost_answer_as_the_tower_layer_does() {
+    let shape = |b: RateLimitLayerBuilder| {
+        b.count_only(|status| status == StatusCode::UNAUTHORIZED)
+            .skip(|parts| parts.headers.contains_key("x-skip"))
+            .cost(|parts| {
+                parts
+                    .headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            })
+    };
+    let ok: &[(&str, &str)] = &[];
+    let failed: &[(&str, &str)] = &[("x-status", "401")];
+    let skipped: &[(&str, &str)] = &[("x-skip", "1")];
+    let heavy: &[(&str, &str)] = &[("x-cost", "10")];
+    let replies = both(
+        memory,
+        FailurePolicy::Closed,
+        shape,
+        &[
+            ok, ok, ok, ok, failed, failed, failed, failed, skipped, heavy,
+        ],
+    )
+    .await;
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status.as_u16()).collect();
+    // Successes are given back; three failures count; a skipped request
+    // passes untouched, one heavier than the limit is refused at once.
+    assert_eq!(statuses, [200, 200, 200, 200, 401, 401, 401, 429, 200, 413]);
+    assert!(replies[8].headers.get("x-ratelimit-limit").is_none());
+    assert_eq!(replies[9].json()["error"], "cost_exceeds_limit");
 }

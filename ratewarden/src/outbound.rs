@@ -60,6 +60,13 @@ impl WaitLayer {
     }
 }
 
+impl WaitLayer {
+    /// The wait every adapter of this module makes before its call.
+    pub(crate) async fn permit(&self) -> Result<ratewarden_core::Permit, WaitError> {
+        self.limiter.acquire(&self.key, self.max_wait).await
+    }
+}
+
 impl<S> Layer<S> for WaitLayer {
     type Service = Wait<S>;
 
@@ -129,11 +136,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         Box::pin(async move {
-            let permit = layer
-                .limiter
-                .acquire(&layer.key, layer.max_wait)
-                .await
-                .map_err(WaitCallError::Wait)?;
+            let permit = layer.permit().await.map_err(WaitCallError::Wait)?;
             // Spent from here on: the call goes out, whether or not its
             // answer is awaited.
             let call = inner.call(request);

@@ -72,18 +72,13 @@ impl Middleware for WaitMiddleware {
         extensions: &mut http::Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let wait = &self.wait;
-        let permit = wait
-            .limiter
-            .acquire(&wait.key, wait.max_wait)
-            .await
-            .map_err(|e| {
-                // The context is what the error displays; the wait error,
-                // its source, says why and can be downcast to.
-                reqwest_middleware::Error::Middleware(
-                    anyhow::Error::new(e).context("no permit for the call"),
-                )
-            })?;
+        let permit = self.wait.permit().await.map_err(|e| {
+            // The context is what the error displays; the wait error, its
+            // source, says why and can be downcast to.
+            reqwest_middleware::Error::Middleware(
+                anyhow::Error::new(e).context("no permit for the call"),
+            )
+        })?;
         // Spent from here on: the request goes out, whether or not its
         // answer is awaited.
         let call = next.run(req, extensions);
