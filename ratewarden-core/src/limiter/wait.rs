@@ -18,7 +18,8 @@ pub const MIN_RETRY: Duration = Duration::from_millis(10);
 /// The most a pause is lengthened by its jitter.
 const MAX_JITTER: Duration = Duration::from_secs(1);
 
-/// Why [`Limiter::until_ready`] gave up.
+/// Why [`Limiter::until_ready`] or [`Limiter::acquire`] gave up (and so an
+/// outbound layer's call that was not made).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum WaitError {
