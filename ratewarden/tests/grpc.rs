@@ -18,26 +18,25 @@ use tonic_types::StatusExt;
 
 const LIMIT: u32 = 3;
 
+/// A layer's builder: `LIMIT` calls a minute per client address, on a
+/// manual clock at the start of a minute.
+fn builder() -> ratewarden::RateLimitLayerBuilder {
+    let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+    let policy = Policy::fixed_window(LIMIT, Duration::from_secs(60)).unwrap();
+    let limiter = Limiter::builder()
+        .clock(ManualClock::new())
+        .rule(Rule::new("grpc", store, policy).unwrap())
+        .build()
+        .unwrap();
+    RateLimitLayer::builder(limiter, ClientIdentity::new([7u8; 32]).unwrap())
+}
+
 /// A health service behind a layer admitting `LIMIT` calls a minute per
 /// client address, on a manual clock at the start of a minute; its client.
 async fn serve(
     layer: impl FnOnce(ratewarden::RateLimitLayerBuilder) -> ratewarden::RateLimitLayerBuilder,
 ) -> HealthClient<tonic::transport::Channel> {
-    let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
-    let limiter = Limiter::builder()
-        .clock(ManualClock::new())
-        .rule(
-            Rule::new(
-                "grpc",
-                store,
-                Policy::fixed_window(LIMIT, Duration::from_secs(60)).unwrap(),
-            )
-            .unwrap(),
-        )
-        .build()
-        .unwrap();
-    let builder = RateLimitLayer::builder(limiter, ClientIdentity::new([7u8; 32]).unwrap());
-    let layer = layer(builder).build().unwrap();
+    let layer = layer(builder()).build().unwrap();
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -145,19 +144,7 @@ async fn a_call_heavier_than_the_limit_is_invalid_argument() {
 
 #[test]
 fn count_only_is_refused_with_grpc() {
-    let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
-    let limiter = Limiter::builder()
-        .rule(
-            Rule::new(
-                "grpc",
-                store,
-                Policy::fixed_window(LIMIT, Duration::from_secs(60)).unwrap(),
-            )
-            .unwrap(),
-        )
-        .build()
-        .unwrap();
-    let err = RateLimitLayer::builder(limiter, ClientIdentity::new([7u8; 32]).unwrap())
+    let err = builder()
         .grpc()
         .count_only(|status| status == http::StatusCode::UNAUTHORIZED)
         .build()
