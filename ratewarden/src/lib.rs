@@ -2,7 +2,7 @@
 //! [`ratewarden_core`] contract, the stores chosen by Cargo feature, client
 //! identity from HTTP requests, and a tower/axum middleware.
 //!
-//! * Stores: `memory` (default) gives [`memory::MemoryStore`]; `redis` and
+//! * Stores: `memory` (default) gives `memory::MemoryStore`; `redis` and
 //!   `postgres` add their backends. [`store::from_url`] opens any compiled-in
 //!   store from a URL (`memory://`, `redis://…`, `postgres://…`).
 //! * [`identity`]: a client key that is an HMAC of the client's normalised
