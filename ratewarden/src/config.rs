@@ -202,17 +202,7 @@ impl LimitsBuilder {
     }
 
     fn empty(self, origin: String, path: Option<PathBuf>) -> Limits {
-        Limits {
-            origin,
-            path,
-            given: Arc::new(self.given),
-            clock: self.clock,
-            opened: BTreeMap::new(),
-            leases: BTreeMap::new(),
-            limiters: BTreeMap::new(),
-            bare: BTreeMap::new(),
-            routes: BTreeMap::new(),
-        }
+        Limits::empty(origin, path, Arc::new(self.given), self.clock)
     }
 }
 
@@ -222,6 +212,27 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 }
 
 impl Limits {
+    /// Nothing built yet, from `origin` with the application's `given`
+    /// stores and `clock`: where a load and every reload start.
+    fn empty(
+        origin: String,
+        path: Option<PathBuf>,
+        given: Arc<BTreeMap<String, Arc<dyn Store>>>,
+        clock: Arc<dyn Clock>,
+    ) -> Limits {
+        Limits {
+            origin,
+            path,
+            given,
+            clock,
+            opened: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            limiters: BTreeMap::new(),
+            bare: BTreeMap::new(),
+            routes: BTreeMap::new(),
+        }
+    }
+
     /// A builder, to hand in the application's own stores or a clock.
     pub fn builder() -> LimitsBuilder {
         LimitsBuilder {
@@ -316,17 +327,12 @@ impl Limits {
             Some(span) => at(span, e.message().trim_end().to_owned()),
             None => ConfigError::Invalid(format!("{}: {}", self.origin, e.message().trim_end())),
         })?;
-        let mut next = Limits {
-            origin: self.origin.clone(),
-            path: self.path.clone(),
-            given: self.given.clone(),
-            clock: self.clock.clone(),
-            opened: BTreeMap::new(),
-            leases: BTreeMap::new(),
-            limiters: BTreeMap::new(),
-            bare: BTreeMap::new(),
-            routes: BTreeMap::new(),
-        };
+        let mut next = Limits::empty(
+            self.origin.clone(),
+            self.path.clone(),
+            self.given.clone(),
+            self.clock.clone(),
+        );
         for (name, url) in &file.stores {
             if self.given.contains_key(name) {
                 return Err(at(
