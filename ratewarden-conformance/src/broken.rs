@@ -3,9 +3,11 @@
 //! These prove the suite's teeth: [`ReferenceStore`] passes every scenario,
 //! and each [`BrokenStore`] carries one [`Defect`] that real limiters have
 //! shipped, which the scenarios its docs name catch. Every scenario catches
-//! at least one of them, and so does each check of invalid input, key
-//! bounds, refunds and the largest policies, on the inline entry points as
-//! on the awaited ones. They are built on
+//! at least one of them, and so does each check of key bounds, refunds and
+//! the largest policies, on the inline entry points as on the awaited ones.
+//! (Invalid costs, over-long keys and refunds of refusals are not among
+//! them: [`Request`] and its kin refuse those
+//! before a store is called, so no store can get them wrong.) They are built on
 //! [`ratewarden_core::algorithm::apply`] with a key cap and least-recently-used
 //! eviction; they are not meant for production (the `ratewarden-memory` crate
 //! is).
@@ -31,7 +33,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ratewarden_core::algorithm::{self, KeyState, Verdict};
 use ratewarden_core::{
-    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Policy, Store, StoreError, Timestamp,
+    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Key, Policy, Refund, Request, Store,
+    StoreError, Timestamp,
 };
 
 /// One defect a [`BrokenStore`] has, and the scenario meant to catch it.
@@ -80,20 +83,12 @@ pub enum Defect {
     /// newest log entries, the current counter, the arrival time), without
     /// checking that they are the refunded admission's (`refund_exactness`).
     RefundBlind,
-    /// Declares a key-length bound and stores longer keys anyway
-    /// (`key_length_bound`).
-    UnboundedKeys,
     /// Answers [`Store::decide_inline`] (the path a `Limiter` takes for an
     /// in-process store) with a shortcut that counts refused requests, while
     /// [`Store::decide`] is honest: a fast path that drifted from the
     /// tested one (`refused_hammering`, which sends every other request
     /// inline).
     InlineRecordsRefusals,
-    /// Clamps a cost of zero or above the limit into `1..=limit` and
-    /// decides, instead of answering an `InvalidRequest` error: the caller's
-    /// mistake is silently turned into a request it did not make
-    /// (`cost_accounting`, `bad_configuration`).
-    InvalidCostsClamped,
     /// Forgets a key's state as soon as it is written when the window is
     /// longer than 30 days, as a memcached expiry does (more than 30 days of
     /// seconds is read as an absolute Unix time, long past), while
@@ -103,28 +98,10 @@ pub enum Defect {
     /// Declares, and enforces, a key-length bound of 2 MiB: a bound too
     /// large to bound what one key costs (`key_length_bound`).
     HugeKeyBound,
-    /// Refunds a refused decision as if it were an admission, handing back
-    /// units the refusal never took, instead of answering an
-    /// `InvalidRequest` error (`refund_exactness`).
-    RefundsRefusals,
     /// Refunds a key that holds nothing by creating it with a negative
     /// count, as a `DECRBY` on a missing Redis key does: that key then
     /// admits `cost` units more than its limit (`refund_exactness`).
     GhostRefundCredits,
-    /// Checks the key-length bound in [`Store::decide`] and
-    /// [`Store::refund`] but not in [`Store::decide_inline`] and
-    /// [`Store::refund_inline`], which store keys of any length
-    /// (`key_length_bound`, which sends its over-long key both ways).
-    InlineSkipsKeyBound,
-    /// Clamps an invalid cost into `1..=limit` in [`Store::decide_inline`]
-    /// only; [`Store::decide`] answers it with an `InvalidRequest` error
-    /// (`cost_accounting`, `bad_configuration`, which send their invalid
-    /// costs both ways).
-    InlineAcceptsInvalidCosts,
-    /// Refunds a refused decision in [`Store::refund_inline`] only;
-    /// [`Store::refund`] answers it with an `InvalidRequest` error
-    /// (`refund_exactness`, which sends its refund of a refusal both ways).
-    InlineRefundsRefusals,
     /// Answers [`Store::refund_inline`] with success and changes nothing,
     /// while [`Store::refund`] is honest (`refund_exactness`, which sends
     /// every other refund of its tables inline).
@@ -168,7 +145,7 @@ const HUGE_KEY_BOUND: usize = 2 << 20;
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 31] = [
+    pub const ALL: [Defect; 25] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
@@ -183,16 +160,10 @@ impl Defect {
         Defect::SharedBuckets,
         Defect::RefundIgnored,
         Defect::RefundBlind,
-        Defect::UnboundedKeys,
         Defect::InlineRecordsRefusals,
-        Defect::InvalidCostsClamped,
         Defect::LongWindowsForgotten,
         Defect::HugeKeyBound,
-        Defect::RefundsRefusals,
         Defect::GhostRefundCredits,
-        Defect::InlineSkipsKeyBound,
-        Defect::InlineAcceptsInvalidCosts,
-        Defect::InlineRefundsRefusals,
         Defect::InlineRefundIgnored,
         Defect::PeekRecords,
         Defect::PeekOpensWindow,
@@ -219,16 +190,10 @@ impl Defect {
             Defect::SharedBuckets => "broken-shared-buckets",
             Defect::RefundIgnored => "broken-refund-ignored",
             Defect::RefundBlind => "broken-refund-blind",
-            Defect::UnboundedKeys => "broken-unbounded-keys",
             Defect::InlineRecordsRefusals => "broken-inline-records-refusals",
-            Defect::InvalidCostsClamped => "broken-invalid-costs-clamped",
             Defect::LongWindowsForgotten => "broken-long-windows-forgotten",
             Defect::HugeKeyBound => "broken-huge-key-bound",
-            Defect::RefundsRefusals => "broken-refunds-refusals",
             Defect::GhostRefundCredits => "broken-ghost-refund-credits",
-            Defect::InlineSkipsKeyBound => "broken-inline-skips-key-bound",
-            Defect::InlineAcceptsInvalidCosts => "broken-inline-accepts-invalid-costs",
-            Defect::InlineRefundsRefusals => "broken-inline-refunds-refusals",
             Defect::InlineRefundIgnored => "broken-inline-refund-ignored",
             Defect::PeekRecords => "broken-peek-records",
             Defect::PeekOpensWindow => "broken-peek-opens-window",
@@ -423,15 +388,6 @@ impl Core {
         }
     }
 
-    /// Checks the key against the declared bound, for `decide` and
-    /// `refund` or (`inline`) their inline forms.
-    fn check_key(&self, key: &[u8], inline: bool) -> Result<(), StoreError> {
-        if self.has(Defect::UnboundedKeys) || (inline && self.has(Defect::InlineSkipsKeyBound)) {
-            return Ok(());
-        }
-        ratewarden_core::check_key(self.name, key, self.declared_max_key_len())
-    }
-
     fn map_key(&self, policy: &Policy, key: &[u8]) -> MapKey {
         let algorithm = policy.algorithm();
         let key = match self.defect {
@@ -548,17 +504,17 @@ impl Core {
         keys.high_water = keys.high_water.max(keys.map.len());
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         if !self.has(Defect::NonAtomic) {
             return self.decide_now(key, policy, cost, now, false);
         }
-        let cost = self.check_request(key, policy, cost, false)?;
+        self.check_algorithm(policy)?;
         let now = now.as_micros();
         let key = self.map_key(policy, key);
         let verdict = {
@@ -592,31 +548,12 @@ impl Core {
         Ok(Decision::from_verdict(verdict, policy, self.name))
     }
 
-    /// Checks a request to `decide` or (`inline`) `decide_inline`, and
-    /// answers the cost to apply: the one asked, unless this store's defect
-    /// clamps an invalid one.
-    fn check_request(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        inline: bool,
-    ) -> Result<u32, StoreError> {
-        let cost = if self.has(Defect::InvalidCostsClamped)
-            || (inline && self.has(Defect::InlineAcceptsInvalidCosts))
-        {
-            cost.clamp(1, policy.limit())
-        } else {
-            policy
-                .check_cost(cost)
-                .map_err(|e| StoreError::invalid_request(self.name, e))?;
-            cost
-        };
-        if let Err(e) = self.check_policy(policy) {
-            return Err(StoreError::invalid_request(self.name, e));
-        }
-        self.check_key(key, inline)?;
-        Ok(cost)
+    /// Refuses an algorithm the store does not list (unless its defect is
+    /// to accept them): a store is given checked arguments, but not checked
+    /// against what it implements.
+    fn check_algorithm(&self, policy: &Policy) -> Result<(), StoreError> {
+        self.check_policy(policy)
+            .map_err(|e| StoreError::invalid_request(self.name, e))
     }
 
     /// The whole decision under the lock, for `decide` and
@@ -629,7 +566,7 @@ impl Core {
         now: Timestamp,
         inline: bool,
     ) -> Result<Decision, StoreError> {
-        let cost = self.check_request(key, policy, cost, inline)?;
+        self.check_algorithm(policy)?;
         let now = now.as_micros();
         let key = self.map_key(policy, key);
         let mut keys = self.lock();
@@ -656,24 +593,15 @@ impl Core {
 
 impl Core {
     /// `refund`, or (`inline`) `refund_inline`.
-    fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-        inline: bool,
-    ) -> Result<(), StoreError> {
-        if self.has(Defect::RefundsRefusals) || (inline && self.has(Defect::InlineRefundsRefusals))
-        {
-            policy
-                .check_cost(cost)
-                .map_err(|e| StoreError::invalid_request(self.name, e))?;
-        } else {
-            ratewarden_core::check_refund(self.name, policy, cost, admitted)?;
-        }
-        self.check_key(key, inline)?;
+    fn refund(&self, refund: Refund<'_>, inline: bool) -> Result<(), StoreError> {
+        let request = refund.request();
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
+        let admitted = refund.admitted();
         if self.has(Defect::RefundIgnored) || (inline && self.has(Defect::InlineRefundIgnored)) {
             return Ok(());
         }
@@ -701,17 +629,17 @@ impl Core {
 
 impl Core {
     /// `peek`: the decision `decide` would make, on a copy of the state.
-    fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         if self.has(Defect::PeekRecords) {
             return self.decide_now(key, policy, cost, now, false);
         }
-        let cost = self.check_request(key, policy, cost, false)?;
+        self.check_algorithm(policy)?;
         let t = now.as_micros();
         let map_key = self.map_key(policy, key);
         let mut keys = self.lock();
@@ -737,12 +665,11 @@ impl Core {
 
     /// `reset`: the key's entry removed, with its place in the eviction
     /// order.
-    fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
-        self.check_key(key, false)?;
+    fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         if self.has(Defect::ResetIgnored) {
             return Ok(());
         }
-        let map_key = self.map_key(policy, key);
+        let map_key = self.map_key(policy, key.as_bytes());
         let mut keys = self.lock();
         if self.has(Defect::ResetKeepsPrevious)
             && let Some(Entry {
@@ -763,17 +690,17 @@ impl Core {
 impl Core {
     /// `penalize`: [`algorithm::penalize`] on the key's state, which is
     /// touched and inserted as by an admission.
-    fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         if self.has(Defect::PenaltyOnlyWhenItFits) {
             return self.decide_now(key, policy, cost, now, false).map(|_| ());
         }
-        let cost = self.check_request(key, policy, cost, false)?;
+        self.check_algorithm(policy)?;
         let t = now.as_micros();
         let map_key = self.map_key(policy, key);
         let mut keys = self.lock();
@@ -850,74 +777,37 @@ macro_rules! impl_store {
                 self.core.declared_max_key_len()
             }
 
-            async fn decide(
-                &self,
-                key: &[u8],
-                policy: &Policy,
-                cost: u32,
-                now: Timestamp,
-            ) -> Result<Decision, StoreError> {
-                self.core.decide(key, policy, cost, now).await
+            async fn decide(&self, r: Request<'_>) -> Result<Decision, StoreError> {
+                self.core.decide(r).await
             }
 
             // In process, so answered inline like the memory store, except
             // where the defect is a wait between read and write.
-            fn decide_inline(
-                &self,
-                key: &[u8],
-                policy: &Policy,
-                cost: u32,
-                now: Timestamp,
-            ) -> Option<Result<Decision, StoreError>> {
-                (!self.core.has(Defect::NonAtomic))
-                    .then(|| self.core.decide_now(key, policy, cost, now, true))
+            fn decide_inline(&self, r: Request<'_>) -> Option<Result<Decision, StoreError>> {
+                (!self.core.has(Defect::NonAtomic)).then(|| {
+                    self.core
+                        .decide_now(r.key(), r.policy(), r.cost(), r.now(), true)
+                })
             }
 
-            fn refund_inline(
-                &self,
-                key: &[u8],
-                policy: &Policy,
-                cost: u32,
-                now: Timestamp,
-                admitted: &Decision,
-            ) -> Option<Result<(), StoreError>> {
-                (!self.core.has(Defect::NonAtomic))
-                    .then(|| self.core.refund(key, policy, cost, now, admitted, true))
+            fn refund_inline(&self, refund: Refund<'_>) -> Option<Result<(), StoreError>> {
+                (!self.core.has(Defect::NonAtomic)).then(|| self.core.refund(refund, true))
             }
 
-            async fn refund(
-                &self,
-                key: &[u8],
-                policy: &Policy,
-                cost: u32,
-                now: Timestamp,
-                admitted: &Decision,
-            ) -> Result<(), StoreError> {
-                self.core.refund(key, policy, cost, now, admitted, false)
+            async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+                self.core.refund(refund, false)
             }
 
-            async fn peek(
-                &self,
-                key: &[u8],
-                policy: &Policy,
-                cost: u32,
-                now: Timestamp,
-            ) -> Result<Decision, StoreError> {
-                self.core.peek(key, policy, cost, now)
+            async fn peek(&self, r: Request<'_>) -> Result<Decision, StoreError> {
+                self.core.peek(r)
             }
 
-            async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+            async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
                 self.core.reset(key, policy)
             }
 
-            async fn penalize(
-                &self,
-                key: &[u8],
-                policy: &Policy,
-                cost: u32,
-                now: Timestamp,
-            ) -> Result<(), StoreError> {
-                self.core.penalize(key, policy, cost, now)
+            async fn penalize(&self, r: Request<'_>) -> Result<(), StoreError> {
+                self.core.penalize(r)
             }
         }
     };
@@ -935,31 +825,52 @@ mod tests {
         let store = ReferenceStore::new(3);
         let p = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
         let t = Timestamp::from_micros(1_000_000);
-        assert!(store.decide(b"a", &p, 1, t).await.unwrap().allowed);
-        assert!(store.decide(b"b", &p, 1, t).await.unwrap().allowed);
-        assert!(store.decide(b"c", &p, 1, t).await.unwrap().allowed);
-        // A refusal touches "a", so "b" is the oldest now.
-        assert!(!store.decide(b"a", &p, 1, t).await.unwrap().allowed);
-        assert!(store.decide(b"d", &p, 1, t).await.unwrap().allowed);
-        assert_eq!(store.len(), 3);
-        assert!(!store.decide(b"a", &p, 1, t).await.unwrap().allowed);
         assert!(
-            store.decide(b"b", &p, 1, t).await.unwrap().allowed,
+            crate::call::decide(&store, b"a", &p, 1, t)
+                .await
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            crate::call::decide(&store, b"b", &p, 1, t)
+                .await
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            crate::call::decide(&store, b"c", &p, 1, t)
+                .await
+                .unwrap()
+                .allowed
+        );
+        // A refusal touches "a", so "b" is the oldest now.
+        assert!(
+            !crate::call::decide(&store, b"a", &p, 1, t)
+                .await
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            crate::call::decide(&store, b"d", &p, 1, t)
+                .await
+                .unwrap()
+                .allowed
+        );
+        assert_eq!(store.len(), 3);
+        assert!(
+            !crate::call::decide(&store, b"a", &p, 1, t)
+                .await
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            crate::call::decide(&store, b"b", &p, 1, t)
+                .await
+                .unwrap()
+                .allowed,
             "b was evicted"
         );
         assert_eq!(store.high_water(), 3);
-    }
-
-    #[tokio::test]
-    async fn invalid_cost_is_an_error() {
-        let store = ReferenceStore::new(3);
-        let p = Policy::gcra(2, Duration::from_secs(1)).unwrap();
-        let err = store
-            .decide(b"k", &p, 3, Timestamp::EPOCH)
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), ratewarden_core::ErrorKind::InvalidRequest);
-        assert!(store.is_empty());
     }
 }
 
@@ -990,42 +901,23 @@ impl Store for Unavailable {
         ratewarden_core::DEFAULT_MAX_KEY_LEN
     }
 
-    async fn decide(
-        &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn decide(&self, _: Request<'_>) -> Result<Decision, StoreError> {
         Err(refused())
     }
 
-    async fn refund(
-        &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: Timestamp,
-        _: &Decision,
-    ) -> Result<(), StoreError> {
+    async fn refund(&self, _: Refund<'_>) -> Result<(), StoreError> {
         Err(refused())
     }
 
-    async fn peek(
-        &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn peek(&self, _: Request<'_>) -> Result<Decision, StoreError> {
         Err(refused())
     }
 
-    async fn reset(&self, _: &[u8], _: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, _: Key<'_>, _: &Policy) -> Result<(), StoreError> {
         Err(refused())
     }
 
-    async fn penalize(&self, _: &[u8], _: &Policy, _: u32, _: Timestamp) -> Result<(), StoreError> {
+    async fn penalize(&self, _: Request<'_>) -> Result<(), StoreError> {
         Err(refused())
     }
 }

@@ -65,8 +65,7 @@
 //! A [`Limiter`](ratewarden_core::Limiter) asks a store's inline entry points
 //! ([`Store::decide_inline`], [`Store::refund_inline`]) first, so the
 //! scenarios attack both ways in: every other request and refund goes inline,
-//! and each check of an invalid cost, an over-long key or a refund of a
-//! refusal or of an empty key asks both. A store that answers nothing inline
+//! and each refund of an empty key asks both. A store that answers nothing inline
 //! (`None`, "await me") is asked the awaited way only, which fails nothing;
 //! an answer it does give inline must pass the same checks.
 //!
@@ -90,6 +89,7 @@ pub use ratewarden_core;
 use ratewarden_core::Store;
 
 pub mod broken;
+pub mod call;
 pub mod composition;
 pub mod model;
 mod scenarios;

@@ -54,6 +54,7 @@
 //! About 730 lines: the model of one store and of a limiter of tiers, with
 //! their replays and differentials, which share their step types.
 
+use crate::call;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -417,8 +418,7 @@ pub async fn replay(
                 now as i128 - start.as_micros() as i128
             )
         };
-        let decision = store
-            .decide(&k, policy, cost, at)
+        let decision = call::decide(store, &k, policy, cost, at)
             .await
             .map_err(|e| crate::Failure(format!("{}: store error {e}", context())))?;
         if decision.limit != policy.limit() {
@@ -596,8 +596,7 @@ async fn decide_as_core(
         p,
         store.name(),
     );
-    let got = store
-        .decide(key.as_bytes(), p, cost, Timestamp::from_micros(now))
+    let got = call::decide(store, key.as_bytes(), p, cost, Timestamp::from_micros(now))
         .await
         .map_err(|e| crate::Failure(format!("{p}, step {step}, cost {cost}, now {now}: {e}")))?;
     if got != expected {
@@ -718,10 +717,16 @@ pub async fn refund_differential(
                 let (at, cost, d) = admitted.swap_remove(pick);
                 let reset_after = d.reset_after.as_micros() as u64;
                 refund(&mut state, &p, cost, at, reset_after);
-                store
-                    .refund(key.as_bytes(), &p, cost, Timestamp::from_micros(at), &d)
-                    .await
-                    .map_err(|e| crate::Failure(format!("{p}, step {step}: refund failed: {e}")))?;
+                call::refund(
+                    store,
+                    key.as_bytes(),
+                    &p,
+                    cost,
+                    Timestamp::from_micros(at),
+                    &d,
+                )
+                .await
+                .map_err(|e| crate::Failure(format!("{p}, step {step}: refund failed: {e}")))?;
                 counts.refunds += 1;
                 continue;
             }

@@ -1,6 +1,7 @@
 //! What every scenario needs: a store with a manual clock, exact
 //! expectations, and readable numbers in evidence and failures.
 
+use crate::call;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -112,8 +113,8 @@ pub(crate) async fn decide_on(
     now: Timestamp,
 ) -> Option<Result<Decision, StoreError>> {
     match path {
-        Path::Awaited => Some(store.decide(key, p, cost, now).await),
-        Path::Inline => store.decide_inline(key, p, cost, now),
+        Path::Awaited => Some(call::decide(store, key, p, cost, now).await),
+        Path::Inline => call::decide_inline(store, key, p, cost, now),
     }
 }
 
@@ -129,7 +130,7 @@ pub(crate) async fn decide_preferring(
 ) -> (Path, Result<Decision, StoreError>) {
     match decide_on(store, path, key, p, cost, now).await {
         Some(answer) => (path, answer),
-        None => (Path::Awaited, store.decide(key, p, cost, now).await),
+        None => (Path::Awaited, call::decide(store, key, p, cost, now).await),
     }
 }
 
@@ -243,23 +244,6 @@ impl Probe {
         })
     }
 
-    /// One request at the clock's current time on `path` only; `None` when
-    /// the store answers nothing inline. For the checks that every answer
-    /// the store gives must pass, whichever way it is asked.
-    pub(crate) async fn decide_by(
-        &self,
-        path: Path,
-        key: &[u8],
-        p: &Policy,
-        cost: u32,
-    ) -> Option<Result<Decision, StoreError>> {
-        let answer = decide_on(&*self.store, path, key, p, cost, self.clock.now()).await;
-        if path == Path::Inline && answer.is_some() {
-            self.decided_inline.store(true, Ordering::Relaxed);
-        }
-        answer
-    }
-
     /// A refund at the clock's current time on `path` only; `None` when the
     /// store answers nothing inline.
     pub(crate) async fn refund_by(
@@ -272,8 +256,8 @@ impl Probe {
     ) -> Option<Result<(), StoreError>> {
         let now = self.clock.now();
         let answer = match path {
-            Path::Awaited => Some(self.store.refund(key, p, cost, now, admitted).await),
-            Path::Inline => self.store.refund_inline(key, p, cost, now, admitted),
+            Path::Awaited => Some(call::refund(&self.store, key, p, cost, now, admitted).await),
+            Path::Inline => call::refund_inline(&self.store, key, p, cost, now, admitted),
         };
         if path == Path::Inline && answer.is_some() {
             self.refunded_inline.store(true, Ordering::Relaxed);
@@ -298,7 +282,7 @@ impl Probe {
                 let now = self.clock.now();
                 (
                     Path::Awaited,
-                    self.store.refund(key, p, cost, now, admitted).await,
+                    call::refund(&self.store, key, p, cost, now, admitted).await,
                 )
             }
         }

@@ -95,7 +95,7 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use ratewarden_core::lease::{LeaseConfig, LeasedStore};
-//! use ratewarden_core::{Policy, Store, Timestamp};
+//! use ratewarden_core::{Policy, Request, Store, Timestamp};
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! # let shared: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
 //! # /*
@@ -105,8 +105,9 @@
 //! let policy = Policy::fixed_window(1_000, Duration::from_secs(60))?;
 //! leased.check_policy(&policy)?;
 //! let now = Timestamp::from_micros(1_767_225_600_000_000);
+//! let request = Request::new(&leased, b"client:42", &policy, 1, now)?;
 //! for _ in 0..100 {
-//!     assert!(leased.decide(b"client:42", &policy, 1, now).await?.allowed);
+//!     assert!(leased.decide(request).await?.allowed);
 //! }
 //! // Batches of 1, 2, 4, 8, 16, then 16 at a time: 10 round trips for 100.
 //! assert_eq!(leased.stats().round_trips, 10);
@@ -129,7 +130,7 @@ use crate::counter::{bump, load};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::policy::{Algorithm, Policy};
-use crate::store::{Capabilities, Store};
+use crate::store::{Capabilities, Key, Refund, Request, Store};
 use crate::time::Timestamp;
 
 /// The algorithms a lease is sound for; see the [module docs](self).
@@ -422,12 +423,12 @@ impl LeasedStore {
             let grant = lease.admitted(lease.granted_at, self.shared.name());
             bump(&self.round_trips);
             let at = Timestamp::from_micros(lease.granted_at);
-            if self
-                .shared
-                .refund(&key, &lease.policy, lease.units, at, &grant)
-                .await
-                .is_ok()
-            {
+            let request = Request::new(&*self.shared, &key, &lease.policy, lease.units, at);
+            let refunded = match request.and_then(|r| Refund::new(r, &grant)) {
+                Ok(refund) => self.shared.refund(refund).await,
+                Err(e) => Err(e),
+            };
+            if refunded.is_ok() {
                 released += u64::from(lease.units);
             }
         }
@@ -457,9 +458,11 @@ impl LeasedStore {
         }
     }
 
-    fn check(&self, policy: &Policy, cost: u32) -> Result<(), StoreError> {
+    /// Refuses a policy this store cannot lease (one its shared store does
+    /// not apply, or any on a store deciding on its server's clock): the
+    /// arguments are checked, but not against what a lease needs.
+    fn check(&self, policy: &Policy) -> Result<(), StoreError> {
         self.check_policy(policy)
-            .and_then(|()| policy.check_cost(cost))
             .map_err(|e| StoreError::invalid_request(self.shared.name(), e))
     }
 
@@ -682,14 +685,20 @@ impl LeasedStore {
     /// the shared store's refusal.
     async fn buy(
         &self,
-        key: &[u8],
-        policy: &Policy,
+        request: Request<'_>,
         units: u32,
-        cost: u32,
-        now: Timestamp,
     ) -> Result<Result<Decision, Decision>, StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
+        let batch = request
+            .with_cost(units)
+            .map_err(|e| StoreError::invalid_request(self.shared.name(), e))?;
         bump(&self.round_trips);
-        let reply = self.shared.decide(key, policy, units, now).await?;
+        let reply = self.shared.decide(batch).await?;
         if !reply.allowed {
             return Ok(Err(reply));
         }
@@ -712,13 +721,16 @@ impl LeasedStore {
     /// asked for. Then, unless refusals are exact, the refusal is held.
     async fn after_refusal(
         &self,
-        key: &[u8],
-        policy: &Policy,
+        request: Request<'_>,
         size: u32,
-        cost: u32,
-        now: Timestamp,
         refusal: Decision,
     ) -> Result<Decision, StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         let exact = self.config.exact;
         let ask = if refusal.remaining >= cost && size > cost {
             if exact {
@@ -736,7 +748,7 @@ impl LeasedStore {
         // The size the refusal that stands was for: its retry time is that
         // many units'.
         let (size, refusal) = match ask {
-            Some(units) => match self.buy(key, policy, units, cost, now).await? {
+            Some(units) => match self.buy(request, units).await? {
                 Ok(admitted) => return Ok(admitted),
                 Err(refusal) => (units, refusal),
             },
@@ -825,28 +837,19 @@ impl Store for LeasedStore {
     }
 
     /// Answers at once when the key's batch can pay.
-    fn decide_inline(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Option<Result<Decision, StoreError>> {
-        if let Err(e) = self.check(policy, cost) {
+    fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
+        let (key, policy) = (request.key(), request.policy());
+        if let Err(e) = self.check(policy) {
             return Some(Err(e));
         }
-        self.spend(key, policy, cost, now.as_micros()).map(Ok)
+        self.spend(key, policy, request.cost(), request.now().as_micros())
+            .map(Ok)
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.check(policy, cost)?;
-        let t = now.as_micros();
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let (key, policy, cost) = (request.key(), request.policy(), request.cost());
+        self.check(policy)?;
+        let t = request.now().as_micros();
         if let Some(d) = self.spend(key, policy, cost, t) {
             return Ok(d);
         }
@@ -857,31 +860,21 @@ impl Store for LeasedStore {
             return Ok(d);
         }
         let size = self.next_size(key, policy, cost, t);
-        match self.buy(key, policy, size, cost, now).await? {
+        match self.buy(request, size).await? {
             Ok(admitted) => Ok(admitted),
-            Err(refusal) => {
-                self.after_refusal(key, policy, size, cost, now, refusal)
-                    .await
-            }
+            Err(refusal) => self.after_refusal(request, size, refusal).await,
         }
     }
 
     /// Gives the units back to the key's batch when the admission was paid
     /// from it (or from the grant that started it) and the batch is still
     /// live; otherwise refunds the shared store.
-    fn refund_inline(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Option<Result<(), StoreError>> {
-        if let Err(e) = crate::check_refund(self.shared.name(), policy, cost, admitted) {
-            return Some(Err(e));
-        }
-        let t = now.as_micros();
-        let anchor = t.saturating_add(u64::try_from(admitted.reset_after.as_micros()).ok()?);
+    fn refund_inline(&self, refund: Refund<'_>) -> Option<Result<(), StoreError>> {
+        let request = refund.request();
+        let (key, policy, cost) = (request.key(), request.policy(), request.cost());
+        let t = request.now().as_micros();
+        let reset_after = u64::try_from(refund.admitted().reset_after.as_micros()).ok()?;
+        let anchor = t.saturating_add(reset_after);
         let mut leases = self.lock();
         let lease = leases.get_mut(&(policy.algorithm(), key.to_vec()))?;
         if !lease.live(policy, t) || lease.granted_at + lease.reset_after != anchor {
@@ -892,33 +885,21 @@ impl Store for LeasedStore {
         Some(Ok(()))
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        if let Some(done) = self.refund_inline(key, policy, cost, now, admitted) {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        if let Some(done) = self.refund_inline(refund) {
             return done;
         }
-        self.check(policy, cost)?;
+        self.check(refund.request().policy())?;
         bump(&self.round_trips);
-        self.shared.refund(key, policy, cost, now, admitted).await
+        self.shared.refund(refund).await
     }
 
     /// What the batch in hand would pay, without a round trip; otherwise
     /// the shared store's peek, with the units in hand counted as left.
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.check(policy, cost)?;
-        let t = now.as_micros();
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let (key, policy, cost) = (request.key(), request.policy(), request.cost());
+        self.check(policy)?;
+        let t = request.now().as_micros();
         let known = self
             .lock()
             .get(&(policy.algorithm(), key.to_vec()))
@@ -933,7 +914,7 @@ impl Store for LeasedStore {
             return Ok(refusal);
         }
         bump(&self.round_trips);
-        let mut d = self.shared.peek(key, policy, cost, now).await?;
+        let mut d = self.shared.peek(request).await?;
         d.remaining = d.remaining.saturating_add(in_hand.map_or(0, |l| l.units));
         Ok(d)
     }
@@ -944,23 +925,19 @@ impl Store for LeasedStore {
     /// instances' batches stay in their hands until their window ends (at
     /// most `max_units − 1` units each), and their held refusals until the
     /// retry time they told (at most the window, or a fixed window's end).
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         // After any batch in flight is recorded, so that none bought before
         // the reset is spent after it.
-        let refill = self.refill_gate(key, policy);
+        let refill = self.refill_gate(key.as_bytes(), policy);
         let _one_at_a_time = refill.gate.lock().await;
-        self.lock().remove(&(policy.algorithm(), key.to_vec()));
+        self.lock()
+            .remove(&(policy.algorithm(), key.as_bytes().to_vec()));
         bump(&self.round_trips);
         self.shared.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        let (key, policy) = (request.key(), request.policy());
         // The units this instance holds were counted when they were bought;
         // spending them after the penalty would let the key go on as if it
         // had not been charged, so they are given up (stricter), after any
@@ -969,6 +946,6 @@ impl Store for LeasedStore {
         let _one_at_a_time = refill.gate.lock().await;
         self.lock().remove(&(policy.algorithm(), key.to_vec()));
         bump(&self.round_trips);
-        self.shared.penalize(key, policy, cost, now).await
+        self.shared.penalize(request).await
     }
 }

@@ -65,7 +65,6 @@ pub use policy::{Algorithm, MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN
 pub use refusal_cache::REFUSAL_CACHE_KEYS;
 pub use store::example;
 pub use store::{
-    Capabilities, DEFAULT_KEY_CAPACITY, DEFAULT_MAX_KEY_LEN, Store, check_key, check_refund,
-    check_request,
+    Capabilities, DEFAULT_KEY_CAPACITY, DEFAULT_MAX_KEY_LEN, Key, Refund, Request, Store,
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -2,6 +2,7 @@
 //! whose health the test controls. Time is virtual: `start_paused` makes
 //! tokio's timers jump, so a 250 ms timeout costs no wall-clock time.
 
+use ratewarden_conformance::call;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -421,15 +422,15 @@ async fn an_inline_tier_before_an_awaited_one_keeps_its_answer_and_its_refund() 
     assert!(!d.allowed);
     assert_eq!(d.source.rule, Some("hourly"));
     let burst = &limiter.rules()[0];
-    let counted = local
-        .peek(
-            &burst.storage_key(b"client"),
-            burst.policy(),
-            1,
-            limiter.clock().now(),
-        )
-        .await
-        .unwrap();
+    let counted = call::peek(
+        &local,
+        &burst.storage_key(b"client"),
+        burst.policy(),
+        1,
+        limiter.clock().now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         counted.remaining, 38,
         "only the admitted request is counted"

@@ -3,6 +3,7 @@
 //! back, refunds go back into the batch, and a dead shared store follows the
 //! failure policy once the batch is spent.
 
+use ratewarden_conformance::call;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,8 +12,8 @@ use ratewarden_conformance::broken::ReferenceStore;
 use ratewarden_conformance::composition::{Health, Switch};
 use ratewarden_core::lease::{LeaseConfig, LeaseStats, LeasedStore};
 use ratewarden_core::{
-    Algorithm, Clock, ConfigError, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store,
-    Timestamp,
+    Algorithm, Clock, ConfigError, FailurePolicy, Key, Limiter, ManualClock, Policy, Refund,
+    Request, Rule, Store, Timestamp,
 };
 
 const S: u64 = 1_000_000;
@@ -140,8 +141,7 @@ async fn a_fixed_window_fleet_admits_the_limit_per_store_window() {
     for i in 0..600u64 {
         // All inside the window opened by the first request at T0 + 1 ms.
         let now = Timestamp::from_micros(T0 + 1_000 + i * 10_000);
-        if fleet[(i % 3) as usize]
-            .decide(b"k", &policy, 1, now)
+        if call::decide(&fleet[(i % 3) as usize], b"k", &policy, 1, now)
             .await
             .unwrap()
             .allowed
@@ -160,7 +160,12 @@ async fn steady_traffic_costs_one_round_trip_per_batch() {
     let policy = Policy::fixed_window(100_000, Duration::from_secs(60)).unwrap();
     let now = Timestamp::from_micros(T0);
     for _ in 0..1_000 {
-        assert!(leased.decide(b"k", &policy, 1, now).await.unwrap().allowed);
+        assert!(
+            call::decide(leased, b"k", &policy, 1, now)
+                .await
+                .unwrap()
+                .allowed
+        );
     }
     let s = leased.stats();
     // 1 + 2 + 4 + 8 + 16 = 31 units in 5 trips, then 32 per trip.
@@ -177,7 +182,11 @@ async fn steady_traffic_costs_one_round_trip_per_batch() {
 /// admitted before.
 async fn admitted_until_refused(store: &LeasedStore, policy: &Policy, now: Timestamp) -> u32 {
     let mut admitted = 0;
-    while store.decide(b"k", policy, 1, now).await.unwrap().allowed {
+    while call::decide(store, b"k", policy, 1, now)
+        .await
+        .unwrap()
+        .allowed
+    {
         admitted += 1;
     }
     admitted
@@ -190,7 +199,9 @@ async fn unspent_units_are_bounded_and_released() {
     let policy = Policy::fixed_window(40, Duration::from_secs(60)).unwrap();
     let now = Timestamp::from_micros(T0);
     for _ in 0..20 {
-        fleet[0].decide(b"k", &policy, 1, now).await.unwrap();
+        call::decide(&fleet[0], b"k", &policy, 1, now)
+            .await
+            .unwrap();
     }
     let held = fleet[0].units_in_hand(b"k", &policy, now);
     assert!(held <= 7, "{held}");
@@ -205,8 +216,7 @@ async fn unspent_units_are_bounded_and_released() {
     assert_eq!(fleet[0].units_in_hand(b"k", &policy, now), 0);
     let calls = shared.calls();
     assert!(
-        !fleet[1]
-            .decide(b"k", &policy, 1, now)
+        !call::decide(&fleet[1], b"k", &policy, 1, now)
             .await
             .unwrap()
             .allowed
@@ -325,8 +335,7 @@ async fn units_in_hand_are_never_spent_after_the_window_that_counted_them() {
         // Batches of 1 then 2: one unit left in hand.
         for _ in 0..2 {
             assert!(
-                leased
-                    .decide(b"k", &policy, 1, opened)
+                call::decide(&leased, b"k", &policy, 1, opened)
                     .await
                     .unwrap()
                     .allowed
@@ -337,7 +346,12 @@ async fn units_in_hand_are_never_spent_after_the_window_that_counted_them() {
         assert_eq!(leased.units_in_hand(b"k", &policy, last), 1, "{policy:?}");
         let next = Timestamp::from_micros(T0 + 10 * S);
         assert_eq!(leased.units_in_hand(b"k", &policy, next), 0, "{policy:?}");
-        assert!(leased.decide(b"k", &policy, 1, next).await.unwrap().allowed);
+        assert!(
+            call::decide(&leased, b"k", &policy, 1, next)
+                .await
+                .unwrap()
+                .allowed
+        );
         assert_eq!(
             shared.calls(),
             3,
@@ -364,49 +378,34 @@ impl Store for Slow {
     }
     async fn decide(
         &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
+        request: Request<'_>,
     ) -> Result<ratewarden_core::Decision, ratewarden_core::StoreError> {
         for _ in 0..4 {
             tokio::task::yield_now().await;
         }
-        self.0.decide(key, policy, cost, now).await
+        self.0.decide(request).await
     }
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &ratewarden_core::Decision,
-    ) -> Result<(), ratewarden_core::StoreError> {
-        self.0.refund(key, policy, cost, now, admitted).await
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), ratewarden_core::StoreError> {
+        self.0.refund(refund).await
     }
 
     async fn peek(
         &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
+        request: Request<'_>,
     ) -> Result<ratewarden_core::Decision, ratewarden_core::StoreError> {
-        self.0.peek(key, policy, cost, now).await
+        self.0.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), ratewarden_core::StoreError> {
+    async fn reset(
+        &self,
+        key: Key<'_>,
+        policy: &Policy,
+    ) -> Result<(), ratewarden_core::StoreError> {
         self.0.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: ratewarden_core::Timestamp,
-    ) -> Result<(), ratewarden_core::StoreError> {
-        self.0.penalize(key, policy, cost, now).await
+    async fn penalize(&self, request: Request<'_>) -> Result<(), ratewarden_core::StoreError> {
+        self.0.penalize(request).await
     }
 }
 
@@ -424,7 +423,7 @@ async fn callers_that_find_the_batch_empty_together_wait_for_one_refill() {
     let mut callers = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let store = Arc::clone(&store);
-        callers.spawn(async move { store.decide(b"burst", &policy, 1, now).await });
+        callers.spawn(async move { call::decide(&store, b"burst", &policy, 1, now).await });
     }
     let mut remaining = Vec::new();
     while let Some(joined) = callers.join_next().await {
@@ -535,20 +534,19 @@ async fn a_refusal_is_held_without_round_trips_until_its_retry_time() {
     // The other instance takes all but one unit.
     for _ in 0..9 {
         assert!(
-            fleet[1]
-                .decide(b"k", &policy, 1, now)
+            call::decide(&fleet[1], b"k", &policy, 1, now)
                 .await
                 .unwrap()
                 .allowed
         );
     }
     let leased = &fleet[0];
-    let refused = leased.decide(b"k", &policy, 2, now).await.unwrap();
+    let refused = call::decide(leased, b"k", &policy, 2, now).await.unwrap();
     assert!(!refused.allowed);
     let calls = shared.calls();
     for i in 1..=5 {
         let at = Timestamp::from_micros(T0 + i * S);
-        let d = leased.decide(b"k", &policy, 2, at).await.unwrap();
+        let d = call::decide(leased, b"k", &policy, 2, at).await.unwrap();
         assert!(!d.allowed);
         assert_eq!(d.retry_after, refused.retry_after - Duration::from_secs(i));
         assert_eq!(d.remaining, refused.remaining);
@@ -556,13 +554,17 @@ async fn a_refusal_is_held_without_round_trips_until_its_retry_time() {
     assert_eq!(shared.calls(), calls, "held refusals cost no round trip");
     assert_eq!(leased.stats().held, 5);
     // A cheaper request is asked for, as a full batch, which is refused.
-    assert!(!leased.decide(b"k", &policy, 1, now).await.unwrap().allowed);
+    assert!(
+        !call::decide(leased, b"k", &policy, 1, now)
+            .await
+            .unwrap()
+            .allowed
+    );
     assert_eq!(shared.calls(), calls + 1);
     // The window ends with the refusal's retry time: asked again, admitted.
     let later = Timestamp::from_micros(T0 + 60 * S);
     assert!(
-        leased
-            .decide(b"k", &policy, 2, later)
+        call::decide(leased, b"k", &policy, 2, later)
             .await
             .unwrap()
             .allowed
@@ -587,13 +589,25 @@ async fn a_refused_batch_costs_one_round_trip_when_the_request_cannot_fit() {
         // Batches of 1, 2, 4 and then 3 (half of what is left): the batch
         // in hand pays until the tenth request.
         for i in 0..10 {
-            assert!(leased.decide(b"k", &policy, 1, t(i)).await.unwrap().allowed);
-            assert!(alone.decide(b"k", &policy, 1, t(i)).await.unwrap().allowed);
+            assert!(
+                call::decide(&leased, b"k", &policy, 1, t(i))
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+            assert!(
+                call::decide(&alone, b"k", &policy, 1, t(i))
+                    .await
+                    .unwrap()
+                    .allowed
+            );
         }
         let calls = shared.calls();
-        let d = leased.decide(b"k", &policy, 1, t(10)).await.unwrap();
+        let d = call::decide(&leased, b"k", &policy, 1, t(10))
+            .await
+            .unwrap();
         assert_eq!(shared.calls(), calls + 1, "{config:?}");
-        let expected = alone.decide(b"k", &policy, 1, t(10)).await.unwrap();
+        let expected = call::decide(&alone, b"k", &policy, 1, t(10)).await.unwrap();
         assert_eq!(
             (d.allowed, d.remaining, d.reset_after, d.retry_after),
             (false, 0, expected.reset_after, expected.retry_after),
@@ -623,18 +637,19 @@ async fn a_sliding_window_hold_doubles_while_refusals_continue() {
         let leased = LeasedStore::new(shared.clone(), config);
         // A full previous window.
         for _ in 0..100 {
-            other.decide(b"k", &policy, 1, at(0)).await.unwrap();
+            call::decide(&other, b"k", &policy, 1, at(0)).await.unwrap();
         }
         let mut holds = Vec::new();
         let mut now = w;
         while now < 2 * w {
-            while other
-                .decide(b"k", &policy, 1, at(now))
+            while call::decide(&other, b"k", &policy, 1, at(now))
                 .await
                 .unwrap()
                 .allowed
             {}
-            let d = leased.decide(b"k", &policy, 1, at(now)).await.unwrap();
+            let d = call::decide(&leased, b"k", &policy, 1, at(now))
+                .await
+                .unwrap();
             assert!(!d.allowed, "{config:?}");
             holds.push(d.retry_after);
             now += u64::try_from(d.retry_after.as_micros()).unwrap();
@@ -672,8 +687,7 @@ async fn a_client_that_waits_the_retry_time_it_was_told_is_admitted() {
     let mut now = T0;
     let mut told = 0;
     while now < T0 + 8 * w {
-        let d = leased
-            .decide(b"k", &policy, 1, Timestamp::from_micros(now))
+        let d = call::decide(&leased, b"k", &policy, 1, Timestamp::from_micros(now))
             .await
             .unwrap();
         if d.allowed {
@@ -685,11 +699,16 @@ async fn a_client_that_waits_the_retry_time_it_was_told_is_admitted() {
         // Hammering meanwhile changes nothing.
         for early in (now + 1..now + retry).step_by(997) {
             let at = Timestamp::from_micros(early);
-            assert!(!leased.decide(b"k", &policy, 1, at).await.unwrap().allowed);
+            assert!(
+                !call::decide(&leased, b"k", &policy, 1, at)
+                    .await
+                    .unwrap()
+                    .allowed
+            );
         }
         now += retry;
         let at = Timestamp::from_micros(now);
-        let d = leased.decide(b"k", &policy, 1, at).await.unwrap();
+        let d = call::decide(&leased, b"k", &policy, 1, at).await.unwrap();
         assert!(
             d.allowed,
             "refusal {told}: told to retry at +{retry} us, refused then: {d:?}"
@@ -713,14 +732,13 @@ async fn a_small_limit_recovers_once_demand_falls_under_it() {
     let start = T0.div_ceil(m) * m;
     for i in 0..600 {
         let at = Timestamp::from_micros(start + i * 100_000);
-        leased.decide(b"k", &policy, 1, at).await.unwrap();
+        call::decide(&leased, b"k", &policy, 1, at).await.unwrap();
     }
     let mut refused_late = Vec::new();
     for minute in 1..6 {
         for i in 0..5 {
             let t = start + minute * m + i * (m / 5);
-            let d = leased
-                .decide(b"k", &policy, 1, Timestamp::from_micros(t))
+            let d = call::decide(&leased, b"k", &policy, 1, Timestamp::from_micros(t))
                 .await
                 .unwrap();
             if !d.allowed && minute > 1 {
@@ -746,30 +764,35 @@ async fn a_cheaper_request_leaves_the_hold_it_was_not_covered_by() {
     let start = T0.div_ceil(w) * w;
     let at = |us: u64| Timestamp::from_micros(start + us);
     for _ in 0..100 {
-        fleet[1].decide(b"k", &policy, 1, at(0)).await.unwrap();
+        call::decide(&fleet[1], b"k", &policy, 1, at(0))
+            .await
+            .unwrap();
     }
     let leased = &fleet[0];
-    let dear = leased.decide(b"k", &policy, 4, at(w)).await.unwrap();
+    let dear = call::decide(leased, b"k", &policy, 4, at(w)).await.unwrap();
     assert!(!dear.allowed);
     let told = u64::try_from(dear.retry_after.as_micros()).unwrap();
     // A cheaper request within the hold: asked for, refused, hold unmoved.
     let calls = shared.calls();
-    let cheap = leased.decide(b"k", &policy, 1, at(w + 1)).await.unwrap();
+    let cheap = call::decide(leased, b"k", &policy, 1, at(w + 1))
+        .await
+        .unwrap();
     assert_eq!(
         shared.calls(),
         calls + 1,
         "the cheaper request is asked for"
     );
     assert!(!cheap.allowed);
-    let again = leased.decide(b"k", &policy, 4, at(w + 2)).await.unwrap();
+    let again = call::decide(leased, b"k", &policy, 4, at(w + 2))
+        .await
+        .unwrap();
     assert_eq!(
         again.retry_after,
         dear.retry_after - Duration::from_micros(2)
     );
     // At the time it was told, the dearer request is admitted.
     assert!(
-        leased
-            .decide(b"k", &policy, 4, at(w + told))
+        call::decide(leased, b"k", &policy, 4, at(w + told))
             .await
             .unwrap()
             .allowed

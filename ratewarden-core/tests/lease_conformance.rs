@@ -22,6 +22,7 @@
 //! (`ratewarden_core::lease`, over-demand): later than the shared store
 //! alone would say, which the scenarios checking exact retry times catch.
 
+use ratewarden_conformance::call;
 use std::sync::Arc;
 
 use ratewarden_conformance::broken::ReferenceStore;
@@ -128,8 +129,13 @@ async fn a_plan_change_is_decided_more_strictly_never_less() {
             let at = 1_767_225_600_000_000 + i * 350_000;
             let now = Timestamp::from_micros(at);
             let w = ((i * 350_000) / 10_000_000) as usize;
-            by_alone[w] += u32::from(alone.decide(b"k", p, 1, now).await.unwrap().allowed);
-            by_lease[w] += u32::from(leased.decide(b"k", p, 1, now).await.unwrap().allowed);
+            by_alone[w] += u32::from(call::decide(&alone, b"k", p, 1, now).await.unwrap().allowed);
+            by_lease[w] += u32::from(
+                call::decide(&leased, b"k", p, 1, now)
+                    .await
+                    .unwrap()
+                    .allowed,
+            );
         }
         for w in 0..8 {
             assert!(

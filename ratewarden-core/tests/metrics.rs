@@ -16,8 +16,8 @@ use metrics::{
 };
 use ratewarden_conformance::broken::{ReferenceStore, Unavailable};
 use ratewarden_core::{
-    Capabilities, Decision, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store, StoreError,
-    Timestamp,
+    Capabilities, Decision, FailurePolicy, Limiter, ManualClock, Policy, Refund, Request, Rule,
+    Store, StoreError,
 };
 
 /// Series (`name{k=v,…}`, labels in the order given) → total.
@@ -105,49 +105,28 @@ impl Store for Renamed {
         self.0.max_key_len()
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.0.decide(key, policy, cost, now).await
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.0.decide(request).await
     }
 
-    async fn refund(
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.0.refund(refund).await
+    }
+
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.0.peek(request).await
+    }
+
+    async fn reset(
         &self,
-        key: &[u8],
+        key: ratewarden_core::Key<'_>,
         policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
     ) -> Result<(), StoreError> {
-        self.0.refund(key, policy, cost, now, admitted).await
-    }
-
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.0.peek(key, policy, cost, now).await
-    }
-
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
         self.0.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.0.penalize(key, policy, cost, now).await
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.0.penalize(request).await
     }
 }
 

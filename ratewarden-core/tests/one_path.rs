@@ -2,6 +2,7 @@
 //! network store): its store asked inline once, and one boxed future of the
 //! limiter's own, counted by this test binary's allocator.
 
+use ratewarden_conformance::call;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,10 +56,10 @@ fn runtime() -> tokio::runtime::Runtime {
 fn store_call(rt: &tokio::runtime::Runtime, store: &dyn Store) -> u64 {
     let now = Timestamp::from_micros(0);
     for _ in 0..3 {
-        rt.block_on(store.decide(b"r:client", &policy(), 1, now))
+        rt.block_on(call::decide(store, b"r:client", &policy(), 1, now))
             .unwrap();
     }
-    let (_, n) = allocations(|| rt.block_on(store.decide(b"r:client", &policy(), 1, now)));
+    let (_, n) = allocations(|| rt.block_on(call::decide(store, b"r:client", &policy(), 1, now)));
     n
 }
 
@@ -119,8 +120,8 @@ fn an_inline_store_costs_the_limiter_no_allocation() {
     }
     let now = Timestamp::from_micros(0);
     let store = ReferenceStore::new(10);
-    let _ = store.decide_inline(b"r:client", &policy(), 1, now);
-    let (_, baseline) = allocations(|| store.decide_inline(b"r:client", &policy(), 1, now));
+    let _ = call::decide_inline(&store, b"r:client", &policy(), 1, now);
+    let (_, baseline) = allocations(|| call::decide_inline(&store, b"r:client", &policy(), 1, now));
     let (decision, n) = allocations(|| limiter.try_check(b"client"));
     assert!(decision.unwrap().allowed);
     assert_eq!(

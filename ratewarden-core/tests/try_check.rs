@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ratewarden_conformance::broken::ReferenceStore;
 use ratewarden_conformance::composition::Switch;
-use ratewarden_core::{Limiter, ManualClock, Policy, Rule, Store};
+use ratewarden_core::{Key, Limiter, ManualClock, Policy, Refund, Request, Rule, Store};
 
 fn policy() -> Policy {
     Policy::gcra(3, Duration::from_secs(60)).unwrap()
@@ -180,60 +180,54 @@ impl Store for Fixed {
         64
     }
 
-    async fn refund(
-        &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: ratewarden_core::Timestamp,
-        _: &ratewarden_core::Decision,
-    ) -> Result<(), ratewarden_core::StoreError> {
+    async fn refund(&self, _: Refund<'_>) -> Result<(), ratewarden_core::StoreError> {
         Ok(())
     }
 
     async fn decide(
         &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: ratewarden_core::Timestamp,
+        _: Request<'_>,
     ) -> Result<ratewarden_core::Decision, ratewarden_core::StoreError> {
         Ok(self.0.clone())
     }
 
     fn decide_inline(
         &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: ratewarden_core::Timestamp,
+        _: Request<'_>,
     ) -> Option<Result<ratewarden_core::Decision, ratewarden_core::StoreError>> {
         Some(Ok(self.0.clone()))
     }
 
     async fn peek(
         &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: ratewarden_core::Timestamp,
+        request: Request<'_>,
     ) -> Result<ratewarden_core::Decision, ratewarden_core::StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         let _ = (key, policy, cost, now);
         Ok(self.0.clone())
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), ratewarden_core::StoreError> {
+    async fn reset(
+        &self,
+        key: Key<'_>,
+        policy: &Policy,
+    ) -> Result<(), ratewarden_core::StoreError> {
         let _ = (key, policy);
         Ok(())
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: ratewarden_core::Timestamp,
-    ) -> Result<(), ratewarden_core::StoreError> {
+    async fn penalize(&self, request: Request<'_>) -> Result<(), ratewarden_core::StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         let _ = (key, policy, cost, now);
         Ok(())
     }

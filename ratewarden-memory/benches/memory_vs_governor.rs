@@ -32,7 +32,7 @@ use governor::clock::{Clock, FakeRelativeClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
-use ratewarden_core::{ManualClock, Policy, Store, Timestamp};
+use ratewarden_core::{ManualClock, Policy, Request, Store, Timestamp};
 use ratewarden_memory::MemoryStore;
 
 const NOW: Timestamp = ManualClock::DEFAULT_START;
@@ -101,9 +101,12 @@ impl Contender for MemoryDyn {
         // Through `&dyn Store`: calling on the `Arc<dyn Store>` itself
         // would go through the blanket `Arc` impl, one more call deep.
         let store: &dyn Store = &*self.dyn_store;
-        match store.decide_inline(key, &self.policy, 1, NOW) {
+        let Ok(request) = Request::new(store, key, &self.policy, 1, NOW) else {
+            return false;
+        };
+        match store.decide_inline(request) {
             Some(answer) => answer.is_ok_and(|d| d.allowed),
-            None => ready(store.decide(key, &self.policy, 1, NOW)).is_ok_and(|d| d.allowed),
+            None => ready(store.decide(request)).is_ok_and(|d| d.allowed),
         }
     }
     fn keys(&self) -> usize {

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use ratewarden_core::{Policy, Store, Timestamp};
+//! use ratewarden_core::{Policy, Request, Store, Timestamp};
 //! use ratewarden_memory::MemoryStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -16,10 +16,11 @@
 //! let policy = Policy::gcra(5, Duration::from_secs(60))?;
 //! let now = Timestamp::from_micros(1_767_225_600_000_000);
 //!
+//! let request = Request::new(&store, b"client:42", &policy, 1, now)?;
 //! for _ in 0..5 {
-//!     assert!(store.decide(b"client:42", &policy, 1, now).await?.allowed);
+//!     assert!(store.decide(request).await?.allowed);
 //! }
-//! let refused = store.decide(b"client:42", &policy, 1, now).await?;
+//! let refused = store.decide(request).await?;
 //! assert!(!refused.allowed);
 //! // GCRA refills one unit every 60 s / 5 = 12 s.
 //! assert_eq!(refused.retry_after, Duration::from_secs(12));
@@ -154,7 +155,8 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 use ratewarden_core::algorithm;
 use ratewarden_core::{
-    Algorithm, Capabilities, ConfigError, Decision, Policy, Store, StoreError, Timestamp,
+    Algorithm, Capabilities, ConfigError, Decision, Key, Policy, Refund, Request, Store,
+    StoreError, Timestamp,
 };
 use shard::{Digest, KeyHasher, Shard};
 
@@ -419,18 +421,11 @@ impl MemoryStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        ratewarden_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
-        let digest = self.digest(policy, key);
-        let verdict = lock(&self.shards[self.shard_index(digest)]).decide(
-            digest,
-            policy,
-            cost,
-            now.as_micros(),
-        );
-        Ok(Decision::from_verdict(verdict, policy, NAME))
+        Ok(self.decided(Request::new(self, key, policy, cost, now)?))
     }
 
-    /// The same as [`Store::refund`], without the future.
+    /// The same as [`Store::refund`], without the future; `admitted` is
+    /// the decision being undone.
     pub fn refund_sync(
         &self,
         key: &[u8],
@@ -439,16 +434,8 @@ impl MemoryStore {
         now: Timestamp,
         admitted: &Decision,
     ) -> Result<(), StoreError> {
-        ratewarden_core::check_refund(NAME, policy, cost, admitted)?;
-        ratewarden_core::check_key(NAME, key, self.max_key_len)?;
-        let digest = self.digest(policy, key);
-        let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
-        let mut shard = lock(&self.shards[self.shard_index(digest)]);
-        // A key evicted since holds nothing to refund; a refund never
-        // inserts, so it can neither evict nor be used to flood the map.
-        if let Some(state) = shard.state_mut(digest) {
-            algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
-        }
+        let request = Request::new(self, key, policy, cost, now)?;
+        self.refunded(Refund::new(request, admitted)?);
         Ok(())
     }
 
@@ -461,15 +448,7 @@ impl MemoryStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        ratewarden_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
-        let digest = self.digest(policy, key);
-        let verdict = lock(&self.shards[self.shard_index(digest)]).peek(
-            digest,
-            policy,
-            cost,
-            now.as_micros(),
-        );
-        Ok(Decision::from_verdict(verdict, policy, NAME))
+        Ok(self.peeked(Request::new(self, key, policy, cost, now)?))
     }
 
     /// The same as [`Store::penalize`], without the future: the key is
@@ -481,23 +460,72 @@ impl MemoryStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        ratewarden_core::check_request(NAME, policy, cost, key, self.max_key_len)?;
-        let digest = self.digest(policy, key);
-        lock(&self.shards[self.shard_index(digest)]).penalize(
-            digest,
-            policy,
-            cost,
-            now.as_micros(),
-        );
+        self.penalized(Request::new(self, key, policy, cost, now)?);
         Ok(())
     }
 
     /// The same as [`Store::reset`], without the future.
     pub fn reset_sync(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
-        ratewarden_core::check_key(NAME, key, self.max_key_len)?;
-        let digest = self.digest(policy, key);
-        lock(&self.shards[self.shard_index(digest)]).remove(digest);
+        self.forget(Key::new(self, key)?, policy);
         Ok(())
+    }
+
+    // What each operation does to checked arguments, which cannot fail: the
+    // `_sync` methods and the `Store` methods both come here.
+
+    fn decided(&self, request: Request<'_>) -> Decision {
+        let policy = request.policy();
+        let digest = self.digest(policy, request.key());
+        let verdict = lock(&self.shards[self.shard_index(digest)]).decide(
+            digest,
+            policy,
+            request.cost(),
+            request.now().as_micros(),
+        );
+        Decision::from_verdict(verdict, policy, NAME)
+    }
+
+    fn refunded(&self, refund: Refund<'_>) {
+        let request = refund.request();
+        let policy = request.policy();
+        let digest = self.digest(policy, request.key());
+        let reset_after = refund.admitted().reset_after.as_micros();
+        let reset_after = u64::try_from(reset_after).unwrap_or(u64::MAX);
+        let mut shard = lock(&self.shards[self.shard_index(digest)]);
+        // A key evicted since holds nothing to refund; a refund never
+        // inserts, so it can neither evict nor be used to flood the map.
+        if let Some(state) = shard.state_mut(digest) {
+            let now = request.now().as_micros();
+            algorithm::refund(state, policy, request.cost(), now, reset_after);
+        }
+    }
+
+    fn peeked(&self, request: Request<'_>) -> Decision {
+        let policy = request.policy();
+        let digest = self.digest(policy, request.key());
+        let verdict = lock(&self.shards[self.shard_index(digest)]).peek(
+            digest,
+            policy,
+            request.cost(),
+            request.now().as_micros(),
+        );
+        Decision::from_verdict(verdict, policy, NAME)
+    }
+
+    fn penalized(&self, request: Request<'_>) {
+        let policy = request.policy();
+        let digest = self.digest(policy, request.key());
+        lock(&self.shards[self.shard_index(digest)]).penalize(
+            digest,
+            policy,
+            request.cost(),
+            request.now().as_micros(),
+        );
+    }
+
+    fn forget(&self, key: Key<'_>, policy: &Policy) {
+        let digest = self.digest(policy, key.as_bytes());
+        lock(&self.shards[self.shard_index(digest)]).remove(digest);
     }
 
     /// What the store keeps of `key` under `policy`'s algorithm.
@@ -547,72 +575,39 @@ impl Store for MemoryStore {
         self.max_key_len
     }
 
-    fn decide_inline(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Option<Result<Decision, StoreError>> {
-        Some(self.decide_sync(key, policy, cost, now))
+    fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
+        Some(Ok(self.decided(request)))
     }
 
-    fn refund_inline(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Option<Result<(), StoreError>> {
-        Some(self.refund_sync(key, policy, cost, now, admitted))
+    fn refund_inline(&self, refund: Refund<'_>) -> Option<Result<(), StoreError>> {
+        self.refunded(refund);
+        Some(Ok(()))
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        // Entirely synchronous: the shard lock is taken and released inside,
-        // never held across an await point.
-        self.decide_sync(key, policy, cost, now)
+    // Entirely synchronous: the shard lock is taken and released inside,
+    // never held across an await point.
+
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        Ok(self.decided(request))
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        self.refund_sync(key, policy, cost, now, admitted)
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.refunded(refund);
+        Ok(())
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.peek_sync(key, policy, cost, now)
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        Ok(self.peeked(request))
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
-        self.reset_sync(key, policy)
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
+        self.forget(key, policy);
+        Ok(())
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.penalize_sync(key, policy, cost, now)
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.penalized(request);
+        Ok(())
     }
 }
 

@@ -2,6 +2,7 @@
 //! LRU guarantee for an offender touched only by refused requests, and
 //! exactness under concurrency.
 
+use ratewarden_conformance::call;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -163,7 +164,7 @@ async fn concurrent_callers_on_one_key_are_admitted_exactly_limit_times() {
                 let (store, admitted) = (store.clone(), admitted.clone());
                 tokio::spawn(async move {
                     for _ in 0..PER_TASK {
-                        let d = store.decide(b"hot", &policy, 1, T0).await.unwrap();
+                        let d = call::decide(&store, b"hot", &policy, 1, T0).await.unwrap();
                         if d.allowed {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }

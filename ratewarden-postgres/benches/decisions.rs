@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ratewarden_core::{Policy, Store, Timestamp};
+use ratewarden_core::{Policy, Request, Store, Timestamp};
 use ratewarden_postgres::PostgresStore;
 use ratewarden_test_support::Rng;
 use testcontainers::core::{IntoContainerPort, WaitFor};
@@ -75,7 +75,10 @@ async fn prefill(store: &PostgresStore) {
         .chain(["hot".to_string()]);
     for key in keys {
         store
-            .decide(key.as_bytes(), &policy, 1, Timestamp::now_system())
+            .decide(
+                Request::new(store, key.as_bytes(), &policy, 1, Timestamp::now_system())
+                    .expect("a valid request"),
+            )
             .await
             .expect("decision");
     }
@@ -102,7 +105,16 @@ async fn run_store(store: &PostgresStore, tasks: usize, hot: bool, secs: u64) ->
                     };
                     let start = Instant::now();
                     let d = store
-                        .decide(key.as_bytes(), &policy, 1, Timestamp::now_system())
+                        .decide(
+                            Request::new(
+                                &store,
+                                key.as_bytes(),
+                                &policy,
+                                1,
+                                Timestamp::now_system(),
+                            )
+                            .expect("a valid request"),
+                        )
                         .await
                         .expect("decision");
                     let elapsed = start.elapsed();

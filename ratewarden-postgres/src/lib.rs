@@ -60,7 +60,7 @@
 //!   [`ratewarden_core::url::redact`].
 //!
 //! ```no_run
-//! use ratewarden_core::{ManualClock, Policy, Store, Timestamp};
+//! use ratewarden_core::{Policy, Request, Store, Timestamp};
 //! use ratewarden_postgres::PostgresStore;
 //! use std::time::Duration;
 //!
@@ -73,7 +73,7 @@
 //!     .await?;
 //! let policy = Policy::gcra(10, Duration::from_secs(60))?;
 //! let now = Timestamp::now_system();
-//! let decision = store.decide(b"client:42", &policy, 1, now).await?;
+//! let decision = store.decide(Request::new(&store, b"client:42", &policy, 1, now)?).await?;
 //! assert!(decision.allowed);
 //! # Ok(()) }
 //! ```
@@ -92,8 +92,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_core::{
-    AbuseEvent, AbuseSink, Algorithm, Capabilities, Clock, Decision, ErrorKind, Policy, Store,
-    StoreError, Timestamp,
+    AbuseEvent, AbuseSink, Algorithm, Capabilities, Clock, Decision, ErrorKind, Key, Policy,
+    Refund, Request, Store, StoreError, Timestamp,
 };
 use sqlx::postgres::PgPool;
 use tokio::task::JoinHandle;
@@ -365,21 +365,13 @@ impl PostgresStore {
     /// The one statement of a decision or a peek: the same arguments (a
     /// peek records no abuse event, so it takes no retention) and the same
     /// row back.
-    async fn decision(
-        &self,
-        asked: Asked,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        ratewarden_core::check_request(
-            NAME,
-            policy,
-            cost,
-            key,
-            ratewarden_core::DEFAULT_MAX_KEY_LEN,
-        )?;
+    async fn decision(&self, asked: Asked, request: Request<'_>) -> Result<Decision, StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         let shared = &self.inner.shared;
         let now = if shared.server_clock {
             None
@@ -438,45 +430,26 @@ impl Store for PostgresStore {
 
     /// One statement, a call of the algorithm's `decide_*` function; see the
     /// [crate documentation](crate).
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.decision(Asked::Decide, key, policy, cost, now).await
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.decision(Asked::Decide, request).await
     }
 
     /// One statement, a call of the algorithm's `peek_*` function, which
     /// runs its `decide_*` function and rolls it back (schema version 3 and
     /// later).
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.decision(Asked::Peek, key, policy, cost, now).await
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.decision(Asked::Peek, request).await
     }
 
     /// One statement, a call of the algorithm's `penalize_*` function
     /// (schema version 4), under the key's row lock as a decision is.
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        ratewarden_core::check_request(
-            NAME,
-            policy,
-            cost,
-            key,
-            ratewarden_core::DEFAULT_MAX_KEY_LEN,
-        )?;
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         let shared = &self.inner.shared;
         let now = if shared.server_clock {
             None
@@ -499,11 +472,10 @@ impl Store for PostgresStore {
 
     /// One statement: a `DELETE` of the key's row in the algorithm's state
     /// table.
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
-        ratewarden_core::check_key(NAME, key, ratewarden_core::DEFAULT_MAX_KEY_LEN)?;
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         let shared = &self.inner.shared;
         let index = algorithm_index(policy.algorithm());
-        let query = sqlx::query(&shared.reset_sql[index]).bind(key);
+        let query = sqlx::query(&shared.reset_sql[index]).bind(key.as_bytes());
         let mut lease = shared.lease("reset").await?;
         let answer = timeout_at(lease.deadline(), query.execute(lease.connection())).await;
         lease.finish("reset", answer)?;
@@ -513,16 +485,15 @@ impl Store for PostgresStore {
     /// One statement, a call of the algorithm's `refund_*` function; see the
     /// [crate documentation](crate). In server-clock mode, an
     /// [`ErrorKind::Unsupported`] error without contacting the database.
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        ratewarden_core::check_refund(NAME, policy, cost, admitted)?;
-        ratewarden_core::check_key(NAME, key, ratewarden_core::DEFAULT_MAX_KEY_LEN)?;
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        let request = refund.request();
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
+        let admitted = refund.admitted();
         let shared = &self.inner.shared;
         if shared.server_clock {
             return Err(StoreError::new(

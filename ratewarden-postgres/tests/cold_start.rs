@@ -3,9 +3,10 @@
 //! The Postgres store keeps the state in the database, so a new store on the
 //! same schema, as a restarted process builds, sees the offender's count.
 
+use ratewarden_conformance::call;
 use std::time::Duration;
 
-use ratewarden_conformance::ratewarden_core::{Algorithm, ManualClock, Policy, Store};
+use ratewarden_conformance::ratewarden_core::{Algorithm, ManualClock, Policy};
 use ratewarden_postgres::PostgresStore;
 use ratewarden_test_support::postgres as fixture;
 
@@ -26,20 +27,23 @@ async fn a_restarted_process_does_not_reset_an_offender() {
         let first = open().await.expect("store builds");
         for _ in 0..3 {
             assert!(
-                first
-                    .decide(key.as_bytes(), &policy, 1, t0)
+                call::decide(&first, key.as_bytes(), &policy, 1, t0)
                     .await
                     .unwrap()
                     .allowed
             );
         }
-        let refused = first.decide(key.as_bytes(), &policy, 1, t0).await.unwrap();
+        let refused = call::decide(&first, key.as_bytes(), &policy, 1, t0)
+            .await
+            .unwrap();
         assert!(!refused.allowed, "{algorithm}");
         drop(first);
 
         // The "restarted" process: a new store, new pool, same schema.
         let second = open().await.expect("store builds on an existing schema");
-        let again = second.decide(key.as_bytes(), &policy, 1, t0).await.unwrap();
+        let again = call::decide(&second, key.as_bytes(), &policy, 1, t0)
+            .await
+            .unwrap();
         assert!(
             !again.allowed,
             "{algorithm}: a restart reset the offender's count"

@@ -2,9 +2,10 @@
 //! hang or a panic, and the store recovers when the database does. Runs on a
 //! container of its own, since it freezes it.
 
+use ratewarden_conformance::call;
 use std::time::Duration;
 
-use ratewarden_core::{ErrorKind, ManualClock, Policy, Store, StoreError, Timestamp};
+use ratewarden_core::{ErrorKind, ManualClock, Policy, StoreError, Timestamp};
 use ratewarden_postgres::{PostgresStore, PostgresStoreBuilder};
 use ratewarden_test_support::postgres as fixture;
 
@@ -28,7 +29,7 @@ fn builder(url: &str, schema: &str) -> PostgresStoreBuilder {
 /// A decision the database cannot answer: an error (a timeout, or the
 /// database unavailable) well before the hang guard.
 async fn cannot_decide(store: &PostgresStore, policy: &Policy, now: Timestamp) -> StoreError {
-    let result = tokio::time::timeout(HANG_GUARD, store.decide(b"k", policy, 1, now))
+    let result = tokio::time::timeout(HANG_GUARD, call::decide(store, b"k", policy, 1, now))
         .await
         .expect("a decision must not hang on a database that cannot answer");
     let err = result.expect_err("a database that cannot answer cannot decide");
@@ -44,7 +45,12 @@ async fn a_frozen_database_is_an_error_within_the_timeout_then_recovers() {
     let (container, url) = fixture::start_private().await;
     let store = builder(&url, "failure").pool_size(4).build().await.unwrap();
     let policy = Policy::gcra(1_000, Duration::from_secs(1)).unwrap();
-    assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
 
     container.pause().await.expect("pause the container");
     // More calls at once than pooled connections: in-flight statements are
@@ -73,7 +79,7 @@ async fn a_frozen_database_is_an_error_within_the_timeout_then_recovers() {
     container.unpause().await.expect("unpause the container");
     let deadline = std::time::Instant::now() + HANG_GUARD;
     loop {
-        let result = tokio::time::timeout(HANG_GUARD, store.decide(b"k", &policy, 1, T0))
+        let result = tokio::time::timeout(HANG_GUARD, call::decide(&store, b"k", &policy, 1, T0))
             .await
             .expect("no hang after recovery");
         if result.is_ok() {
@@ -92,7 +98,12 @@ async fn a_stopped_database_is_an_error_not_a_hang() {
     let (container, url) = fixture::start_private().await;
     let store = builder(&url, "stopped").build().await.unwrap();
     let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
-    assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
     container.stop().await.expect("stop the container");
     for _ in 0..3 {
         cannot_decide(&store, &policy, T0).await;

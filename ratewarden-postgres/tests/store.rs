@@ -5,6 +5,7 @@
 //! About 960 lines: one test per PostgreSQL behaviour; most share one
 //! server, each in a schema of its own.
 
+use ratewarden_conformance::call;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,8 +107,7 @@ async fn one_statement_per_decision() {
     let n = 40;
     for i in 0..n {
         let p = &policies[i % 4];
-        let d = store
-            .decide(b"counted key", p, 1, at(i as u64))
+        let d = call::decide(&store, b"counted key", p, 1, at(i as u64))
             .await
             .unwrap();
         if !d.allowed {
@@ -161,7 +161,7 @@ async fn a_peek_is_one_statement_that_changes_no_row_and_a_reset_deletes_one() {
     for p in &policies {
         for i in 0..4 {
             // Three admissions and a refusal, which records an abuse event.
-            store.decide(b"held", p, 1, at(i)).await.unwrap();
+            call::decide(&store, b"held", p, 1, at(i)).await.unwrap();
         }
     }
     let before = all_rows(&store).await;
@@ -174,7 +174,7 @@ async fn a_peek_is_one_statement_that_changes_no_row_and_a_reset_deletes_one() {
             (b"fresh", 1),
             (b"fresh", 3),
         ] {
-            let peeked = store.peek(key, p, cost, at(10)).await.unwrap();
+            let peeked = call::peek(&store, key, p, cost, at(10)).await.unwrap();
             assert_eq!(peeked.allowed, key == b"fresh", "{p}: {peeked:?}");
             n += 1;
         }
@@ -188,8 +188,8 @@ async fn a_peek_is_one_statement_that_changes_no_row_and_a_reset_deletes_one() {
 
     let statements = statement_calls(&db).await;
     for p in &policies {
-        store.reset(b"held", p).await.unwrap();
-        let d = store.decide(b"held", p, 3, at(11)).await.unwrap();
+        call::reset(&store, b"held", p).await.unwrap();
+        let d = call::decide(&store, b"held", p, 3, at(11)).await.unwrap();
         assert!(
             d.allowed && d.remaining == 0,
             "{p}: the full limit after a reset: {d:?}"
@@ -211,14 +211,16 @@ async fn one_statement_per_refund() {
     let policies = counted_policies();
     // Warm up: connections opened and statements prepared.
     for p in &policies {
-        let d = store.decide(b"warm", p, 1, T0).await.unwrap();
-        store.refund(b"warm", p, 1, T0, &d).await.unwrap();
+        let d = call::decide(&store, b"warm", p, 1, T0).await.unwrap();
+        call::refund(&store, b"warm", p, 1, T0, &d).await.unwrap();
     }
     let mut admitted = Vec::new();
     for p in &policies {
         for i in 0..3u64 {
             let key = format!("client-{i}");
-            let d = store.decide(key.as_bytes(), p, 1, at(i)).await.unwrap();
+            let d = call::decide(&store, key.as_bytes(), p, 1, at(i))
+                .await
+                .unwrap();
             assert!(d.allowed);
             admitted.push((*p, key, at(i), d));
         }
@@ -226,19 +228,25 @@ async fn one_statement_per_refund() {
     let before = statement_calls(&db).await;
     let mut n = 0;
     for (p, key, now, d) in &admitted {
-        store.refund(key.as_bytes(), p, 1, *now, d).await.unwrap();
+        call::refund(&store, key.as_bytes(), p, 1, *now, d)
+            .await
+            .unwrap();
         n += 1;
     }
     for p in &policies {
         let (_, _, now, d) = &admitted[0];
-        store.refund(b"never seen", p, 1, *now, d).await.unwrap();
+        call::refund(&store, b"never seen", p, 1, *now, d)
+            .await
+            .unwrap();
         n += 1;
     }
     let after = statement_calls(&db).await;
     assert_eq!(after - before, n, "statements for {n} refunds");
     // Each refund gave its unit back: the keys are as they were.
     for (p, key, now, d) in &admitted {
-        let again = store.decide(key.as_bytes(), p, 1, *now).await.unwrap();
+        let again = call::decide(&store, key.as_bytes(), p, 1, *now)
+            .await
+            .unwrap();
         assert_eq!(again, *d, "{p}: {key} after its refund");
     }
     assert_eq!(count_rows(&store, "sliding_log").await, 3, "no row created");
@@ -265,8 +273,7 @@ async fn concurrent_decisions_over_a_pool_are_exact() {
                     let barrier = Arc::clone(&barrier);
                     tokio::spawn(async move {
                         barrier.wait().await;
-                        store
-                            .decide(b"hot", &policy, 1, at(round * 3600 * S))
+                        call::decide(&store, b"hot", &policy, 1, at(round * 3600 * S))
                             .await
                             .unwrap()
                             .allowed
@@ -298,14 +305,20 @@ async fn sweeps_remove_expired_rows_in_bounded_batches() {
     let long = Policy::gcra(5, Duration::from_secs(3600)).unwrap();
     for i in 0..250u32 {
         let key = format!("short-{i}");
-        store.decide(key.as_bytes(), &short, 1, T0).await.unwrap();
+        call::decide(&store, key.as_bytes(), &short, 1, T0)
+            .await
+            .unwrap();
         if i % 5 == 0 {
-            store.decide(key.as_bytes(), &log, 1, T0).await.unwrap();
+            call::decide(&store, key.as_bytes(), &log, 1, T0)
+                .await
+                .unwrap();
         }
     }
     for i in 0..30u32 {
         let key = format!("long-{i}");
-        store.decide(key.as_bytes(), &long, 1, T0).await.unwrap();
+        call::decide(&store, key.as_bytes(), &long, 1, T0)
+            .await
+            .unwrap();
     }
     // Nothing has expired yet.
     let report = store.sweep(at(S / 2), 100).await.unwrap();
@@ -328,8 +341,7 @@ async fn sweeps_remove_expired_rows_in_bounded_batches() {
     assert_eq!(count_rows(&store, "sliding_log").await, 0);
     assert_eq!(count_rows(&store, "gcra").await, 30);
     // A swept key starts afresh, as its expired state said it would.
-    let d = store
-        .decide(b"short-0", &short, 1, at(10 * S))
+    let d = call::decide(&store, b"short-0", &short, 1, at(10 * S))
         .await
         .unwrap();
     assert_eq!(d.remaining, 4);
@@ -473,7 +485,12 @@ async fn sliding_window_expiry_is_set_when_the_window_opens() {
     assert_eq!(expected, (start + 2 * w) as i64 + 8_000, "by hand");
     for i in 0..=40u64 {
         let now = Timestamp::from_micros(start + 10 * S + 500 + i * S);
-        assert!(store.decide(b"k", &policy, 1, now).await.unwrap().allowed);
+        assert!(
+            call::decide(&store, b"k", &policy, 1, now)
+                .await
+                .unwrap()
+                .allowed
+        );
         assert_eq!(
             row().await,
             (start as i64, expected),
@@ -484,7 +501,12 @@ async fn sliding_window_expiry_is_set_when_the_window_opens() {
     let expected = gc_at(next + 2 * w, slack);
     for i in 0..=10u64 {
         let now = Timestamp::from_micros(next + 5 * S + 250 + i * S);
-        assert!(store.decide(b"k", &policy, 1, now).await.unwrap().allowed);
+        assert!(
+            call::decide(&store, b"k", &policy, 1, now)
+                .await
+                .unwrap()
+                .allowed
+        );
         assert_eq!(
             row().await,
             (next as i64, expected),
@@ -633,7 +655,12 @@ async fn unlogged_tables_and_asynchronous_commit_are_applied() {
         .unwrap();
     assert_eq!(sync, "off");
     let policy = Policy::gcra(2, Duration::from_secs(1)).unwrap();
-    assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
 
     // Built again logged: switched back.
     let store = fixture::builder("unused")
@@ -658,7 +685,10 @@ async fn unlogged_tables_and_asynchronous_commit_are_applied() {
     assert_eq!(sync, "on");
     // State survived the switch.
     assert_eq!(
-        store.decide(b"k", &policy, 1, T0).await.unwrap().remaining,
+        call::decide(&store, b"k", &policy, 1, T0)
+            .await
+            .unwrap()
+            .remaining,
         0
     );
 }
@@ -673,23 +703,20 @@ async fn refusals_are_recorded_with_retention() {
         .unwrap();
     let policy = Policy::fixed_window(1, Duration::from_secs(60)).unwrap();
     assert!(
-        store
-            .decide(b"offender", &policy, 1, T0)
+        call::decide(&store, b"offender", &policy, 1, T0)
             .await
             .unwrap()
             .allowed
     );
     assert!(
-        store
-            .decide(b"honest", &policy, 1, T0)
+        call::decide(&store, b"honest", &policy, 1, T0)
             .await
             .unwrap()
             .allowed
     );
     for i in 1..=3 {
         assert!(
-            !store
-                .decide(b"offender", &policy, 1, at(i))
+            !call::decide(&store, b"offender", &policy, 1, at(i))
                 .await
                 .unwrap()
                 .allowed
@@ -753,7 +780,11 @@ async fn a_flood_of_refusals_records_one_row_per_window() {
         let mut refusals = 0;
         for i in 0..1_100 {
             let now = at(i * 1_000);
-            if !store.decide(key, &policy, 1, now).await.unwrap().allowed {
+            if !call::decide(&store, key, &policy, 1, now)
+                .await
+                .unwrap()
+                .allowed
+            {
                 first.get_or_insert(now);
                 refusals += 1;
             }
@@ -770,7 +801,11 @@ async fn a_flood_of_refusals_records_one_row_per_window() {
         let later = Timestamp::from_micros(first.as_micros() + w);
         let mut refused = None;
         for _ in 0..=policy.limit() {
-            if !store.decide(key, &policy, 1, later).await.unwrap().allowed {
+            if !call::decide(&store, key, &policy, 1, later)
+                .await
+                .unwrap()
+                .allowed
+            {
                 refused = Some(later);
                 break;
             }
@@ -781,15 +816,15 @@ async fn a_flood_of_refusals_records_one_row_per_window() {
         assert_eq!(events[1].at, later, "{algorithm}");
         // And only one for that window too.
         for i in 1..50 {
-            store
-                .decide(
-                    key,
-                    &policy,
-                    1,
-                    Timestamp::from_micros(later.as_micros() + i),
-                )
-                .await
-                .unwrap();
+            call::decide(
+                &store,
+                key,
+                &policy,
+                1,
+                Timestamp::from_micros(later.as_micros() + i),
+            )
+            .await
+            .unwrap();
         }
         assert_eq!(store.abuse_events(key).await.unwrap().len(), 2);
     }
@@ -807,8 +842,7 @@ async fn server_clock_mode_refuses_refunds() {
     for algorithm in Algorithm::ALL {
         let policy = Policy::new(algorithm, 5, Duration::from_secs(60)).unwrap();
         let admitted = first_admission(&policy, "postgres");
-        let err = store
-            .refund(b"k", &policy, 1, T0, &admitted)
+        let err = call::refund(&store, b"k", &policy, 1, T0, &admitted)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{algorithm}: {err}");
@@ -820,12 +854,17 @@ async fn server_clock_mode_refuses_refunds() {
 
     // On a real admission the same, and the admission is kept.
     let policy = Policy::fixed_window(3, Duration::from_secs(3600)).unwrap();
-    let d = store.decide(b"k", &policy, 1, T0).await.unwrap();
+    let d = call::decide(&store, b"k", &policy, 1, T0).await.unwrap();
     assert!(d.allowed);
-    let err = store.refund(b"k", &policy, 1, T0, &d).await.unwrap_err();
+    let err = call::refund(&store, b"k", &policy, 1, T0, &d)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     assert_eq!(
-        store.decide(b"k", &policy, 1, T0).await.unwrap().remaining,
+        call::decide(&store, b"k", &policy, 1, T0)
+            .await
+            .unwrap()
+            .remaining,
         1
     );
 }
@@ -912,15 +951,29 @@ async fn a_version_1_schema_is_migrated_in_place() {
     assert_eq!(events[0].refusals, 1);
     assert_eq!(events[0].since, events[0].at);
     // The old state is kept, and refunds apply to it.
-    let refused = store.decide(b"old", &policy, 1, at(3)).await.unwrap();
+    let refused = call::decide(&store, b"old", &policy, 1, at(3))
+        .await
+        .unwrap();
     assert!(!refused.allowed, "the key's state survived the migration");
     let later = at(5 * S);
-    let d = store.decide(b"old", &policy, 1, later).await.unwrap();
+    let d = call::decide(&store, b"old", &policy, 1, later)
+        .await
+        .unwrap();
     assert!(d.allowed);
-    store.refund(b"old", &policy, 1, later, &d).await.unwrap();
+    call::refund(&store, b"old", &policy, 1, later, &d)
+        .await
+        .unwrap();
     // Version 3's peek answers on the migrated state.
-    assert_eq!(store.peek(b"old", &policy, 1, later).await.unwrap(), d);
-    assert_eq!(store.decide(b"old", &policy, 1, later).await.unwrap(), d);
+    assert_eq!(
+        call::peek(&store, b"old", &policy, 1, later).await.unwrap(),
+        d
+    );
+    assert_eq!(
+        call::decide(&store, b"old", &policy, 1, later)
+            .await
+            .unwrap(),
+        d
+    );
 }
 
 /// In server-clock mode the `now` passed in is ignored; short real windows
@@ -936,14 +989,13 @@ async fn server_clock_mode_ignores_the_callers_time() {
     // A caller's clock two hours ahead does not reopen an hour's window.
     let hour = Policy::fixed_window(1, Duration::from_secs(3600)).unwrap();
     assert!(
-        store
-            .decide(b"h", &hour, 1, Timestamp::EPOCH)
+        call::decide(&store, b"h", &hour, 1, Timestamp::EPOCH)
             .await
             .unwrap()
             .allowed
     );
     let far = Timestamp::from_micros(T0.as_micros() + 2 * 3600 * S);
-    let d = store.decide(b"h", &hour, 1, far).await.unwrap();
+    let d = call::decide(&store, b"h", &hour, 1, far).await.unwrap();
     assert!(!d.allowed);
     assert!(d.retry_after > Duration::from_secs(3000), "{d:?}");
 
@@ -951,8 +1003,7 @@ async fn server_clock_mode_ignores_the_callers_time() {
     let policy = Policy::fixed_window(3, Duration::from_millis(300)).unwrap();
     let mut refused = None;
     for _ in 0..1_000 {
-        let d = store
-            .decide(b"k", &policy, 1, Timestamp::EPOCH)
+        let d = call::decide(&store, b"k", &policy, 1, Timestamp::EPOCH)
             .await
             .unwrap();
         if !d.allowed {
@@ -965,8 +1016,7 @@ async fn server_clock_mode_ignores_the_callers_time() {
     // Polled, with a deadline far beyond the window: a loaded machine only
     // makes the wait longer.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !store
-        .decide(b"k", &policy, 1, Timestamp::EPOCH)
+    while !call::decide(&store, b"k", &policy, 1, Timestamp::EPOCH)
         .await
         .unwrap()
         .allowed
@@ -1026,11 +1076,12 @@ async fn invalid_requests_are_errors() {
     let store = fixture::fresh_store("invalid").await;
     let policy = Policy::gcra(3, Duration::from_secs(1)).unwrap();
     for cost in [0, 4] {
-        let err = store.decide(b"k", &policy, cost, T0).await.unwrap_err();
+        let err = call::decide(&store, b"k", &policy, cost, T0)
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ratewarden_core::ErrorKind::InvalidRequest);
     }
-    let err = store
-        .decide(b"k", &policy, 1, Timestamp::from_micros(u64::MAX))
+    let err = call::decide(&store, b"k", &policy, 1, Timestamp::from_micros(u64::MAX))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ratewarden_core::ErrorKind::InvalidRequest);
@@ -1077,8 +1128,7 @@ async fn the_background_sweeper_runs_and_stops_with_its_store() {
         .unwrap();
     let policy = Policy::fixed_window(5, Duration::from_secs(1)).unwrap();
     for i in 0..20u32 {
-        swept
-            .decide(format!("k{i}").as_bytes(), &policy, 1, T0)
+        call::decide(&swept, format!("k{i}").as_bytes(), &policy, 1, T0)
             .await
             .unwrap();
     }
@@ -1109,10 +1159,15 @@ async fn the_background_sweeper_runs_and_stops_with_its_store() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     for i in 0..20u32 {
-        observer
-            .decide(format!("k{i}").as_bytes(), &policy, 1, at(10 * S))
-            .await
-            .unwrap();
+        call::decide(
+            &observer,
+            format!("k{i}").as_bytes(),
+            &policy,
+            1,
+            at(10 * S),
+        )
+        .await
+        .unwrap();
     }
     clock.set(at(100 * S));
     assert_eq!(count_rows(&observer, "fixed_window").await, 20);
@@ -1134,7 +1189,9 @@ async fn sliding_log_refusals_forget_expired_entries_like_the_core() {
     let mut state = None;
     let mut answers = Vec::new();
     for (cost, offset) in script {
-        let ours = store.decide(b"k", &policy, cost, at(offset)).await.unwrap();
+        let ours = call::decide(&store, b"k", &policy, cost, at(offset))
+            .await
+            .unwrap();
         let core =
             ratewarden_core::algorithm::apply(&mut state, &policy, cost, at(offset).as_micros());
         assert_eq!(

@@ -5,9 +5,10 @@
 //! CA is an error when the store is built.
 #![cfg(feature = "tls")]
 
+use ratewarden_conformance::call;
 use std::time::Duration;
 
-use ratewarden_core::{ManualClock, Policy, Store, Timestamp};
+use ratewarden_core::{ManualClock, Policy, Timestamp};
 use ratewarden_postgres::{BuildError, PostgresStore};
 use ratewarden_test_support::postgres as fixture;
 use ratewarden_test_support::tls::Ca;
@@ -87,7 +88,12 @@ async fn sslmode_require_connects_over_tls_and_decides() {
     let policy = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
     let mut answers = Vec::new();
     for _ in 0..3 {
-        answers.push(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+        answers.push(
+            call::decide(&store, b"k", &policy, 1, T0)
+                .await
+                .unwrap()
+                .allowed,
+        );
     }
     assert_eq!(answers, [true, true, false]);
     assert!(on_tls(&store).await, "the session is encrypted");
@@ -113,8 +119,18 @@ async fn verify_full_with_the_generated_ca_connects() {
     .await
     .expect("verify-full trusts the CA it is given");
     let policy = Policy::gcra(1, Duration::from_secs(60)).unwrap();
-    assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
-    assert!(!store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !call::decide(&store, b"k", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
     assert!(on_tls(&store).await);
 }
 

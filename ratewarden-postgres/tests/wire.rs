@@ -11,10 +11,11 @@
 //! preparing statements all happen in a warm-up before the measured calls,
 //! on a single connection so that the count is exact.
 
+use ratewarden_conformance::call;
 use std::time::Duration;
 
 use ratewarden_core::url::Url;
-use ratewarden_core::{AbuseEvent, AbuseSink, ErrorKind, Policy, Store, Timestamp};
+use ratewarden_core::{AbuseEvent, AbuseSink, ErrorKind, Policy, Timestamp};
 use ratewarden_postgres::PostgresStore;
 use ratewarden_test_support::WireCounter;
 use ratewarden_test_support::policy;
@@ -119,7 +120,11 @@ async fn each_decision_is_one_exchange_on_the_wire() {
     let mut refusals = 0;
     for i in 0..n {
         let p = &policies[(i % 4) as usize];
-        if !store.decide(b"key", p, 1, at(i)).await.unwrap().allowed {
+        if !call::decide(&store, b"key", p, 1, at(i))
+            .await
+            .unwrap()
+            .allowed
+        {
             refusals += 1;
         }
     }
@@ -140,11 +145,13 @@ async fn each_refund_is_one_exchange_on_the_wire() {
     let policies = policies();
     let mut admitted = Vec::new();
     for p in &policies {
-        let d = store.decide(b"warm", p, 1, T0).await.unwrap();
-        store.refund(b"warm", p, 1, T0, &d).await.unwrap();
+        let d = call::decide(&store, b"warm", p, 1, T0).await.unwrap();
+        call::refund(&store, b"warm", p, 1, T0, &d).await.unwrap();
         for i in 0..3u64 {
             let key = format!("client-{i}");
-            let d = store.decide(key.as_bytes(), p, 1, at(i)).await.unwrap();
+            let d = call::decide(&store, key.as_bytes(), p, 1, at(i))
+                .await
+                .unwrap();
             assert!(d.allowed);
             admitted.push((*p, key, at(i), d));
         }
@@ -152,17 +159,23 @@ async fn each_refund_is_one_exchange_on_the_wire() {
     let before = counter.exchanges();
     let mut n = 0;
     for (p, key, now, d) in &admitted {
-        store.refund(key.as_bytes(), p, 1, *now, d).await.unwrap();
+        call::refund(&store, key.as_bytes(), p, 1, *now, d)
+            .await
+            .unwrap();
         n += 1;
     }
     for (p, _, now, d) in &admitted[..4] {
-        store.refund(b"never seen", p, 1, *now, d).await.unwrap();
+        call::refund(&store, b"never seen", p, 1, *now, d)
+            .await
+            .unwrap();
         n += 1;
     }
     assert_eq!(counter.exchanges() - before, n, "exchanges for {n} refunds");
     // The refunds did give the units back.
     for (p, key, now, d) in &admitted {
-        let again = store.decide(key.as_bytes(), p, 1, *now).await.unwrap();
+        let again = call::decide(&store, key.as_bytes(), p, 1, *now)
+            .await
+            .unwrap();
         assert_eq!(again, *d, "{p}: {key} after its refund");
     }
 }
@@ -206,10 +219,12 @@ async fn a_sqlx_pool_costs_two_exchanges_per_statement() {
 
     // The store, on the same proxy: one each.
     let policy = Policy::gcra(3, Duration::from_secs(60)).unwrap();
-    store.decide(b"warm", &policy, 1, T0).await.unwrap();
+    call::decide(&store, b"warm", &policy, 1, T0).await.unwrap();
     let before = counter.exchanges();
     for i in 1..=n {
-        store.decide(b"store key", &policy, 1, at(i)).await.unwrap();
+        call::decide(&store, b"store key", &policy, 1, at(i))
+            .await
+            .unwrap();
     }
     assert_eq!(
         counter.exchanges() - before,
@@ -240,13 +255,17 @@ async fn a_store_on_an_existing_pool_decides_at_two_exchanges_each() {
         pool.connect_options().as_ref()
     ));
     let policy = Policy::fixed_window(3, Duration::from_secs(60)).unwrap();
-    assert!(store.decide(b"warm", &policy, 1, T0).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"warm", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
     let before = settled(&pool, &counter).await;
     let n = 10;
     let mut admitted = 0;
     for i in 0..n {
-        if store
-            .decide(b"key", &policy, 1, at(i))
+        if call::decide(&store, b"key", &policy, 1, at(i))
             .await
             .unwrap()
             .allowed
@@ -257,9 +276,18 @@ async fn a_store_on_an_existing_pool_decides_at_two_exchanges_each() {
     assert_eq!(admitted, 3, "the limit holds on an existing pool");
     assert_eq!(settled(&pool, &counter).await - before, 2 * n);
     // Refunds and sweeps run on it too.
-    let d = store.decide(b"other", &policy, 1, T0).await.unwrap();
-    store.refund(b"other", &policy, 1, T0, &d).await.unwrap();
-    assert_eq!(store.decide(b"other", &policy, 1, T0).await.unwrap(), d);
+    let d = call::decide(&store, b"other", &policy, 1, T0)
+        .await
+        .unwrap();
+    call::refund(&store, b"other", &policy, 1, T0, &d)
+        .await
+        .unwrap();
+    assert_eq!(
+        call::decide(&store, b"other", &policy, 1, T0)
+            .await
+            .unwrap(),
+        d
+    );
     store.sweep(at(3600 * S), 100).await.unwrap();
 }
 
@@ -308,8 +336,7 @@ async fn a_refund_refused_in_server_clock_mode_sends_nothing() {
     let before = counter.exchanges();
     let policy = Policy::gcra(5, Duration::from_secs(60)).unwrap();
     let admitted = first_admission(&policy, "postgres");
-    let err = store
-        .refund(b"k", &policy, 1, T0, &admitted)
+    let err = call::refund(&store, b"k", &policy, 1, T0, &admitted)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
@@ -337,7 +364,12 @@ async fn broken_and_abandoned_connections_are_replaced() {
         .await
         .unwrap();
     let policy = Policy::gcra(1_000, Duration::from_secs(60)).unwrap();
-    assert!(store.decide(b"k", &policy, 1, T0).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &policy, 1, T0)
+            .await
+            .unwrap()
+            .allowed
+    );
     let mut admin = PgConnection::connect(&fixture::server_url()).await.unwrap();
 
     // Killed by the server.
@@ -352,9 +384,16 @@ async fn broken_and_abandoned_connections_are_replaced() {
     // The build's migration connection may not have left the view yet.
     assert!(killed >= 1, "the store's connection is found by its name");
     let opened = counter.connections();
-    let err = store.decide(b"k", &policy, 1, at(1)).await.unwrap_err();
+    let err = call::decide(&store, b"k", &policy, 1, at(1))
+        .await
+        .unwrap_err();
     assert!(err.is_transient(), "{err}");
-    assert!(store.decide(b"k", &policy, 1, at(2)).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &policy, 1, at(2))
+            .await
+            .unwrap()
+            .allowed
+    );
     assert_eq!(counter.connections(), opened + 1, "replaced once");
 
     // Abandoned: the decision waits on a lock past the store's timeout.
@@ -363,11 +402,18 @@ async fn broken_and_abandoned_connections_are_replaced() {
         .execute(&mut *blocker)
         .await
         .unwrap();
-    let err = store.decide(b"k", &policy, 1, at(3)).await.unwrap_err();
+    let err = call::decide(&store, b"k", &policy, 1, at(3))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     blocker.rollback().await.unwrap();
     let opened = counter.connections();
-    assert!(store.decide(b"k", &policy, 1, at(4)).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &policy, 1, at(4))
+            .await
+            .unwrap()
+            .allowed
+    );
     assert_eq!(
         counter.connections(),
         opened + 1,
@@ -375,6 +421,11 @@ async fn broken_and_abandoned_connections_are_replaced() {
     );
     // And the new one is the store's only connection again.
     let before = counter.exchanges();
-    assert!(store.decide(b"k", &policy, 1, at(5)).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &policy, 1, at(5))
+            .await
+            .unwrap()
+            .allowed
+    );
     assert_eq!(counter.exchanges() - before, 1);
 }

@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratewarden_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
+use ratewarden_core::{Algorithm, ManualClock, Policy, Request, Store, Timestamp};
 use ratewarden_redis::{RedisStore, script_source};
 
 const T0: u64 = ManualClock::DEFAULT_START.as_micros();
@@ -249,7 +249,10 @@ async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
         let store = managed.clone();
         async move {
             store
-                .decide(b"bench", &policy, 1, Timestamp::from_micros(T0))
+                .decide(
+                    Request::new(&store, b"bench", &policy, 1, Timestamp::from_micros(T0))
+                        .expect("a valid request"),
+                )
                 .await
                 .expect("decision");
         }

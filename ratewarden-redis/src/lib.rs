@@ -45,7 +45,7 @@
 //!   [`RedisStore::builder_with_cluster_client`].
 //!
 //! ```no_run
-//! use ratewarden_core::{Policy, Store, Timestamp};
+//! use ratewarden_core::{Policy, Request, Store, Timestamp};
 //! use ratewarden_redis::RedisStore;
 //! use std::time::Duration;
 //!
@@ -55,9 +55,8 @@
 //!     .timeout(Duration::from_millis(100))
 //!     .build()?;
 //! let policy = Policy::gcra(10, Duration::from_secs(1))?;
-//! let decision = store
-//!     .decide(b"client-42", &policy, 1, Timestamp::now_system())
-//!     .await?;
+//! let request = Request::new(&store, b"client-42", &policy, 1, Timestamp::now_system())?;
+//! let decision = store.decide(request).await?;
 //! assert!(decision.allowed);
 //! # Ok(()) }
 //! ```
@@ -188,8 +187,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_core::{
-    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, MAX_EXACT, Policy, Store,
-    StoreError, Timestamp,
+    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Key, MAX_EXACT, Policy, Refund,
+    Request, Store, StoreError,
 };
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
@@ -404,24 +403,19 @@ impl RedisStore {
     }
 
     /// The decision script for `key`, in `mode`.
-    async fn run(
-        &self,
-        key: Vec<u8>,
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        mode: Mode,
-    ) -> Result<Value, StoreError> {
+    async fn run(&self, request: Request<'_>, mode: Mode) -> Result<Value, StoreError> {
+        let policy = request.policy();
+        let key = self.redis_key(request.key(), policy.algorithm());
         let mut invocation = script(policy.algorithm()).key(key);
         if self.inner.server_clock {
             invocation.arg("server");
         } else {
-            invocation.arg(now.as_micros());
+            invocation.arg(request.now().as_micros());
         }
         invocation
             .arg(policy.limit())
             .arg(policy.window_micros())
-            .arg(cost)
+            .arg(request.cost())
             .arg(self.inner.margin_ms);
         if policy.algorithm() == Algorithm::Gcra {
             invocation.arg(policy.emission_interval_micros());
@@ -518,18 +512,9 @@ impl Store for RedisStore {
         self.inner.max_key_len
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
-        let redis_key = self.redis_key(key, policy.algorithm());
-        let value = self
-            .bounded(self.run(redis_key, policy, cost, now, Mode::Decide))
-            .await?;
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let policy = request.policy();
+        let value = self.bounded(self.run(request, Mode::Decide)).await?;
         Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
     }
 
@@ -537,18 +522,9 @@ impl Store for RedisStore {
     /// nothing (its last argument, `peek`): the same arithmetic as
     /// [`decide`](Store::decide), so the two cannot drift, and no `HSET`,
     /// `PEXPIRE`, `LTRIM` or `SET` runs.
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
-        let redis_key = self.redis_key(key, policy.algorithm());
-        let value = self
-            .bounded(self.run(redis_key, policy, cost, now, Mode::Peek))
-            .await?;
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let policy = request.policy();
+        let value = self.bounded(self.run(request, Mode::Peek)).await?;
         Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
     }
 
@@ -557,16 +533,8 @@ impl Store for RedisStore {
     /// within the bounds of `algorithm::penalize`. The
     /// expiry follows the decision's rule: set when a window opens, moved
     /// only by what moves a log's newest entry or GCRA's arrival time.
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        ratewarden_core::check_request(NAME, policy, cost, key, self.inner.max_key_len)?;
-        let redis_key = self.redis_key(key, policy.algorithm());
-        self.bounded(self.run(redis_key, policy, cost, now, Mode::Penalize))
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.bounded(self.run(request, Mode::Penalize))
             .await
             .map(|_| ())
     }
@@ -574,25 +542,23 @@ impl Store for RedisStore {
     /// One `DEL` of the key that holds `key`'s state under the policy's
     /// algorithm ([`redis_key`](RedisStore::redis_key)): every algorithm
     /// keeps one Redis key per client key, so the reset is atomic.
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
-        ratewarden_core::check_key(NAME, key, self.inner.max_key_len)?;
-        let redis_key = self.redis_key(key, policy.algorithm());
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
+        let redis_key = self.redis_key(key.as_bytes(), policy.algorithm());
         self.bounded(self.delete(redis_key)).await
     }
 
     /// One `EVALSHA` of the algorithm's refund script; see the
     /// [crate documentation](crate). In server-clock mode, an
     /// [`ErrorKind::Unsupported`] error without contacting the server.
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        ratewarden_core::check_refund(NAME, policy, cost, admitted)?;
-        ratewarden_core::check_key(NAME, key, self.inner.max_key_len)?;
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        let request = refund.request();
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
+        let admitted = refund.admitted();
         if self.inner.server_clock {
             return Err(StoreError::new(
                 ErrorKind::Unsupported,

@@ -1,9 +1,10 @@
 //! Stores built from the application's own `redis::Client` or
 //! `ConnectionManager` rather than from a URL.
 
+use ratewarden_conformance::call;
 use std::time::Duration;
 
-use ratewarden_core::{Algorithm, ManualClock, Policy, Store, Timestamp};
+use ratewarden_core::{Algorithm, ManualClock, Policy, Timestamp};
 use ratewarden_redis::RedisStore;
 use ratewarden_test_support::redis as fixture;
 use redis::aio::ConnectionManager;
@@ -33,9 +34,18 @@ async fn a_store_from_an_existing_client_decides_under_its_own_options() {
     let p = Policy::fixed_window(2, Duration::from_secs(60)).unwrap();
     let now = Timestamp::from_micros(T0);
     let allowed: Vec<bool> = [
-        store.decide(b"k", &p, 1, now).await.unwrap().allowed,
-        store.decide(b"k", &p, 1, now).await.unwrap().allowed,
-        store.decide(b"k", &p, 1, now).await.unwrap().allowed,
+        call::decide(&store, b"k", &p, 1, now)
+            .await
+            .unwrap()
+            .allowed,
+        call::decide(&store, b"k", &p, 1, now)
+            .await
+            .unwrap()
+            .allowed,
+        call::decide(&store, b"k", &p, 1, now)
+            .await
+            .unwrap()
+            .allowed,
     ]
     .into();
     assert_eq!(allowed, [true, true, false]);
@@ -58,12 +68,12 @@ async fn a_store_from_an_existing_manager_uses_that_connection_only() {
     store.connect().await.unwrap();
     let p = Policy::sliding_log(3, Duration::from_secs(60)).unwrap();
     let now = Timestamp::from_micros(T0);
-    store.decide(b"warm-up", &p, 1, now).await.unwrap();
+    call::decide(&store, b"warm-up", &p, 1, now).await.unwrap();
 
     let before = wire.exchanges();
     let mut remaining = Vec::new();
     for _ in 0..4 {
-        let d = store.decide(b"k", &p, 1, now).await.unwrap();
+        let d = call::decide(&store, b"k", &p, 1, now).await.unwrap();
         remaining.push((d.allowed, d.remaining));
     }
     assert_eq!(remaining, [(true, 2), (true, 1), (true, 0), (false, 0)]);

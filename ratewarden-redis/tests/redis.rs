@@ -5,6 +5,7 @@
 //! About 800 lines: one test per Redis behaviour; most share one container,
 //! the failure tests start their own.
 
+use ratewarden_conformance::call;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -55,7 +56,7 @@ async fn decide_guarded(
 ) -> Result<ratewarden_core::Decision, StoreError> {
     tokio::time::timeout(
         HANG_GUARD,
-        store.decide(key, policy, 1, Timestamp::from_micros(now)),
+        call::decide(store, key, policy, 1, Timestamp::from_micros(now)),
     )
     .await
     .expect("a decision hung instead of failing within its timeout")
@@ -225,10 +226,16 @@ async fn one_evalsha_per_refund_and_nothing_else() {
     reset_stats(&mut conn).await;
     for p in policies() {
         let d = decide_guarded(&store, b"warm-up", &p, T0).await.unwrap();
-        store
-            .refund(b"warm-up-ghost", &p, 1, Timestamp::from_micros(T0), &d)
-            .await
-            .unwrap();
+        call::refund(
+            &store,
+            b"warm-up-ghost",
+            &p,
+            1,
+            Timestamp::from_micros(T0),
+            &d,
+        )
+        .await
+        .unwrap();
     }
     let first_use = fixture::command_calls(&mut conn).await;
     assert_eq!(
@@ -290,7 +297,7 @@ async fn a_penalty_is_one_evalsha_and_keeps_a_windows_expiry() {
     for p in policies() {
         for key in [&b"held"[..], b"fresh"] {
             let now = Timestamp::from_micros(T0 + 10_000);
-            store.penalize(key, &p, 2, now).await.unwrap();
+            call::penalize(&store, key, &p, 2, now).await.unwrap();
             n += 1;
         }
     }
@@ -307,10 +314,15 @@ async fn a_penalty_is_one_evalsha_and_keeps_a_windows_expiry() {
         .await
         .unwrap();
     assert_eq!(count, 3, "one admitted, two charged");
-    let left = store
-        .peek(b"held", &fixed, 1, Timestamp::from_micros(T0 + 20_000))
-        .await
-        .unwrap();
+    let left = call::peek(
+        &store,
+        b"held",
+        &fixed,
+        1,
+        Timestamp::from_micros(T0 + 20_000),
+    )
+    .await
+    .unwrap();
     assert_eq!(left.remaining, 1);
 }
 
@@ -351,7 +363,7 @@ async fn a_peek_is_one_evalsha_that_writes_nothing_and_a_reset_is_one_del() {
             (b"fresh", 5),
         ] {
             let now = Timestamp::from_micros(T0 + 10_000);
-            store.peek(key, &p, cost, now).await.unwrap();
+            call::peek(&store, key, &p, cost, now).await.unwrap();
             n += 1;
         }
     }
@@ -381,7 +393,7 @@ async fn a_peek_is_one_evalsha_that_writes_nothing_and_a_reset_is_one_del() {
 
     let monitor = Monitor::start(&url, &mut conn).await;
     for p in policies() {
-        store.reset(b"held", &p).await.unwrap();
+        call::reset(&store, b"held", &p).await.unwrap();
     }
     let (from_clients, _) = monitor.finish(&mut conn).await;
     assert_eq!(from_clients, BTreeMap::from([("DEL".to_string(), 4)]));
@@ -657,7 +669,7 @@ async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
         let admitted = first_admission(&p, "redis");
         let err = tokio::time::timeout(
             HANG_GUARD,
-            store.refund(b"k", &p, 1, Timestamp::from_micros(T0), &admitted),
+            call::refund(&store, b"k", &p, 1, Timestamp::from_micros(T0), &admitted),
         )
         .await
         .expect("a refusal needs no server")
@@ -674,11 +686,13 @@ async fn server_clock_mode_refuses_refunds_without_a_round_trip() {
         .unwrap();
     let p = Policy::fixed_window(3, Duration::from_secs(60)).unwrap();
     let now = Timestamp::from_micros(T0);
-    let d = store.decide(b"k", &p, 1, now).await.unwrap();
+    let d = call::decide(&store, b"k", &p, 1, now).await.unwrap();
     assert!(d.allowed);
-    let err = store.refund(b"k", &p, 1, now, &d).await.unwrap_err();
+    let err = call::refund(&store, b"k", &p, 1, now, &d)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    let after = store.decide(b"k", &p, 1, now).await.unwrap();
+    let after = call::decide(&store, b"k", &p, 1, now).await.unwrap();
     assert_eq!(after.remaining, 1, "the admission was kept");
 }
 
@@ -704,8 +718,7 @@ async fn refunds_create_nothing_and_never_extend_a_ttl() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
         assert!(before > 0, "{p}");
-        store
-            .refund(b"k", &p, 1, Timestamp::from_micros(T0 + S), &second)
+        call::refund(&store, b"k", &p, 1, Timestamp::from_micros(T0 + S), &second)
             .await
             .unwrap();
         // Not `<`: within one millisecond PTTL reads the same. A refund
@@ -719,7 +732,9 @@ async fn refunds_create_nothing_and_never_extend_a_ttl() {
         // With the first admission refunded too, a log or a fixed window
         // holds nothing and is deleted; the counters and the arrival time
         // stay, under the expiry they had.
-        store.refund(b"k", &p, 1, now, &first).await.unwrap();
+        call::refund(&store, b"k", &p, 1, now, &first)
+            .await
+            .unwrap();
         let exists = key_exists(&mut conn, &key).await;
         match p.algorithm() {
             Algorithm::SlidingLog | Algorithm::FixedWindow => {
@@ -735,7 +750,9 @@ async fn refunds_create_nothing_and_never_extend_a_ttl() {
         }
         // A key that holds nothing stays absent.
         let ghost = store.redis_key(b"ghost", p.algorithm());
-        store.refund(b"ghost", &p, 1, now, &first).await.unwrap();
+        call::refund(&store, b"ghost", &p, 1, now, &first)
+            .await
+            .unwrap();
         let exists = key_exists(&mut conn, &ghost).await;
         assert_eq!(exists, 0, "{p}: a refund created {ghost:?}");
     }

@@ -1,10 +1,11 @@
 //! Redis Sentinel: a store built from a `redis+sentinel://` URL decides on
 //! the master the sentinels name, and on the new one after a failover.
 
+use ratewarden_conformance::call;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratewarden_core::{ErrorKind, FailurePolicy, Limiter, Policy, Rule, Store};
+use ratewarden_core::{ErrorKind, FailurePolicy, Limiter, Policy, Rule};
 use ratewarden_redis::RedisStore;
 use ratewarden_test_support::redis as fixture;
 
@@ -157,10 +158,15 @@ async fn sentinels_that_do_not_answer_are_an_error_within_the_timeout() {
     );
     let store = RedisStore::builder(url).timeout(TIMEOUT).build().unwrap();
     let policy = Policy::fixed_window(LIMIT, Duration::from_secs(60)).unwrap();
-    let err = store
-        .decide(b"k", &policy, 1, ratewarden_core::Timestamp::from_micros(1))
-        .await
-        .unwrap_err();
+    let err = call::decide(
+        &store,
+        b"k",
+        &policy,
+        1,
+        ratewarden_core::Timestamp::from_micros(1),
+    )
+    .await
+    .unwrap_err();
     assert!(
         matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
         "{err}"

@@ -2,9 +2,10 @@
 //! TLS only, with a CA and a server certificate generated for the test.
 #![cfg(feature = "tls")]
 
+use ratewarden_conformance::call;
 use std::time::Duration;
 
-use ratewarden_core::{ConfigError, ErrorKind, ManualClock, Policy, Store, Timestamp};
+use ratewarden_core::{ConfigError, ErrorKind, ManualClock, Policy, Timestamp};
 use ratewarden_redis::RedisStore;
 use ratewarden_test_support::redis as fixture;
 use ratewarden_test_support::tls::Ca;
@@ -46,7 +47,7 @@ async fn decides_over_tls_trusting_the_given_ca() {
     let now = Timestamp::from_micros(T0);
     let mut admitted = Vec::new();
     for _ in 0..3 {
-        let d = tokio::time::timeout(HANG_GUARD, store.decide(b"k", &p, 1, now))
+        let d = tokio::time::timeout(HANG_GUARD, call::decide(&store, b"k", &p, 1, now))
             .await
             .expect("no hang")
             .unwrap();
@@ -54,9 +55,15 @@ async fn decides_over_tls_trusting_the_given_ca() {
     }
     assert_eq!(admitted, [true, true, false]);
     // A refund is a script call over the same connection.
-    let d = store.decide(b"k2", &p, 1, now).await.unwrap();
-    store.refund(b"k2", &p, 1, now, &d).await.unwrap();
-    assert_eq!(store.decide(b"k2", &p, 1, now).await.unwrap().remaining, 1);
+    let d = call::decide(&store, b"k2", &p, 1, now).await.unwrap();
+    call::refund(&store, b"k2", &p, 1, now, &d).await.unwrap();
+    assert_eq!(
+        call::decide(&store, b"k2", &p, 1, now)
+            .await
+            .unwrap()
+            .remaining,
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +80,7 @@ async fn a_server_the_client_does_not_trust_is_a_clear_error() {
         let store = store.timeout(Duration::from_secs(5)).build().unwrap();
         let err = tokio::time::timeout(
             HANG_GUARD,
-            store.decide(b"k", &p, 1, Timestamp::from_micros(T0)),
+            call::decide(&store, b"k", &p, 1, Timestamp::from_micros(T0)),
         )
         .await
         .expect("an untrusted server must fail, not hang")
@@ -166,10 +173,11 @@ async fn decides_on_a_tls_cluster_trusting_the_given_ca() {
         let key = format!("client-{key}");
         let mut admitted = Vec::new();
         for _ in 0..3 {
-            let d = tokio::time::timeout(HANG_GUARD, store.decide(key.as_bytes(), &p, 1, now))
-                .await
-                .expect("no hang")
-                .unwrap();
+            let d =
+                tokio::time::timeout(HANG_GUARD, call::decide(&store, key.as_bytes(), &p, 1, now))
+                    .await
+                    .expect("no hang")
+                    .unwrap();
             admitted.push(d.allowed);
         }
         assert_eq!(admitted, [true, true, false], "{key}");
@@ -181,7 +189,7 @@ async fn decides_on_a_tls_cluster_trusting_the_given_ca() {
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let err = tokio::time::timeout(HANG_GUARD, untrusting.decide(b"k", &p, 1, now))
+    let err = tokio::time::timeout(HANG_GUARD, call::decide(&untrusting, b"k", &p, 1, now))
         .await
         .expect("an untrusted cluster must fail, not hang")
         .unwrap_err();
@@ -212,6 +220,16 @@ async fn a_store_from_an_existing_tls_cluster_client_decides() {
         .unwrap();
     let p = Policy::gcra(1, Duration::from_secs(60)).unwrap();
     let now = Timestamp::from_micros(T0);
-    assert!(store.decide(b"k", &p, 1, now).await.unwrap().allowed);
-    assert!(!store.decide(b"k", &p, 1, now).await.unwrap().allowed);
+    assert!(
+        call::decide(&store, b"k", &p, 1, now)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !call::decide(&store, b"k", &p, 1, now)
+            .await
+            .unwrap()
+            .allowed
+    );
 }

@@ -4,9 +4,10 @@
 //! statistics say. `tests/redis.rs` checks the same claim with `MONITOR`
 //! and `INFO commandstats`.
 
+use ratewarden_conformance::call;
 use std::time::Duration;
 
-use ratewarden_core::{ManualClock, Policy, Store, Timestamp};
+use ratewarden_core::{ManualClock, Policy, Timestamp};
 use ratewarden_redis::RedisStore;
 use ratewarden_test_support::policy;
 use ratewarden_test_support::redis as fixture;
@@ -36,8 +37,10 @@ async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
     // first use (EVALSHA answered NOSCRIPT, SCRIPT LOAD, EVALSHA again).
     for p in policies() {
         let now = Timestamp::from_micros(T0);
-        let d = store.decide(b"warm-up", &p, 1, now).await.unwrap();
-        store.refund(b"warm-up", &p, 1, now, &d).await.unwrap();
+        let d = call::decide(&store, b"warm-up", &p, 1, now).await.unwrap();
+        call::refund(&store, b"warm-up", &p, 1, now, &d)
+            .await
+            .unwrap();
     }
 
     let before = wire.exchanges();
@@ -47,8 +50,7 @@ async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
         for i in 0..12u64 {
             let key = format!("client-{}", i % 2);
             let now = T0 + i * 1000;
-            let d = store
-                .decide(key.as_bytes(), &p, 1, Timestamp::from_micros(now))
+            let d = call::decide(&store, key.as_bytes(), &p, 1, Timestamp::from_micros(now))
                 .await
                 .unwrap();
             decisions += 1;
@@ -89,13 +91,13 @@ async fn the_counter_sees_a_second_round_trip() {
         .unwrap();
     let p = Policy::gcra(100, Duration::from_secs(1)).unwrap();
     let now = Timestamp::from_micros(T0);
-    store.decide(b"warm-up", &p, 1, now).await.unwrap();
+    call::decide(&store, b"warm-up", &p, 1, now).await.unwrap();
 
     let before = wire.exchanges();
     for _ in 0..5 {
         let mut m = manager.clone();
         let _: String = redis::cmd("PING").query_async(&mut m).await.unwrap();
-        store.decide(b"k", &p, 1, now).await.unwrap();
+        call::decide(&store, b"k", &p, 1, now).await.unwrap();
     }
     assert_eq!(wire.exchanges() - before, 10);
 }

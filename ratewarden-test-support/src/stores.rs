@@ -4,7 +4,9 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use ratewarden_core::algorithm;
-use ratewarden_core::{Capabilities, Decision, Policy, Store, StoreError, Timestamp};
+use ratewarden_core::{
+    Capabilities, Decision, Key, Policy, Refund, Request, Store, StoreError, Timestamp,
+};
 
 /// An exact, unbounded store applying the normative algorithm under a lock:
 /// [`ratewarden_core::example::MapStore`], the `Store` docs' example, that
@@ -47,49 +49,24 @@ impl Store for MapStore {
         self.inner.max_key_len()
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.inner.decide(key, policy, cost, now).await
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.inner.decide(request).await
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        self.inner.refund(key, policy, cost, now, admitted).await
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.inner.refund(refund).await
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.inner.peek(key, policy, cost, now).await
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.inner.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         self.inner.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.inner.penalize(key, policy, cost, now).await
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.inner.penalize(request).await
     }
 }
 
@@ -140,50 +117,26 @@ impl<S: Store> Store for Recording<S> {
         self.inner.max_key_len()
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let key = request.key();
         self.keys.lock().unwrap().push(key.to_vec());
-        self.inner.decide(key, policy, cost, now).await
+        self.inner.decide(request).await
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        self.inner.refund(key, policy, cost, now, admitted).await
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.inner.refund(refund).await
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.inner.peek(key, policy, cost, now).await
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.inner.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         self.inner.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.inner.penalize(key, policy, cost, now).await
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.inner.penalize(request).await
     }
 }
 
@@ -208,7 +161,8 @@ pub fn first_admission(policy: &Policy, store: &'static str) -> Decision {
 /// what reaches the server.
 pub async fn warm_up(store: &dyn Store, policies: &[Policy], now: Timestamp) {
     for p in policies {
-        store.decide(b"warm", p, 1, now).await.unwrap();
+        let request = Request::new(store, b"warm", p, 1, now).unwrap();
+        store.decide(request).await.unwrap();
     }
 }
 
@@ -227,19 +181,22 @@ pub async fn refund_all_and_ghosts(
 ) -> u64 {
     let mut refunds = 0;
     for (p, key, now, d) in admitted {
-        store
-            .refund(key.as_bytes(), p, 1, Timestamp::from_micros(*now), d)
-            .await
-            .unwrap();
+        refund(store, key.as_bytes(), p, *now, d).await;
         refunds += 1;
     }
     let (_, _, now, d) = &admitted[0];
     for p in policies {
-        store
-            .refund(b"never-seen", p, 1, Timestamp::from_micros(*now), d)
-            .await
-            .unwrap();
+        refund(store, b"never-seen", p, *now, d).await;
         refunds += 1;
     }
     refunds
+}
+
+/// Refunds `d`, the admission of one unit of `key` at `now`.
+async fn refund(store: &dyn Store, key: &[u8], p: &Policy, now: u64, d: &Decision) {
+    let request = Request::new(store, key, p, 1, Timestamp::from_micros(now)).unwrap();
+    store
+        .refund(Refund::new(request, d).unwrap())
+        .await
+        .unwrap();
 }

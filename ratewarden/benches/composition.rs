@@ -38,7 +38,8 @@ use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 use ratewarden::memory::MemoryStore;
 use ratewarden::{
-    BreakerConfig, Clock, FailurePolicy, Limiter, ManualClock, Policy, Rule, Store, Timestamp,
+    BreakerConfig, Clock, FailurePolicy, Limiter, ManualClock, Policy, Request, Rule, Store,
+    Timestamp,
 };
 use ratewarden_conformance::broken::Unavailable;
 
@@ -102,16 +103,18 @@ impl Contender {
             // Through `&dyn Store`, as a rule calls it.
             Contender::Bare(store) => {
                 let store: &dyn Store = &**store;
-                store
-                    .decide(key, policy, 1, now)
-                    .await
-                    .is_ok_and(|d| d.allowed)
+                match Request::new(store, key, policy, 1, now) {
+                    Ok(request) => store.decide(request).await.is_ok_and(|d| d.allowed),
+                    Err(_) => false,
+                }
             }
             Contender::BareInline(store) => {
                 let store: &dyn Store = &**store;
-                store
-                    .decide_inline(key, policy, 1, now)
-                    .is_some_and(|d| d.is_ok_and(|d| d.allowed))
+                Request::new(store, key, policy, 1, now).is_ok_and(|r| {
+                    store
+                        .decide_inline(r)
+                        .is_some_and(|d| d.is_ok_and(|d| d.allowed))
+                })
             }
             Contender::Limiter(l) => l.check(key).await.allowed,
             Contender::Governor(g) => {

@@ -37,8 +37,8 @@ use async_trait::async_trait;
 use ratewarden::lease::{LeaseConfig, LeaseStats, LeasedStore};
 use ratewarden::memory::MemoryStore;
 use ratewarden::{
-    Capabilities, Clock, Decision, ErrorKind, Limiter, ManualClock, Policy, Rule, Store,
-    StoreError, Timestamp,
+    Capabilities, Clock, Decision, ErrorKind, Key, Limiter, ManualClock, Policy, Refund, Request,
+    Rule, Store, StoreError, Timestamp,
 };
 use ratewarden_test_support::Rng;
 
@@ -91,53 +91,28 @@ impl Store for Remote {
     fn max_key_len(&self) -> usize {
         self.inner.max_key_len()
     }
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         self.call()?;
-        self.inner.decide_sync(key, policy, cost, now)
+        self.inner.decide(request).await
     }
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         self.call()?;
-        self.inner.refund_sync(key, policy, cost, now, admitted)
+        self.inner.refund(refund).await
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         self.call()?;
-        self.inner.peek_sync(key, policy, cost, now)
+        self.inner.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         self.call()?;
-        self.inner.reset_sync(key, policy)
+        self.inner.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
         self.call()?;
-        self.inner.penalize_sync(key, policy, cost, now)
+        self.inner.penalize(request).await
     }
 }
 

@@ -8,6 +8,7 @@
 //! and under over-demand by the round trips counted on the wire.
 #![cfg(all(feature = "redis", feature = "postgres", feature = "memory"))]
 
+use ratewarden_conformance::call;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -348,7 +349,9 @@ async fn leases_under_over_demand_cost_a_tenth_of_a_round_trip_per_admission() {
     ] {
         // Not counted: the connection and the script's first load.
         let now = ManualClock::DEFAULT_START;
-        shared.decide(b"warm-up", &policy, 1, now).await.unwrap();
+        call::decide(&shared, b"warm-up", &policy, 1, now)
+            .await
+            .unwrap();
         for factor in [2, 10] {
             let key = format!("tenant-{name}-{factor}");
             let clock = ManualClock::new();

@@ -11,13 +11,14 @@
 //! One file of about 620 lines: each broken composition is small, and a
 //! reader checking what a scenario catches wants them side by side.
 
+use crate::call;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_core::{
     AbuseEvent, AbuseSink, Algorithm, BreakerConfig, Clock, ConfigError, Decision, ErrorKind,
-    FailurePolicy, Limiter, ManualClock, Policy, Store, StoreError, Timestamp,
+    FailurePolicy, Key, Limiter, ManualClock, Policy, Refund, Request, Store, StoreError,
 };
 
 use super::{Composer, Composition, EscalationSpec, LimiterComposer, TierSpec};
@@ -245,13 +246,13 @@ impl BrokenLease {
 impl Store for BrokenLease {
     forward_identity!(shared);
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let (key, policy, cost, now) = (
+            request.key(),
+            request.policy(),
+            request.cost(),
+            request.now(),
+        );
         let t = now.as_micros();
         {
             let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
@@ -278,7 +279,7 @@ impl Store for BrokenLease {
             CompositionDefect::LeaseUncounted => cost,
             _ => self.units,
         };
-        let grant = match self.shared.decide(key, policy, ask, now).await {
+        let grant = match call::decide(&self.shared, key, policy, ask, now).await {
             Ok(d) => d,
             Err(_) if self.defect == CompositionDefect::LeaseOpenWhenDead => {
                 self.grant(key, cost, t + policy.window_micros());
@@ -300,42 +301,23 @@ impl Store for BrokenLease {
         if ask == cost {
             return Ok(grant);
         }
-        self.shared.decide(key, policy, cost, now).await
+        self.shared.decide(request).await
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        self.shared.refund(key, policy, cost, now, admitted).await
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.shared.refund(refund).await
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.shared.peek(key, policy, cost, now).await
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.shared.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         self.shared.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.shared.penalize(key, policy, cost, now).await
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.shared.penalize(request).await
     }
 }
 
@@ -372,55 +354,24 @@ impl InvalidAsFailure {
 impl Store for InvalidAsFailure {
     forward_identity!(0);
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.0
-            .decide(key, policy, cost, now)
-            .await
-            .map_err(Self::flatten)
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.0.decide(request).await.map_err(Self::flatten)
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        self.0
-            .refund(key, policy, cost, now, admitted)
-            .await
-            .map_err(Self::flatten)
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.0.refund(refund).await.map_err(Self::flatten)
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.0.peek(key, policy, cost, now).await
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.0.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         self.0.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.0.penalize(key, policy, cost, now).await
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.0.penalize(request).await
     }
 }
 
@@ -463,49 +414,24 @@ impl NoRefund {
 impl Store for NoRefund {
     forward_identity!(0);
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.0.decide(key, policy, cost, now).await
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.0.decide(request).await
     }
 
-    async fn refund(
-        &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: Timestamp,
-        _: &Decision,
-    ) -> Result<(), StoreError> {
+    async fn refund(&self, _: Refund<'_>) -> Result<(), StoreError> {
         Ok(())
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.0.peek(key, policy, cost, now).await
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.0.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         self.0.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.0.penalize(key, policy, cost, now).await
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.0.penalize(request).await
     }
 }
 
@@ -533,8 +459,8 @@ impl Composition for Paced {
         }
         let now = self.clock.now();
         let durable_key = storage_key(rule, key);
-        let call = e.store.decide(&durable_key, &e.policy, 1, now);
-        match tokio::time::timeout(Duration::from_secs(10), call).await {
+        let asked = call::decide(&e.store, &durable_key, &e.policy, 1, now);
+        match tokio::time::timeout(Duration::from_secs(10), asked).await {
             Ok(Ok(mut durable)) if !durable.allowed => {
                 durable.source.escalated = true;
                 durable

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use ratewarden_core::{
-    AbuseEvent, AbuseSink, Decision, ErrorKind, Policy, Store, StoreError, Timestamp,
+    AbuseEvent, AbuseSink, Decision, ErrorKind, Key, Policy, Refund, Request, Store, StoreError,
+    Timestamp,
 };
 
 /// How a [`Switch`] answers.
@@ -113,69 +114,38 @@ impl<T: ?Sized> Switch<T> {
 impl Store for Switch<dyn Store> {
     forward_identity!(inner);
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.gate(self.inner.name()).await?;
-        self.inner.decide(key, policy, cost, now).await
+        self.inner.decide(request).await
     }
 
-    fn decide_inline(
-        &self,
-        _: &[u8],
-        _: &Policy,
-        _: u32,
-        _: Timestamp,
-    ) -> Option<Result<Decision, StoreError>> {
+    fn decide_inline(&self, _: Request<'_>) -> Option<Result<Decision, StoreError>> {
         self.inline_asks.fetch_add(1, Ordering::SeqCst);
         None
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
         self.refunds.fetch_add(1, Ordering::SeqCst);
         self.gate(self.inner.name()).await?;
-        self.inner.refund(key, policy, cost, now, admitted).await
+        self.inner.refund(refund).await
     }
 
     /// Not counted in [`calls`](Switch::calls), which counts decisions;
     /// failing as they do.
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         self.gate(self.inner.name()).await?;
-        self.inner.peek(key, policy, cost, now).await
+        self.inner.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         self.gate(self.inner.name()).await?;
         self.inner.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
         self.gate(self.inner.name()).await?;
-        self.inner.penalize(key, policy, cost, now).await
+        self.inner.penalize(request).await
     }
 }
 
@@ -269,55 +239,34 @@ impl Ledger {
 impl Store for Ledger {
     forward_identity!(inner);
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let (cost, now) = (request.cost(), request.now());
         self.calls.fetch_add(1, Ordering::SeqCst);
-        let d = self.inner.decide(key, policy, cost, now).await?;
+        let d = self.inner.decide(request).await?;
         if d.allowed {
             self.enter(now, i64::from(cost));
         }
         Ok(d)
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        self.inner.refund(key, policy, cost, now, admitted).await?;
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        let request = refund.request();
+        let (cost, now) = (request.cost(), request.now());
+
+        self.inner.refund(refund).await?;
         self.enter(now, -i64::from(cost));
         Ok(())
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        self.inner.peek(key, policy, cost, now).await
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.inner.peek(request).await
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         self.inner.reset(key, policy).await
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.inner.penalize(key, policy, cost, now).await
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.inner.penalize(request).await
     }
 }

@@ -1,11 +1,10 @@
 //! `key_independence` and `hostile_keys`: a key is data, and one key's
 //! traffic is its own.
 
-use ratewarden_core::{Algorithm, ErrorKind, Policy};
+use crate::call;
+use ratewarden_core::{Algorithm, Policy};
 
-use crate::support::{
-    Expect, Path, Probe, S, check, evidence, fail, num, policy, refuse, show_key,
-};
+use crate::support::{Expect, Probe, S, check, evidence, fail, num, policy, refuse, show_key};
 use crate::{Failure, ScenarioResult, StoreFactory};
 
 /// How a key exhausted at T0 (L = 3, W = 60 s) is refused `secs` seconds
@@ -225,50 +224,43 @@ pub(crate) async fn key_length_bound(factory: &dyn StoreFactory) -> ScenarioResu
             num(max as u64)
         ));
     }
-    let mut too_long = longest.clone();
-    too_long.push(b'k');
-    // A store answering inline must bound keys there too: a `Limiter` asks
-    // that path first.
-    for path in Path::BOTH {
-        match probe.decide_by(path, &too_long, &p, 1).await {
-            None => {}
-            Some(Err(e)) if e.kind() == ErrorKind::InvalidRequest => {}
-            other => {
-                return fail(format!(
-                    "{algorithm}: {}: a key of {} bytes (one over the declared bound) must be an \
-                     InvalidRequest error; got {other:?}",
-                    path.decide(),
-                    num(max as u64 + 1)
-                ));
-            }
-        }
-        match probe.refund_by(path, &too_long, &p, 1, &d).await {
-            None => {}
-            Some(Err(e)) if e.kind() == ErrorKind::InvalidRequest => {}
-            other => {
-                return fail(format!(
-                    "{algorithm}: {}: refunding with a key one byte over the bound must be an \
-                     InvalidRequest error; got {other:?}",
-                    path.refund()
-                ));
-            }
-        }
+    // A sibling of the same length, differing in its last byte only: a
+    // store that cut keys short of its own bound would merge the two.
+    let mut sibling = longest.clone();
+    sibling[max - 1] = b'j';
+    let other = probe.hit(&sibling, &p, 1).await?;
+    if !other.allowed || other.remaining != 1 {
+        return fail(format!(
+            "{algorithm}: two keys of {} bytes differing in their last byte must be distinct: \
+             the second's first request must leave 1; got {other:?}",
+            num(max as u64)
+        ));
     }
-    // Nothing of the refused key leaked into a neighbour's state.
     let again = probe.hit(&longest, &p, 1).await?;
     if !again.allowed || again.remaining != 0 {
         return fail(format!(
-            "{algorithm}: after the over-long key was refused, the {}-byte key must have its \
-             second unit; got {again:?}",
+            "{algorithm}: the {}-byte key must have its second unit; got {again:?}",
+            num(max as u64)
+        ));
+    }
+    call::reset(&probe.store, &longest, &p).await.map_err(|e| {
+        Failure(format!(
+            "{algorithm}: reset of a key of exactly the declared bound failed: {e}"
+        ))
+    })?;
+    let reset = probe.hit(&longest, &p, 1).await?;
+    if !reset.allowed || reset.remaining != 1 {
+        return fail(format!(
+            "{algorithm}: after a reset the {}-byte key must admit its whole limit again; got \
+             {reset:?}",
             num(max as u64)
         ));
     }
     let mut parts = vec![format!(
-        "{algorithm}: keys of {} bytes valid, {} bytes an InvalidRequest error for {}, and for {}",
+        "{algorithm}: keys of exactly {} bytes (the declared bound) valid, distinct to their \
+         last byte and reset, for {}",
         num(max as u64),
-        num(max as u64 + 1),
         probe.decided_by(),
-        probe.refunded_by()
     )];
     parts.extend(skipped);
     evidence(parts)

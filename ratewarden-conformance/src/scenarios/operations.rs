@@ -2,9 +2,10 @@
 //! `penalty_is_counted`: the operations beside a decision, and a key moved
 //! between plans.
 
+use crate::call;
 use std::sync::Arc;
 
-use ratewarden_core::{Algorithm, Clock, Decision, ErrorKind, Policy, StoreError};
+use ratewarden_core::{Algorithm, Clock, Decision, Policy};
 use tokio::sync::Barrier;
 
 use crate::support::{MS, Probe, S, T0, decide_preferring, evidence, fail, panic_message, policy};
@@ -80,25 +81,14 @@ async fn peek(
     what: &str,
 ) -> Result<Decision, Failure> {
     let now = probe.clock.now();
-    probe.store.peek(key, p, cost, now).await.map_err(|e| {
-        Failure(format!(
-            "{}: peek of cost {cost} ({what}) returned an error: {e}",
-            p.algorithm()
-        ))
-    })
-}
-
-fn must_be_invalid(result: Result<Decision, StoreError>, what: &str) -> Result<(), Failure> {
-    match result {
-        Err(e) if e.kind() == ErrorKind::InvalidRequest => Ok(()),
-        Err(e) => fail(format!(
-            "{what} must be an InvalidRequest error, as for decide; got {e}"
-        )),
-        Ok(d) => fail(format!(
-            "{what} must be an InvalidRequest error, as for decide; the store answered {}",
-            show(&d)
-        )),
-    }
+    call::peek(&probe.store, key, p, cost, now)
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "{}: peek of cost {cost} ({what}) returned an error: {e}",
+                p.algorithm()
+            ))
+        })
 }
 
 pub(crate) async fn peek_never_records(factory: &dyn StoreFactory) -> ScenarioResult {
@@ -152,16 +142,6 @@ pub(crate) async fn peek_never_records(factory: &dyn StoreFactory) -> ScenarioRe
                 ));
             }
         }
-        probe.at(50 * S);
-        must_be_invalid(
-            probe.store.peek(&peeked, &p, 0, probe.clock.now()).await,
-            &format!("{algorithm}: a peek of cost 0"),
-        )?;
-        let long = vec![b'k'; probe.store.max_key_len().saturating_add(1)];
-        must_be_invalid(
-            probe.store.peek(&long, &p, 1, probe.clock.now()).await,
-            &format!("{algorithm}: a peek of a key one byte over the declared bound"),
-        )?;
         parts.push(format!(
             "{algorithm}: {peeks} peeks around {decisions} requests each answered what the next \
              request got, and left the key deciding exactly as an unpeeked twin"
@@ -193,7 +173,7 @@ async fn exhaust(probe: &Probe, key: &[u8], p: &Policy) -> Result<u32, Failure> 
 }
 
 async fn reset(probe: &Probe, key: &[u8], p: &Policy, what: &str) -> Result<(), Failure> {
-    probe.store.reset(key, p).await.map_err(|e| {
+    call::reset(&probe.store, key, p).await.map_err(|e| {
         Failure(format!(
             "{}: reset of {what} returned an error: {e}",
             p.algorithm()
@@ -336,16 +316,6 @@ pub(crate) async fn reset_is_exact(factory: &dyn StoreFactory) -> ScenarioResult
                 show(&never),
                 RESET_LIMIT - 1
             ));
-        }
-        let long = vec![b'k'; probe.store.max_key_len().saturating_add(1)];
-        match probe.store.reset(&long, &p).await {
-            Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-            other => {
-                return fail(format!(
-                    "{algorithm}: a reset of a key one byte over the declared bound must be an \
-                     InvalidRequest error, as for decide; got {other:?}"
-                ));
-            }
         }
         parts.push(format!(
             "{algorithm}: an exhausted key reset then admitted exactly {RESET_LIMIT} of {} \
@@ -526,10 +496,9 @@ pub(crate) async fn penalty_is_counted(factory: &dyn StoreFactory) -> ScenarioRe
                 probe.at(step.at);
                 let now = T0 + step.at;
                 if step.penalty > 0 {
-                    let charged = probe
-                        .store
-                        .penalize(&key, &p, step.penalty, probe.clock.now())
-                        .await;
+                    let charged =
+                        call::penalize(&probe.store, &key, &p, step.penalty, probe.clock.now())
+                            .await;
                     if let Err(e) = charged {
                         return fail(format!(
                             "{algorithm}: a penalty of {} at t0+{} ms returned an error: {e}",
@@ -567,30 +536,9 @@ pub(crate) async fn penalty_is_counted(factory: &dyn StoreFactory) -> ScenarioRe
                 ));
             }
         }
-        let long = vec![b'k'; probe.store.max_key_len().saturating_add(1)];
-        for (what, key, cost) in [
-            ("a cost of 0", &b"penalty/zero"[..], 0),
-            (
-                "a cost over the limit",
-                &b"penalty/over"[..],
-                PENALTY_LIMIT + 1,
-            ),
-            ("a key one byte over the declared bound", &long[..], 1),
-        ] {
-            match probe.store.penalize(key, &p, cost, probe.clock.now()).await {
-                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-                other => {
-                    return fail(format!(
-                        "{algorithm}: a penalty with {what} must be an InvalidRequest error, as \
-                         for decide; got {other:?}"
-                    ));
-                }
-            }
-        }
         parts.push(format!(
             "{algorithm}: penalties on a key over its limit and on a new key decided as the \
-             reference's penalize (limit {PENALTY_LIMIT}, {} steps); invalid penalties are \
-             InvalidRequest errors",
+             reference's penalize (limit {PENALTY_LIMIT}, {} steps)",
             PENALTY_TABLE.len()
         ));
     }

@@ -8,7 +8,7 @@
 //! from a window the refunded request never counted in. Every expected
 //! value is worked out by hand from `ratewarden_core::algorithm`.
 
-use ratewarden_core::{Algorithm, Decision, ErrorKind, Policy};
+use ratewarden_core::{Algorithm, Decision, Policy};
 
 use crate::support::{
     Expect, Path, Probe, S, admit, check, dur, evidence, fail, policy, refuse, show_key,
@@ -199,28 +199,14 @@ pub(crate) async fn refund_exactness(factory: &dyn StoreFactory) -> ScenarioResu
         let refunds = run(&probe, &p, key.as_bytes(), &steps).await?;
         parts.push(format!("{algorithm}: {refunds} refunds exact ({attacks})"));
 
-        // Refunding a refusal is the caller's mistake, said as such.
-        let key = format!("refund-refusal/{algorithm}");
+        // An admission to refund where nothing is held.
+        let key = format!("refund-full/{algorithm}");
         probe.at(0);
         let full = probe.hit(key.as_bytes(), &p, limit).await?;
-        let refused = probe.hit(key.as_bytes(), &p, 1).await?;
-        if !full.allowed || refused.allowed {
+        if !full.allowed {
             return fail(format!(
-                "{algorithm}: a full-cost request then one more must be admitted then refused"
+                "{algorithm}: a first full-cost request must be admitted; got {full:?}"
             ));
-        }
-        for path in Path::BOTH {
-            match probe.refund_by(path, key.as_bytes(), &p, 1, &refused).await {
-                None => {}
-                Some(Err(e)) if e.kind() == ErrorKind::InvalidRequest => {}
-                Some(other) => {
-                    return fail(format!(
-                        "{algorithm}: {}: refunding a refused decision must be an \
-                         InvalidRequest error, got {other:?}",
-                        path.refund()
-                    ));
-                }
-            }
         }
         // A refund for a key the store never saw (evicted, expired) is a
         // no-op, not an error, and creates nothing: a key of its own per
@@ -249,8 +235,7 @@ pub(crate) async fn refund_exactness(factory: &dyn StoreFactory) -> ScenarioResu
         }
     }
     parts.push(format!(
-        "refunds of refusals are InvalidRequest errors and refunds of empty keys create \
-         nothing, for {}",
+        "refunds of empty keys create nothing, for {}",
         probe.refunded_by()
     ));
     parts.extend(skipped);

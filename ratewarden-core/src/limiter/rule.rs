@@ -101,6 +101,10 @@ pub struct Rule {
     /// The same, padded with zeros to [`KEY_HEAD`] bytes.
     key_head: [u8; KEY_HEAD],
     store: Arc<dyn Store>,
+    /// The store's name and key bound, read once: every request's
+    /// arguments are checked against them before the store sees them.
+    store_name: &'static str,
+    max_key_len: usize,
     policy: Policy,
     /// The same policy, interned, for [`Source::policy`](crate::Source::policy).
     policy_label: &'static Policy,
@@ -270,6 +274,8 @@ impl Rule {
             key_prefix,
             key_head: key_head(key_prefix),
             name,
+            store_name: store.name(),
+            max_key_len: store.max_key_len(),
             store,
             policy_label: intern_policy(&policy),
             policy,

@@ -11,8 +11,8 @@ use std::sync::{Mutex, PoisonError};
 
 use ratewarden_core::algorithm::{self, KeyState};
 use ratewarden_core::{
-    Algorithm, Capabilities, DEFAULT_MAX_KEY_LEN, Decision, Policy, Store, StoreError, Timestamp,
-    async_trait, check_key, check_refund, check_request,
+    Algorithm, Capabilities, DEFAULT_MAX_KEY_LEN, Decision, Key, Policy, Refund, Request, Store,
+    StoreError, async_trait,
 };
 
 /// One map of `(algorithm, key)` to its state, under one lock.
@@ -37,73 +37,55 @@ impl Store for MapStore {
         DEFAULT_MAX_KEY_LEN
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        check_request("map", policy, cost, key, DEFAULT_MAX_KEY_LEN)?;
+    // Every argument arrives checked (a cost the policy can admit, a key
+    // within `max_key_len`, an admitted decision to refund): nothing to
+    // validate here.
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let policy = request.policy();
         // The whole algorithm under the lock: never read, then write.
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        let state = keys.entry((policy.algorithm(), key.to_vec())).or_default();
-        let verdict = algorithm::apply(state, policy, cost, now.as_micros());
+        let state = keys.entry(map_key(policy, request.key())).or_default();
+        let verdict = algorithm::apply(state, policy, request.cost(), request.now().as_micros());
         Ok(Decision::from_verdict(verdict, policy, "map"))
     }
 
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        check_refund("map", policy, cost, admitted)?;
-        check_key("map", key, DEFAULT_MAX_KEY_LEN)?;
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        let (request, policy) = (refund.request(), refund.request().policy());
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(state) = keys.get_mut(&(policy.algorithm(), key.to_vec())) {
-            let reset_after = u64::try_from(admitted.reset_after.as_micros()).unwrap_or(u64::MAX);
-            algorithm::refund(state, policy, cost, now.as_micros(), reset_after);
+        if let Some(state) = keys.get_mut(&map_key(policy, request.key())) {
+            let reset_after = refund.admitted().reset_after.as_micros();
+            let reset_after = u64::try_from(reset_after).unwrap_or(u64::MAX);
+            let now = request.now().as_micros();
+            algorithm::refund(state, policy, request.cost(), now, reset_after);
         }
         Ok(())
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        check_request("map", policy, cost, key, DEFAULT_MAX_KEY_LEN)?;
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let policy = request.policy();
         let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        let state = keys
-            .get(&(policy.algorithm(), key.to_vec()))
-            .unwrap_or(&None);
-        let verdict = algorithm::peek(state, policy, cost, now.as_micros());
+        let state = keys.get(&map_key(policy, request.key())).unwrap_or(&None);
+        let verdict = algorithm::peek(state, policy, request.cost(), request.now().as_micros());
         Ok(Decision::from_verdict(verdict, policy, "map"))
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
-        check_key("map", key, DEFAULT_MAX_KEY_LEN)?;
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        keys.remove(&(policy.algorithm(), key.to_vec()));
+        keys.remove(&map_key(policy, key.as_bytes()));
         Ok(())
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        check_request("map", policy, cost, key, DEFAULT_MAX_KEY_LEN)?;
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        let policy = request.policy();
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        let state = keys.entry((policy.algorithm(), key.to_vec())).or_default();
-        algorithm::penalize(state, policy, cost, now.as_micros());
+        let state = keys.entry(map_key(policy, request.key())).or_default();
+        algorithm::penalize(state, policy, request.cost(), request.now().as_micros());
         Ok(())
     }
+}
+
+/// State is kept per (algorithm, key), so that a plan change of the same
+/// algorithm carries a key's usage over.
+fn map_key(policy: &Policy, key: &[u8]) -> (Algorithm, Vec<u8>) {
+    (policy.algorithm(), key.to_vec())
 }

@@ -1,6 +1,9 @@
 //! The storage contract every backend implements.
 
 pub mod example;
+mod request;
+
+pub use request::{Key, Refund, Request};
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,9 +11,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::decision::Decision;
-use crate::error::{ConfigError, ErrorKind, StoreError};
+use crate::error::{ConfigError, StoreError};
 use crate::policy::{Algorithm, Policy};
-use crate::time::Timestamp;
 
 /// What a store can do, declared so that composition and the conformance
 /// suite can adapt to it instead of guessing.
@@ -93,6 +95,24 @@ impl Capabilities {
 /// crate needs no dependency of its own for it (the trait must stay object
 /// safe, as `Arc<dyn Store>`, which native `async fn` in traits is not).
 ///
+/// A store is handed its arguments already checked: a [`Request`] holds a
+/// cost its policy can admit and a key no longer than
+/// [`max_key_len`](Store::max_key_len), a [`Refund`] an admitted decision,
+/// a [`Key`] a key within the bound. Only [`Request::new`],
+/// [`Refund::new`] and [`Key::new`] make them, and they refuse the rest
+/// with an [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error: no
+/// store validates arguments, and every store refuses the same mistakes
+/// the same way.
+///
+/// Migration from the listing where each operation took `key, policy,
+/// cost, now` (and `admitted` for a refund): take one `request` instead and
+/// read [`request.key()`](Request::key), [`policy()`](Request::policy),
+/// [`cost()`](Request::cost) and [`now()`](Request::now); `refund` takes a
+/// [`Refund`] and `reset` a [`Key`]; delete the calls to `check_request`,
+/// `check_refund` and `check_key`, which are gone. A caller builds the
+/// arguments with [`Request::new`] and gets its `InvalidRequest` errors
+/// there.
+///
 /// A complete, correct store ([`example::MapStore`], the one the tests run):
 ///
 /// ```
@@ -140,17 +160,17 @@ impl Capabilities {
 /// * `clock_regression` — a `now` earlier than one already seen never
 ///   panics and never admits more than the limit.
 /// * `bad_configuration` — policies a store cannot represent are refused by
-///   [`check_policy`](Store::check_policy) at construction, and an invalid
-///   cost is an error, never a panic.
+///   [`check_policy`](Store::check_policy) at construction, and the
+///   largest policies it accepts are applied as written.
 /// * `key_length_bound` — the store declares the longest key it accepts
-///   ([`max_key_len`](Store::max_key_len), at most 1 MiB); a longer key is an
-///   [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error for `decide`
-///   and `refund` and is never stored, and a key of exactly that length is
-///   valid.
+///   ([`max_key_len`](Store::max_key_len), at most 1 MiB), and a key of
+///   exactly that length is valid and distinct, on every operation. (A
+///   longer key never reaches a store: [`Key::new`] refuses it.)
 /// * `refund_exactness` — [`refund`](Store::refund) of an admission leaves the
 ///   key as if the request had never been admitted, for every algorithm and
 ///   cost, and a refund of units that are no longer held (a closed window, a
-///   later GCRA admission) never makes the key more permissive.
+///   later GCRA admission, a key never seen) never makes the key more
+///   permissive.
 /// * `peek_never_records` — [`peek`](Store::peek) answers exactly what
 ///   `decide` would at that moment, for every algorithm and cost, and
 ///   changes nothing: peeking a fresh key opens no window, peeking a
@@ -168,8 +188,7 @@ impl Capabilities {
 /// * `penalty_is_counted` — [`penalize`](Store::penalize) records its units
 ///   whether or not they fit, within its bounds, exactly as
 ///   [`algorithm::penalize`](crate::algorithm::penalize): a key already
-///   over its limit waits longer, a new key is created charged; an invalid
-///   cost or key is an `InvalidRequest` error.
+///   over its limit waits longer, a new key is created charged.
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// A short, stable name (`"memory"`, `"redis"`, …), reported in every
@@ -194,21 +213,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         }
     }
 
-    /// Atomically applies `policy` to `key` for a request of `cost` units at
-    /// `now`, counting it only if it is admitted.
+    /// Atomically applies the request's policy to its key for its cost at
+    /// its time, counting it only if it is admitted.
     ///
     /// State is kept per (algorithm, key): callers that apply several
     /// policies of one algorithm to the same key must namespace the key (a
     /// [`Limiter`](crate::Limiter) prefixes it with the rule's name).
-    /// A cost of zero or above the limit is an
-    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError>;
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError>;
 
     /// The same answer as [`decide`](Store::decide), given at once without a
     /// future, by a store that never waits: state in process memory under a
@@ -228,35 +239,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// Added after the first release with a default of `None`: an existing
     /// store keeps compiling and keeps being awaited.
-    fn decide_inline(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Option<Result<Decision, StoreError>> {
-        let _ = (key, policy, cost, now);
+    fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
+        let _ = request;
         None
     }
 
     /// The same as [`refund`](Store::refund), given at once by a store that
     /// answers [`decide_inline`](Store::decide_inline); `None` (the default)
     /// means the store must be awaited.
-    fn refund_inline(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Option<Result<(), StoreError>> {
-        let _ = (key, policy, cost, now, admitted);
+    fn refund_inline(&self, refund: Refund<'_>) -> Option<Result<(), StoreError>> {
+        let _ = refund;
         None
     }
 
-    /// The longest key, in bytes, the store accepts; a longer one is an
-    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error (check it
-    /// with [`check_key`]). Bounded memory per key is an invariant: an
+    /// The longest key, in bytes, the store accepts; [`Key::new`] refuses a
+    /// longer one with an [`InvalidRequest`](crate::ErrorKind::InvalidRequest)
+    /// error before the store sees it. Bounded memory per key is an
+    /// invariant: an
     /// application passing attacker-chosen bytes must not be able to grow a
     /// store by making keys longer. [`DEFAULT_MAX_KEY_LEN`] is a good
     /// default; the conformance suite checks bounds up to 1 MiB.
@@ -269,10 +268,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// returns `n`.
     fn max_key_len(&self) -> usize;
 
-    /// Undoes one admission that [`decide`](Store::decide) made: `admitted`
-    /// is the decision it returned for `key`, `policy`, `cost` and `now`, or
-    /// one with the same `allowed` and `reset_after` (what locates the
-    /// admission; a [`Limiter`](crate::Limiter) keeps only those).
+    /// Undoes one admission that [`decide`](Store::decide) made: the
+    /// refund's [`admitted`](Refund::admitted) decision is the one `decide`
+    /// returned for its [`request`](Refund::request), or one with the same
+    /// `allowed` and `reset_after` (what locates the admission; a
+    /// [`Limiter`](crate::Limiter) keeps only those).
     ///
     /// A [`Limiter`](crate::Limiter) calls it, once per admission and only on
     /// the refusal path, when a later rule refuses a request an earlier rule
@@ -280,11 +280,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// semantics are [`algorithm::refund`](crate::algorithm::refund): the key
     /// ends exactly as if the request had never been admitted, or stricter
     /// when other admissions have moved its state since; never more
-    /// permissive. Refunding a refusal is an
-    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
+    /// permissive. (A refusal cannot be refunded: [`Refund::new`] refuses
+    /// it.)
     ///
     /// A store that cannot undo an admission answers
-    /// [`ErrorKind::Unsupported`]: a `Limiter` then keeps the admission
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported): a `Limiter` then keeps the admission
     /// (stricter, counted in
     /// [`RuleStats::refund_failures`](crate::RuleStats::refund_failures)),
     /// and the conformance scenario `refund_exactness` fails.
@@ -293,21 +293,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// Required: its default answered `Unsupported`, which compiled and then
     /// failed `refund_exactness`.
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError>;
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError>;
 
     /// The decision [`decide`](Store::decide) would return for the same
     /// arguments, changing nothing: no unit counted, no window opened, no
     /// expiry moved, no key created or touched (so a peek can neither evict
     /// a key nor keep one from being evicted), no abuse event. What a later
-    /// request gets is what it would have got without the peek. The same
-    /// errors as `decide`, checked the same way.
+    /// request gets is what it would have got without the peek.
     ///
     /// For telling a client its quota without spending it. Off the hot
     /// path: a store may answer it as a decision it then undoes inside its
@@ -320,20 +312,12 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `peek_never_records` needs it, and a default could only guess): a
     /// store whose state lives in one structure can copy it and call
     /// [`algorithm::peek`](crate::algorithm::peek).
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError>;
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError>;
 
     /// Forgets what the store holds for `key` under `policy`'s algorithm,
     /// atomically: the next requests get exactly the policy's full limit,
     /// as a key never seen would. A key the store does not hold is not an
-    /// error. A key longer than [`max_key_len`](Store::max_key_len) is an
-    /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error, as for
-    /// `decide`.
+    /// error.
     ///
     /// For operators lifting a limit (a customer locked out by mistake, a
     /// test account). Only the state for that algorithm is forgotten: a
@@ -344,15 +328,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// Added after the first listing, required (the conformance scenario
     /// `reset_is_exact` needs it): remove the key's entry, row or hash.
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError>;
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError>;
 
-    /// Records `cost` units for `key` at `now` whether or not they fit, as
+    /// Records the request's cost for its key at its time whether or not they fit, as
     /// [`algorithm::penalize`](crate::algorithm::penalize) does: a charge an
     /// application decides late (a failed payment costs 5), which lengthens
     /// the key's wait even when it is already over its limit. Atomic, like
-    /// `decide`; bounded as `algorithm::penalize` bounds it. The
-    /// same errors as `decide`, checked the same way
-    /// ([`check_request`]).
+    /// `decide`; bounded as `algorithm::penalize` bounds it.
     ///
     /// # Migration
     ///
@@ -360,52 +342,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `penalty_is_counted` needs it): apply `algorithm::penalize` to the
     /// key's state where `decide` applies `algorithm::apply`; a wrapper
     /// forwards it.
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError>;
-}
-
-/// Checks the arguments every [`Store::decide`] shares: a valid cost, then a
-/// key of at most `max_key_len` bytes (as [`check_key`]). Stores call it
-/// first, so that every backend refuses the same mistakes with the same
-/// error, in the same order.
-pub fn check_request(
-    store: &'static str,
-    policy: &Policy,
-    cost: u32,
-    key: &[u8],
-    max_key_len: usize,
-) -> Result<(), StoreError> {
-    policy
-        .check_cost(cost)
-        .map_err(|e| StoreError::invalid_request(store, e))?;
-    check_key(store, key, max_key_len)
-}
-
-/// Checks the arguments every [`Store::refund`] shares: a valid cost and an
-/// admitted decision. Stores call it first, so that every backend refuses
-/// the same mistakes with the same error.
-pub fn check_refund(
-    store: &'static str,
-    policy: &Policy,
-    cost: u32,
-    admitted: &Decision,
-) -> Result<(), StoreError> {
-    policy
-        .check_cost(cost)
-        .map_err(|e| StoreError::invalid_request(store, e))?;
-    if !admitted.allowed {
-        return Err(StoreError::new(
-            ErrorKind::InvalidRequest,
-            store,
-            "only an admitted decision can be refunded",
-        ));
-    }
-    Ok(())
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError>;
 }
 
 #[async_trait]
@@ -422,74 +359,36 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).check_policy(policy)
     }
 
-    async fn decide(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        (**self).decide(key, policy, cost, now).await
-    }
-
-    async fn refund(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Result<(), StoreError> {
-        (**self).refund(key, policy, cost, now, admitted).await
-    }
-
     fn max_key_len(&self) -> usize {
         (**self).max_key_len()
     }
 
-    async fn penalize(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        (**self).penalize(key, policy, cost, now).await
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        (**self).decide(request).await
     }
 
-    async fn peek(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Decision, StoreError> {
-        (**self).peek(key, policy, cost, now).await
+    fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
+        (**self).decide_inline(request)
     }
 
-    async fn reset(&self, key: &[u8], policy: &Policy) -> Result<(), StoreError> {
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        (**self).refund(refund).await
+    }
+
+    fn refund_inline(&self, refund: Refund<'_>) -> Option<Result<(), StoreError>> {
+        (**self).refund_inline(refund)
+    }
+
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        (**self).peek(request).await
+    }
+
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         (**self).reset(key, policy).await
     }
 
-    fn decide_inline(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Option<Result<Decision, StoreError>> {
-        (**self).decide_inline(key, policy, cost, now)
-    }
-
-    fn refund_inline(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-        admitted: &Decision,
-    ) -> Option<Result<(), StoreError>> {
-        (**self).refund_inline(key, policy, cost, now, admitted)
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        (**self).penalize(request).await
     }
 }
 
@@ -503,20 +402,3 @@ pub const DEFAULT_KEY_CAPACITY: usize = 100_000;
 /// key is 32 bytes), and for the 10 KB keys of the conformance suite, while
 /// keeping what one key can cost a store small and fixed.
 pub const DEFAULT_MAX_KEY_LEN: usize = 16 * 1024;
-
-/// Refuses a key longer than `max` bytes with an
-/// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error naming both
-/// lengths (never the key, which may be a client's data).
-pub fn check_key(store: &'static str, key: &[u8], max: usize) -> Result<(), StoreError> {
-    if key.len() > max {
-        return Err(StoreError::new(
-            ErrorKind::InvalidRequest,
-            store,
-            format!(
-                "key of {} bytes is longer than the store's limit of {max}",
-                key.len()
-            ),
-        ));
-    }
-    Ok(())
-}

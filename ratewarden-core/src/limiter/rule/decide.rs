@@ -5,6 +5,7 @@
 //! timeout and breaker, and never asks inline again. Then the fallback and
 //! failure policy, escalation, abuse events, refunds and the refusal cache.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
@@ -15,7 +16,7 @@ use crate::counter::bump;
 use crate::decision::Decision;
 use crate::error::{ErrorKind, StoreError};
 use crate::policy::Policy;
-use crate::store::Store;
+use crate::store::{Key, Refund, Request, Store};
 use crate::time::{Clock, Timestamp};
 
 use crate::breaker::ProbeGuard;
@@ -79,19 +80,36 @@ impl Rule {
         heap
     }
 
+    /// The arguments of a call to `store` (the rule's own, its fallback or
+    /// its escalation's), checked against what that store accepts: the
+    /// rule's own store's name and bound were read once, when the rule was
+    /// built.
+    #[inline]
+    fn request<'a>(
+        &self,
+        store: &dyn Store,
+        key: &'a [u8],
+        policy: &'a Policy,
+        cost: u32,
+        now: Timestamp,
+    ) -> Result<Request<'a>, StoreError> {
+        if std::ptr::addr_eq(store, Arc::as_ptr(&self.store)) {
+            Request::within(self.store_name, self.max_key_len, key, policy, cost, now)
+        } else {
+            Request::new(store, key, policy, cost, now)
+        }
+    }
+
     /// One store call under the rule's timeout, without a breaker (a store
     /// answering inline is asked before, and needs neither).
     async fn awaited(
         &self,
         store: &dyn Store,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
+        request: Request<'_>,
     ) -> Result<Decision, StoreError> {
         #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
-        let call = store.decide(key, policy, cost, now);
+        let call = store.decide(request);
         // Not boxed: the whole awaited path is, once, where the limiter
         // leaves its inline step (`Limiter::check`).
         let result = match tokio::time::timeout(self.timeout, call).await {
@@ -116,20 +134,14 @@ impl Rule {
     /// else under the rule's timeout and the store's breaker. A store that
     /// answers inline needs neither: it cannot hang, and a failure costs
     /// nothing to retry.
-    // The request's inputs, one by one: a struct bundling them would be
-    // built on every decision for the sake of a lint.
-    #[allow(clippy::too_many_arguments)]
     async fn guarded(
         &self,
         store: &dyn Store,
         breaker: &Breaker,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
+        request: Request<'_>,
         clock: &dyn Clock,
     ) -> Called {
-        if let Some(result) = store.decide_inline(key, policy, cost, now) {
+        if let Some(result) = store.decide_inline(request) {
             return match result {
                 Ok(d) => Called::Answered(d),
                 Err(e) => {
@@ -138,20 +150,15 @@ impl Rule {
                 }
             };
         }
-        self.called(store, breaker, key, policy, cost, now, clock)
-            .await
+        self.called(store, breaker, request, clock).await
     }
 
     /// One awaited store call under the rule's timeout and `breaker`.
-    #[allow(clippy::too_many_arguments)]
     async fn called(
         &self,
         store: &dyn Store,
         breaker: &Breaker,
-        key: &[u8],
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
+        request: Request<'_>,
         clock: &dyn Clock,
     ) -> Called {
         let permit = breaker.permit(|| micros(clock.monotonic()));
@@ -159,7 +166,7 @@ impl Rule {
             return Called::Skipped;
         }
         let guard = ProbeGuard::new(breaker, permit);
-        let result = self.awaited(store, key, policy, cost, now).await;
+        let result = self.awaited(store, request).await;
         guard.disarm();
         let transition = match &result {
             Ok(_) => breaker.success(),
@@ -244,10 +251,13 @@ impl Rule {
             Tried::Fallback => self.fallback_awaited(key, cost, now).await,
             Tried::Store => {
                 let store = self.store.as_ref();
-                match self
-                    .called(store, &self.breaker, key, &self.policy, cost, now, clock)
-                    .await
-                {
+                // Checked again (two comparisons): the request `local_now`
+                // asked inline with does not outlive that call.
+                let called = match self.request(store, key, &self.policy, cost, now) {
+                    Ok(request) => self.called(store, &self.breaker, request, clock).await,
+                    Err(e) => Called::Failed(e),
+                };
+                match called {
                     Called::Answered(d) => (d, Some(Holder::Authoritative)),
                     // The request itself is wrong: the fallback would refuse it too.
                     Called::Failed(e) if e.kind() == ErrorKind::InvalidRequest => {
@@ -290,9 +300,10 @@ impl Rule {
         let Some(fallback) = &self.fallback else {
             return (self.degraded(self.store.name()), None);
         };
-        let answer = self
-            .awaited(fallback.as_ref(), key, &self.policy, cost, now)
-            .await;
+        let answer = match self.request(fallback.as_ref(), key, &self.policy, cost, now) {
+            Ok(request) => self.awaited(fallback.as_ref(), request).await,
+            Err(e) => Err(e),
+        };
         self.fallen_back(fallback.as_ref(), answer)
     }
 
@@ -310,7 +321,10 @@ impl Rule {
         };
         // `None` from `decide_inline` decides nothing (the `Store`
         // contract), so leaving to await it counts nothing twice.
-        let answer = fallback.decide_inline(key, &self.policy, cost, now)?;
+        let answer = match self.request(fallback.as_ref(), key, &self.policy, cost, now) {
+            Ok(request) => fallback.decide_inline(request)?,
+            Err(e) => Err(e),
+        };
         Some(self.fallen_back(fallback.as_ref(), answer))
     }
 
@@ -460,7 +474,10 @@ impl Rule {
             return Some((store, Err(e)));
         }
         let admitted = charge.admitted(policy, store.name());
-        let result = store.refund_inline(storage_key, policy, cost, now, &admitted)?;
+        let result = match self.refunding(store, storage_key, policy, cost, now, &admitted) {
+            Ok(refund) => store.refund_inline(refund)?,
+            Err(e) => Err(e),
+        };
         Some((store, result))
     }
 
@@ -477,7 +494,8 @@ impl Rule {
         #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
         let admitted = charge.admitted(policy, store.name());
-        let call = store.refund(storage_key, policy, cost, now, &admitted);
+        let refund = self.refunding(store, storage_key, policy, cost, now, &admitted)?;
+        let call = store.refund(refund);
         // Unboxed, as in `awaited`: a refund that must wait is made on the
         // limiter's boxed, awaited path.
         let result = match tokio::time::timeout(self.timeout, call).await {
@@ -487,6 +505,23 @@ impl Rule {
         #[cfg(feature = "metrics")]
         self.store_call_took(store.name(), "refund", started);
         result
+    }
+
+    /// The refund of `admitted`, checked as [`request`](Self::request)
+    /// checks a decision's arguments.
+    fn refunding<'a>(
+        &self,
+        store: &dyn Store,
+        storage_key: &'a [u8],
+        policy: &'a Policy,
+        cost: u32,
+        now: Timestamp,
+        admitted: &'a Decision,
+    ) -> Result<Refund<'a>, StoreError> {
+        Refund::new(
+            self.request(store, storage_key, policy, cost, now)?,
+            admitted,
+        )
     }
 
     fn refunded(&self, store: &dyn Store, result: Result<(), StoreError>) {
@@ -557,8 +592,17 @@ impl Rule {
         cost: u32,
         now: Timestamp,
     ) -> Option<Result<Decision, StoreError>> {
-        self.store
-            .decide_inline(storage_key, &self.policy, cost, now)
+        match Request::within(
+            self.store_name,
+            self.max_key_len,
+            storage_key,
+            &self.policy,
+            cost,
+            now,
+        ) {
+            Ok(request) => self.store.decide_inline(request),
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// [`local_now`](Self::local_now) given the store's inline `answer`.
@@ -629,17 +673,18 @@ impl Rule {
             return Applied { decision, charges };
         }
         bump(&self.counters.escalations);
-        let durable = self
-            .guarded(
-                escalation.store.as_ref(),
-                &escalation.breaker,
-                storage_key,
-                &escalation.policy,
-                cost,
-                now,
-                clock,
-            )
-            .await;
+        let durable_store = escalation.store.as_ref();
+        let durable = match self.request(durable_store, storage_key, &escalation.policy, cost, now)
+        {
+            Ok(request) => {
+                self.guarded(durable_store, &escalation.breaker, request, clock)
+                    .await
+            }
+            Err(e) => {
+                self.store_failed(durable_store.name(), &e);
+                Called::Failed(e)
+            }
+        };
         match durable {
             Called::Answered(mut refused) if !refused.allowed => {
                 refused.source.escalated = true;
@@ -743,7 +788,8 @@ impl Rule {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        let call = store.peek(storage_key, &self.policy, cost, now);
+        let request = self.request(store, storage_key, &self.policy, cost, now)?;
+        let call = store.peek(request);
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
@@ -770,10 +816,13 @@ impl Rule {
             .chain(self.escalation.as_ref().map(|e| (&e.store, &e.policy)));
         let mut first_error = None;
         for (store, policy) in stores {
-            let call = store.reset(&storage_key, policy);
-            let result = match tokio::time::timeout(self.timeout, call).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+            let result = match Key::new(store.as_ref(), &storage_key) {
+                Ok(key) => match tokio::time::timeout(self.timeout, store.reset(key, policy)).await
+                {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+                },
+                Err(e) => Err(e),
             };
             if let Err(e) = result {
                 self.store_failed(store.name(), &e);
@@ -804,12 +853,21 @@ impl Rule {
         self.check_weight(weight)
             .map_err(|e| StoreError::invalid_request(self.store.name(), e))?;
         let storage_key = self.storage_key(key);
-        let call =
-            self.store
-                .penalize(&storage_key, &self.policy, self.charge(weight), clock.now());
-        let result = match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::timeout(self.store.name(), self.timeout)),
+        let store = self.store.as_ref();
+        let result = match self.request(
+            store,
+            &storage_key,
+            &self.policy,
+            self.charge(weight),
+            clock.now(),
+        ) {
+            Ok(request) => {
+                match tokio::time::timeout(self.timeout, store.penalize(request)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::timeout(store.name(), self.timeout)),
+                }
+            }
+            Err(e) => Err(e),
         };
         if let Err(e) = &result {
             self.store_failed(self.store.name(), e);
