@@ -244,10 +244,9 @@ scenarios! {
     /// refusal is admitted; one microsecond earlier it is refused.
     policy_semantics in semantics => "boundaries, remaining, reset_after and retry_after off by one unit or one microsecond",
     /// A request of cost `c` consumes `c` units and is admitted only if all
-    /// of them fit; a refused request consumes nothing; a cost of zero or
-    /// above the limit is an `InvalidRequest` error, not a panic, from
-    /// `decide` and from `decide_inline` alike.
-    cost_accounting in semantics => "weighted requests partly admitted, refused costs consumed, invalid costs panicking",
+    /// of them fit; a refused request consumes nothing; asked through
+    /// `decide` and `decide_inline` alike.
+    cost_accounting in semantics => "weighted requests partly admitted, refused costs consumed",
     /// One key exhausted leaves 64 other keys with their full quota, and
     /// their traffic leaves its refusal unchanged, for every algorithm.
     key_independence in keys => "one key's traffic leaking into another key's quota",
@@ -285,14 +284,13 @@ scenarios! {
     clock_regression in time => "a clock going backwards panicking, erroring or resetting a quota",
     /// Algorithms the store does not list are refused by `check_policy` with
     /// `UnsupportedAlgorithm`; supported ones are accepted; the largest
-    /// policies are either refused by `check_policy` or work; invalid costs
-    /// are `InvalidRequest` errors from `decide` and `decide_inline` alike.
-    bad_configuration in configuration => "unsupported or extreme policies accepted, invalid costs panicking",
+    /// policies are either refused by `check_policy` or work.
+    bad_configuration in configuration => "unsupported or extreme policies accepted",
     /// The store declares a key-length bound of at most 1 MiB
     /// (`Store::max_key_len`); a key of exactly that length is valid and
-    /// admitted, one byte more is an `InvalidRequest` error for `decide`,
-    /// `refund` and their inline forms, and the longest valid key's state is
-    /// untouched by the refused one.
+    /// admitted, distinct from another of that length differing in its
+    /// last byte, and reset. (A longer key never reaches a store:
+    /// `Key::new` refuses it.)
     key_length_bound in keys => "no bound on key length: memory per key chosen by whoever supplies the keys",
     /// Per algorithm, a table of admissions and refunds: a refund restores
     /// exactly the units its admission took (the same request fits again,
@@ -300,17 +298,15 @@ scenarios! {
     /// other (sliding log), and changes nothing once the units it took are no
     /// longer held — a closed fixed window, a sliding window two windows
     /// on, a GCRA bucket restarted by a later request; every other refund
-    /// goes to `refund_inline`. Refunding a refusal is an `InvalidRequest`
-    /// error; refunding a key that holds nothing is a no-op that creates
-    /// nothing; both checked for `refund` and `refund_inline` alike.
+    /// goes to `refund_inline`. Refunding a key that holds nothing is a
+    /// no-op that creates nothing, for `refund` and `refund_inline` alike.
     refund_exactness in refund => "refunds ignored (honest clients stay locked out) or applied blindly (free units)",
     /// Per algorithm, a table of instants and costs: before each request,
     /// every cost is peeked three times, and the peek of the request's own
     /// cost answers exactly what the request then gets; the peeked key
     /// decides exactly as a twin that is never peeked (a fresh key peeked
     /// seconds before its first request, a refused key hammered with peeks,
-    /// a window's end). A cost of zero and a key over the bound are
-    /// `InvalidRequest` errors.
+    /// a window's end).
     peek_never_records in operations => "a quota check that spends the quota, opens a window or moves an expiry",
     /// Per algorithm, a key exhausted in one window and again in the next
     /// is reset, then admits exactly its limit (20) to 64 concurrent
@@ -331,8 +327,7 @@ scenarios! {
     /// limit, and a new key is charged before its first request; every
     /// decision is the reference's with [`algorithm::penalize`](ratewarden_core::algorithm::penalize)
     /// applied to the same state, so a penalty records its units whether or
-    /// not they fit, within its bounds. A cost of 0 or over the limit
-    /// and a key over the bound are `InvalidRequest` errors.
+    /// not they fit, within its bounds.
     penalty_is_counted in operations => "a late charge recorded only when it fits, so an over-limit key is never charged",
 }
 

@@ -96,7 +96,7 @@ fn model_boundaries_by_hand() {
     assert_eq!(r.retry_after, Duration::from_secs(2));
     assert_eq!(r.reset_after, Duration::from_secs(8));
 
-    // Invalid costs are the error a store returns.
+    // Invalid costs are errors, as `Request::new` makes them.
     assert!(m.decide(b"g", &p, 0, at(0)).is_err());
     assert!(m.decide(b"g", &p, 5, at(0)).is_err());
 }
