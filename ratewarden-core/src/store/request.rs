@@ -37,36 +37,37 @@ impl<'a> Key<'a> {
     /// # Ok::<(), ratewarden_core::StoreError>(())
     /// ```
     pub fn new<S: Store + ?Sized>(store: &S, bytes: &'a [u8]) -> Result<Self, StoreError> {
-        Key::within(store.name(), bytes, store.max_key_len())
+        let max = store.max_key_len();
+        if bytes.len() > max {
+            return Err(too_long(store.name(), bytes.len(), max));
+        }
+        Ok(Key(bytes))
     }
 
     /// [`new`](Self::new) with the store's name and bound already read,
-    /// for a caller that keeps them (a rule, on every request).
+    /// for a caller that keeps them (a rule, on every request): one
+    /// comparison, the error built out of line.
+    #[inline]
     pub(crate) fn within(
         store: &'static str,
         bytes: &'a [u8],
         max: usize,
     ) -> Result<Self, StoreError> {
         if bytes.len() > max {
-            return Err(StoreError::new(
-                ErrorKind::InvalidRequest,
-                store,
-                format!(
-                    "key of {} bytes is longer than the store's limit of {max}",
-                    bytes.len()
-                ),
-            ));
+            return Err(too_long(store, bytes.len(), max));
         }
         Ok(Key(bytes))
     }
 
     /// The key's bytes.
+    #[inline]
     pub fn as_bytes(self) -> &'a [u8] {
         self.0
     }
 }
 
 impl AsRef<[u8]> for Key<'_> {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         self.0
     }
@@ -121,28 +122,25 @@ impl<'a> Request<'a> {
         cost: u32,
         now: Timestamp,
     ) -> Result<Self, StoreError> {
-        Request::within(store.name(), store.max_key_len(), key, policy, cost, now)
+        if cost == 0 || cost > policy.limit() {
+            return Err(invalid_cost(store.name(), policy, cost));
+        }
+        Ok(Request::checked(Key::new(store, key)?.0, policy, cost, now))
     }
 
-    /// [`new`](Self::new) with the store's name and bound already read,
-    /// for a caller that keeps them (a rule, on every request).
-    pub(crate) fn within(
-        store: &'static str,
-        max_key_len: usize,
-        key: &'a [u8],
-        policy: &'a Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Self, StoreError> {
-        policy
-            .check_cost(cost)
-            .map_err(|e| StoreError::invalid_request(store, e))?;
-        Ok(Request {
-            key: Key::within(store, key, max_key_len)?,
+    /// A request whose cost the caller has checked against `policy` (a
+    /// [`Limiter`](crate::Limiter) checks a request's weight once, for
+    /// every rule, before any store is asked) and whose key it has checked
+    /// against the store's bound ([`Key::within`]).
+    #[inline]
+    pub(crate) fn checked(key: &'a [u8], policy: &'a Policy, cost: u32, now: Timestamp) -> Self {
+        debug_assert!(policy.check_cost(cost).is_ok());
+        Request {
+            key: Key(key),
             policy,
             cost,
             now,
-        })
+        }
     }
 
     /// The same request for `cost` units instead (a store that buys units
@@ -154,22 +152,26 @@ impl<'a> Request<'a> {
     }
 
     /// The key.
+    #[inline]
     pub fn key(&self) -> &'a [u8] {
         self.key.0
     }
 
     /// The policy to apply.
+    #[inline]
     pub fn policy(&self) -> &'a Policy {
         self.policy
     }
 
     /// The units the request asks for: at least 1, at most the policy's
     /// limit.
+    #[inline]
     pub fn cost(&self) -> u32 {
         self.cost
     }
 
     /// The time to decide at (ignored by a store on its server's clock).
+    #[inline]
     pub fn now(&self) -> Timestamp {
         self.now
     }
@@ -220,12 +222,37 @@ impl<'a> Refund<'a> {
     }
 
     /// The admitted request.
+    #[inline]
     pub fn request(&self) -> Request<'a> {
         self.request
     }
 
     /// The decision that admitted it.
+    #[inline]
     pub fn admitted(&self) -> &'a Decision {
         self.admitted
     }
+}
+
+/// The error for a cost `policy` can never admit.
+#[cold]
+#[inline(never)]
+fn invalid_cost(store: &'static str, policy: &Policy, cost: u32) -> StoreError {
+    let e = ConfigError::InvalidCost {
+        cost,
+        limit: policy.limit(),
+    };
+    StoreError::invalid_request(store, e)
+}
+
+/// The error for a key of `len` bytes over a bound of `max`, naming both
+/// lengths and never the key, which may be a client's data.
+#[cold]
+#[inline(never)]
+fn too_long(store: &'static str, len: usize, max: usize) -> StoreError {
+    StoreError::new(
+        ErrorKind::InvalidRequest,
+        store,
+        format!("key of {len} bytes is longer than the store's limit of {max}"),
+    )
 }

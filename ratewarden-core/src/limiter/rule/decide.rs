@@ -81,9 +81,10 @@ impl Rule {
     }
 
     /// The arguments of a call to `store` (the rule's own, its fallback or
-    /// its escalation's), checked against what that store accepts: the
-    /// rule's own store's name and bound were read once, when the rule was
-    /// built.
+    /// its escalation's): the key checked against what that store accepts
+    /// (the rule's own store's bound was read once, when the rule was
+    /// built); the cost was checked when the request entered the limiter
+    /// ([`check_weight`](Rule::check_weight)), once for every rule.
     #[inline]
     fn request<'a>(
         &self,
@@ -93,11 +94,12 @@ impl Rule {
         cost: u32,
         now: Timestamp,
     ) -> Result<Request<'a>, StoreError> {
-        if std::ptr::addr_eq(store, Arc::as_ptr(&self.store)) {
-            Request::within(self.store_name, self.max_key_len, key, policy, cost, now)
+        let key = if std::ptr::addr_eq(store, Arc::as_ptr(&self.store)) {
+            Key::within(self.store_name, key, self.max_key_len)?
         } else {
-            Request::new(store, key, policy, cost, now)
-        }
+            Key::new(store, key)?
+        };
+        Ok(Request::checked(key.as_bytes(), policy, cost, now))
     }
 
     /// One store call under the rule's timeout, without a breaker (a store
@@ -592,17 +594,13 @@ impl Rule {
         cost: u32,
         now: Timestamp,
     ) -> Option<Result<Decision, StoreError>> {
-        match Request::within(
-            self.store_name,
-            self.max_key_len,
-            storage_key,
-            &self.policy,
-            cost,
-            now,
-        ) {
-            Ok(request) => self.store.decide_inline(request),
-            Err(e) => Some(Err(e)),
+        if let Err(e) = Key::within(self.store_name, storage_key, self.max_key_len) {
+            return Some(Err(e));
         }
+        // Straight from the store's call: a match on a `Result` of the
+        // request here cost the tiers' loop a copy of every answer.
+        self.store
+            .decide_inline(Request::checked(storage_key, &self.policy, cost, now))
     }
 
     /// [`local_now`](Self::local_now) given the store's inline `answer`.
@@ -705,6 +703,7 @@ impl Rule {
         }
     }
 
+    #[inline]
     pub(crate) fn finish(&self, decision: &mut Decision) {
         self.label(decision);
         self.count(decision);
@@ -723,6 +722,7 @@ impl Rule {
     }
 
     /// Names the rule, and the policy it decided under, in `decision`.
+    #[inline]
     pub(crate) fn label(&self, decision: &mut Decision) {
         decision.source.rule = Some(self.label);
         decision.source.policy = Some(match &self.escalation {
