@@ -125,30 +125,69 @@ impl fmt::Display for ErrorKind {
 ///
 /// It keeps its source error and says whether it is transient, which is what
 /// the failure policy of a [`Limiter`](crate::Limiter) acts on.
-#[derive(Debug, thiserror::Error)]
-#[error("{store} store: {kind}: {message}")]
+///
+/// One pointer wide: a store's answer is a `Result<Decision, StoreError>`
+/// on every decision, and an error is rare, so its parts live behind a box
+/// rather than widening every answer that is moved on the way back.
 pub struct StoreError {
+    inner: Box<Inner>,
+}
+
+struct Inner {
     kind: ErrorKind,
     store: &'static str,
     message: String,
-    #[source]
     source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &*self.inner;
+        f.debug_struct("StoreError")
+            .field("kind", &inner.kind)
+            .field("store", &inner.store)
+            .field("message", &inner.message)
+            .field("source", &inner.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &*self.inner;
+        write!(
+            f,
+            "{} store: {}: {}",
+            inner.store, inner.kind, inner.message
+        )
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
 }
 
 impl StoreError {
     /// A new error of `kind` from the store named `store`.
     pub fn new(kind: ErrorKind, store: &'static str, message: impl Into<String>) -> Self {
         StoreError {
-            kind,
-            store,
-            message: message.into(),
-            source: None,
+            inner: Box::new(Inner {
+                kind,
+                store,
+                message: message.into(),
+                source: None,
+            }),
         }
     }
 
     /// Attaches the underlying error.
     pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
-        self.source = Some(Box::new(source));
+        self.inner.source = Some(Box::new(source));
         self
     }
 
@@ -168,19 +207,19 @@ impl StoreError {
 
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.inner.kind
     }
 
     /// The name of the store that failed.
     pub fn store(&self) -> &'static str {
-        self.store
+        self.inner.store
     }
 
     /// Whether the same call may succeed later (timeouts, lost connections,
     /// an open circuit); invalid requests and protocol errors are not.
     pub fn is_transient(&self) -> bool {
         matches!(
-            self.kind,
+            self.inner.kind,
             ErrorKind::Timeout | ErrorKind::Unavailable | ErrorKind::CircuitOpen
         )
     }

@@ -88,7 +88,9 @@ impl Contender for MemorySync {
 }
 
 /// Through `&dyn Store`, as a `Limiter` calls an in-process store: its
-/// `decide_inline`, one virtual call and no future.
+/// `decide_inline`, one virtual call and no future, on a request checked
+/// against the store's key bound without a virtual call (a `Limiter` reads
+/// the bound once, when a rule is built).
 struct MemoryDyn {
     store: Arc<MemoryStore>,
     dyn_store: Arc<dyn Store>,
@@ -101,7 +103,7 @@ impl Contender for MemoryDyn {
         // Through `&dyn Store`: calling on the `Arc<dyn Store>` itself
         // would go through the blanket `Arc` impl, one more call deep.
         let store: &dyn Store = &*self.dyn_store;
-        let Ok(request) = Request::new(store, key, &self.policy, 1, NOW) else {
+        let Ok(request) = Request::new(&*self.store, key, &self.policy, 1, NOW) else {
             return false;
         };
         match store.decide_inline(request) {

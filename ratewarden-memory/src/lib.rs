@@ -473,7 +473,7 @@ impl MemoryStore {
     // What each operation does to checked arguments, which cannot fail: the
     // `_sync` methods and the `Store` methods both come here.
 
-    #[inline]
+    #[inline(always)]
     fn decided(&self, request: Request<'_>) -> Decision {
         let policy = request.policy();
         let digest = self.digest(policy, request.key());
