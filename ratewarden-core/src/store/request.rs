@@ -84,6 +84,9 @@ impl fmt::Debug for Key<'_> {
 /// store accepts, a policy, a cost the policy can admit (`1..=limit`) and
 /// the time to decide at.
 ///
+/// It is checked for the store it was made for: hand it to that store (or
+/// to one that forwards to it), since another may accept shorter keys.
+///
 /// ```
 /// use std::time::Duration;
 /// use ratewarden_core::example::MapStore;
