@@ -495,18 +495,35 @@ fn report(
         admitted.entry(a.client).or_default().push(a.sent);
     }
     let mut worst = 0;
-    for times in admitted.values_mut() {
+    let mut where_worst = None;
+    for (client, times) in admitted.iter_mut() {
         times.sort();
         for (i, t) in times.iter().enumerate() {
             let n = times[i..]
                 .iter()
                 .take_while(|u| u.duration_since(*t) < span)
                 .count();
-            worst = worst.max(n);
+            if n > worst {
+                worst = n;
+                where_worst = Some((*client, i));
+            }
         }
     }
     println!("most admitted to one client in one window: {worst} (limit {LIMIT})");
     if worst > LIMIT {
+        // When, so that a failure says which phase and how the admissions
+        // were spread: each admission's send time from the first request.
+        let first = answers.iter().map(|a| a.sent).min();
+        if let (Some((client, i)), Some(first)) = (where_worst, first) {
+            let times: Vec<String> = admitted[&client][i..i + worst]
+                .iter()
+                .map(|t| format!("{:.3}", t.duration_since(first).as_secs_f64()))
+                .collect();
+            println!(
+                "client {client}'s admissions in that window, s from the first request: {}",
+                times.join(" ")
+            );
+        }
         failed.push(format!(
             "{name}: a client was admitted {worst} times in one window"
         ));
