@@ -10,7 +10,8 @@
 //!
 //! This crate's layer writes five rate-limit headers by default
 //! (`HeaderMode::Both`), tower_governor two; the `X-RL` row writes the three
-//! `X-RateLimit-*` only, the `no hdrs` row none (`HeaderMode::None`), which
+//! `X-RateLimit-*` only, the `draft` row the two draft-11 headers (as many
+//! as tower_governor writes), the `no hdrs` row none (`HeaderMode::None`), which
 //! leaves what every request pays: the client key, the decision and its
 //! request extension. (With axum's `content-length`, seven headers
 //! outgrow a response's first `HeaderMap` table, which costs one more
@@ -86,6 +87,9 @@ enum Contender {
     /// GCRA with the `X-RateLimit-*` headers only: three headers, against
     /// tower_governor's two, where the default writes five.
     GcraLegacyHeaders,
+    /// GCRA with the two draft-11 headers only (`RateLimit-Policy` and
+    /// `RateLimit`): as many headers as tower_governor writes.
+    GcraDraftHeaders,
     /// GCRA with no rate-limit headers: what the layer costs without them
     /// (the key, the decision and its request extension).
     GcraNoHeaders,
@@ -109,6 +113,7 @@ impl Contender {
             Contender::SlidingLog => "limiter, sliding log",
             Contender::Gcra => "limiter, GCRA",
             Contender::GcraLegacyHeaders => "limiter, GCRA, X-RL",
+            Contender::GcraDraftHeaders => "limiter, GCRA, draft",
             Contender::GcraNoHeaders => "limiter, GCRA, no hdrs",
             Contender::Governor => "tower_governor",
             Contender::GovernorHmac => "tower_governor, HMAC",
@@ -152,6 +157,7 @@ fn router(contender: Contender, traffic: Traffic) -> Router {
         ),
         Contender::Gcra => ours(gcra, HeaderMode::Both),
         Contender::GcraLegacyHeaders => ours(gcra, HeaderMode::XRateLimit),
+        Contender::GcraDraftHeaders => ours(gcra, HeaderMode::Draft11),
         Contender::GcraNoHeaders => ours(gcra, HeaderMode::None),
         Contender::Governor => governed(SmartIpKeyExtractor, limit, window),
         Contender::GovernorHmac => governed(HmacKey(identity), limit, window),
@@ -574,6 +580,7 @@ fn main() {
                 Contender::SlidingLog,
                 Contender::Gcra,
                 Contender::GcraLegacyHeaders,
+                Contender::GcraDraftHeaders,
                 Contender::GcraNoHeaders,
                 Contender::Governor,
                 Contender::GovernorHmac,
