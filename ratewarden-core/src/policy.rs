@@ -354,10 +354,18 @@ impl Policy {
         self.window_us / self.limit as u64
     }
 
+    /// Whether a request of `cost` units could ever be admitted, as
+    /// [`check_cost`](Self::check_cost) tells, without building its error:
+    /// for a caller that builds its own out of line.
+    #[inline]
+    pub(crate) fn admits_cost(&self, cost: u32) -> bool {
+        cost != 0 && cost <= self.limit
+    }
+
     /// Checks that a request of `cost` units could ever be admitted: between
     /// 1 and the limit.
     pub fn check_cost(&self, cost: u32) -> Result<(), ConfigError> {
-        if cost == 0 || cost > self.limit {
+        if !self.admits_cost(cost) {
             return Err(ConfigError::InvalidCost {
                 cost,
                 limit: self.limit,

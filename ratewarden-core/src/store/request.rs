@@ -37,11 +37,7 @@ impl<'a> Key<'a> {
     /// # Ok::<(), ratewarden_core::StoreError>(())
     /// ```
     pub fn new<S: Store + ?Sized>(store: &S, bytes: &'a [u8]) -> Result<Self, StoreError> {
-        let max = store.max_key_len();
-        if bytes.len() > max {
-            return Err(too_long(store.name(), bytes.len(), max));
-        }
-        Ok(Key(bytes))
+        Key::within(store.name(), bytes, store.max_key_len())
     }
 
     /// [`new`](Self::new) with the store's name and bound already read,
@@ -125,7 +121,7 @@ impl<'a> Request<'a> {
         cost: u32,
         now: Timestamp,
     ) -> Result<Self, StoreError> {
-        if cost == 0 || cost > policy.limit() {
+        if !policy.admits_cost(cost) {
             return Err(invalid_cost(store.name(), policy, cost));
         }
         Ok(Request::checked(Key::new(store, key)?.0, policy, cost, now))
