@@ -18,7 +18,9 @@
 //! run (default 200000), `RATEWARDEN_BENCH_ROUNDS` the rounds (default 3),
 //! `RATEWARDEN_BENCH_PIN=0` leaves placement to the scheduler and
 //! `RATEWARDEN_BENCH_RUNTIME=multi` gives this process Tokio's
-//! multi-thread runtime.
+//! multi-thread runtime, and `RATEWARDEN_BENCH_ONLY=RedisStore` (or `bare`,
+//! `deadpool`: part of a row's name) runs that one client of this process
+//! beside `redis-benchmark`, for a profiler or `strace -c`.
 
 use std::future::Future;
 use std::process::{Command, Stdio};
@@ -304,9 +306,17 @@ async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
         }
     };
     // Warm up each (connects, loads the script).
-    run(store.clone(), 16, 10_000).await;
-    run(bare.clone(), 16, 10_000).await;
-    run(pooled.clone(), 16, 10_000).await;
+    let only = std::env::var("RATEWARDEN_BENCH_ONLY").ok();
+    let runs = |who: &str| only.as_deref().is_none_or(|o| who.contains(o));
+    if runs(STORE) {
+        run(store.clone(), 16, 10_000).await;
+    }
+    if runs(BARE) {
+        run(bare.clone(), 16, 10_000).await;
+    }
+    if runs(POOLED) {
+        run(pooled.clone(), 16, 10_000).await;
+    }
 
     let args: Vec<String> = vec![
         "EVALSHA".into(),
@@ -337,9 +347,15 @@ async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
                     cpu_us,
                 })
             };
-            row(STORE, measured(run(store.clone(), tasks, n), n).await);
-            row(BARE, measured(run(bare.clone(), tasks, n), n).await);
-            row(POOLED, measured(run(pooled.clone(), tasks, n), n).await);
+            if runs(STORE) {
+                row(STORE, measured(run(store.clone(), tasks, n), n).await);
+            }
+            if runs(BARE) {
+                row(BARE, measured(run(bare.clone(), tasks, n), n).await);
+            }
+            if runs(POOLED) {
+                row(POOLED, measured(run(pooled.clone(), tasks, n), n).await);
+            }
             row(CEILING, ceiling.run(tasks, n, 1, &args));
             // For 16 tasks and more, the pipelined ceiling (`-P 16`): the
             // shape a multiplexed connection has.
