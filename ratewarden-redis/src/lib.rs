@@ -363,10 +363,22 @@ impl RedisStore {
     /// misconfigured address shows at start-up; optional, since the first
     /// decision connects anyway.
     pub async fn connect(&self) -> Result<(), StoreError> {
-        self.bounded(async { self.conn().await.map(|_| ()) }).await
+        self.in_time(self.bounded(async { self.conn().await.map(|_| ()) }).await)
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
+        if let Some(conn) = self.inner.conn.get() {
+            return Ok(conn.clone());
+        }
+        // Opening a connection is a future of some 3 KiB, which every
+        // call's future would otherwise hold and copy (into its box, into
+        // the timeout) though only the first call opens one.
+        Box::pin(self.open()).await
+    }
+
+    /// [`conn`](Self::conn) when the store holds no connection yet, and
+    /// for a master found through the sentinels, on every call.
+    async fn open(&self) -> Result<Conn, StoreError> {
         let cell = &self.inner.conn;
         match &self.inner.target {
             // Opened once, by the first call, then shared.
@@ -483,16 +495,22 @@ impl RedisStore {
         result
     }
 
-    /// Runs `call` under the store's timeout, connecting included.
-    async fn bounded<T>(
+    /// `call` under the store's timeout, connecting included; its answer
+    /// goes through [`in_time`](Self::in_time). Two steps rather than one
+    /// `async fn`, which would hold `call` twice (as its argument and
+    /// inside the timeout) and make each decision's future, built and
+    /// moved on every call, twice its size.
+    fn bounded<F: Future>(&self, call: F) -> tokio::time::Timeout<F> {
+        tokio::time::timeout(self.inner.timeout, call)
+    }
+
+    /// The answer of a [`bounded`](Self::bounded) call, or the timeout's
+    /// error.
+    fn in_time<T>(
         &self,
-        call: impl Future<Output = Result<T, StoreError>>,
+        answer: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
     ) -> Result<T, StoreError> {
-        let timeout = self.inner.timeout;
-        match tokio::time::timeout(timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::timeout(NAME, timeout)),
-        }
+        answer.unwrap_or_else(|_| Err(StoreError::timeout(NAME, self.inner.timeout)))
     }
 }
 
@@ -514,7 +532,7 @@ impl Store for RedisStore {
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         let policy = request.policy();
-        let value = self.bounded(self.run(request, Mode::Decide)).await?;
+        let value = self.in_time(self.bounded(self.run(request, Mode::Decide)).await)?;
         Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
     }
 
@@ -524,7 +542,7 @@ impl Store for RedisStore {
     /// `PEXPIRE`, `LTRIM` or `SET` runs.
     async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         let policy = request.policy();
-        let value = self.bounded(self.run(request, Mode::Peek)).await?;
+        let value = self.in_time(self.bounded(self.run(request, Mode::Peek)).await)?;
         Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
     }
 
@@ -534,8 +552,7 @@ impl Store for RedisStore {
     /// expiry follows the decision's rule: set when a window opens, moved
     /// only by what moves a log's newest entry or GCRA's arrival time.
     async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
-        self.bounded(self.run(request, Mode::Penalize))
-            .await
+        self.in_time(self.bounded(self.run(request, Mode::Penalize)).await)
             .map(|_| ())
     }
 
@@ -544,7 +561,7 @@ impl Store for RedisStore {
     /// keeps one Redis key per client key, so the reset is atomic.
     async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         let redis_key = self.redis_key(key.as_bytes(), policy.algorithm());
-        self.bounded(self.delete(redis_key)).await
+        self.in_time(self.bounded(self.delete(redis_key)).await)
     }
 
     /// One `EVALSHA` of the algorithm's refund script; see the
@@ -584,7 +601,7 @@ impl Store for RedisStore {
         if policy.algorithm() == Algorithm::Gcra {
             invocation.arg(policy.emission_interval_micros());
         }
-        refunded(self.bounded(self.invoke(invocation)).await?)
+        refunded(self.in_time(self.bounded(self.invoke(invocation)).await)?)
     }
 }
 
@@ -597,4 +614,26 @@ enum Mode {
     Peek,
     /// Record it whether or not it fits.
     Penalize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every decision builds this future, boxes it and moves it into the
+    /// timeout: one that held the connection's opening inline and the call
+    /// twice was 7 KiB, and its copies cost the client more CPU per call
+    /// than the redis crate's own connection spends. A dependency's update
+    /// can grow it again; this says so.
+    #[test]
+    fn a_decision_future_stays_small() {
+        let store = RedisStore::builder("redis://127.0.0.1:1").build().unwrap();
+        let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+        let now = ratewarden_core::Timestamp::from_micros(1);
+        let request = Request::new(&store, b"k", &policy, 1, now).unwrap();
+        let decide = store.decide(request);
+        let size = std::mem::size_of_val(&*decide);
+        assert!(size <= 2048, "a decision's future is {size} bytes");
+        assert!(std::mem::size_of_val(&store.conn()) <= 64);
+    }
 }
