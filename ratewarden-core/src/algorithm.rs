@@ -114,7 +114,7 @@ pub fn peek(state: &Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> V
 /// [`Policy::check_cost`]; an invalid cost is refused here rather than
 /// panicking.
 pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> Verdict {
-    if policy.check_cost(cost).is_err() {
+    if !policy.admits_cost(cost) {
         return Verdict {
             allowed: false,
             remaining: 0,
@@ -159,7 +159,7 @@ pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64)
 /// invalid cost changes nothing; the caller checks it with
 /// [`Policy::check_cost`] and answers an error.
 pub fn penalize(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) {
-    if policy.check_cost(cost).is_err() {
+    if !policy.admits_cost(cost) {
         return;
     }
     if state
@@ -433,7 +433,7 @@ pub fn refund(
     now: u64,
     reset_after_us: u64,
 ) -> bool {
-    if policy.check_cost(cost).is_err() {
+    if !policy.admits_cost(cost) {
         return false;
     }
     let Some(anchor) = now.checked_add(reset_after_us) else {
