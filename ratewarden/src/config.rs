@@ -42,19 +42,32 @@
 //! is refused with the file's name, the line and column, and the line
 //! itself, so the key at fault is in the message.
 //!
+//! A file that would limit nothing is refused too, as an empty or cut-short
+//! file would otherwise lift every limit without a word: one with no limit
+//! at all, and at a reload one whose `[routes]` are gone while the limits
+//! in force have routes. [`LimitsBuilder::allow_empty`] accepts them. A
+//! route must start with `/`.
+//!
 //! **Reloading.** [`Limits::reload`] reads the file again and builds new
 //! limiters on the *same* stores: a store whose name and URL did not change
 //! is kept, with everything it has counted, and so are leases. A limit whose
 //! policy changes keeps its clients' usage as long as its rules keep their
 //! names and algorithms (state is kept per rule name and algorithm). A
-//! file that does not load changes nothing. [`Reloader`] puts it together
+//! store or lease the file stops using is set aside for one reload: if the
+//! next reload that loads names it again (the store with the same URL), it
+//! comes back with its counts and units; otherwise it is dropped then. So a
+//! limit taken out of the file and put back by the next reload has lost
+//! nothing. A file that does not load changes nothing, and does not count
+//! as a reload. [`Reloader`] puts it together
 //! for a server: it rebuilds the application's service from the new limits
 //! and swaps it into a [`Reloadable`] service, on [`Reloader::reload`] or on
 //! `SIGHUP` ([`Reloader::reload_on_sighup`]); requests in flight finish on
-//! the service they started on.
+//! the service they started on. A rebuild that fails or panics is reported
+//! and leaves the limits and the service in place.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -81,7 +94,7 @@ struct File {
     #[serde(default)]
     limits: BTreeMap<String, Spanned<LimitSpec>>,
     #[serde(default)]
-    routes: BTreeMap<String, Spanned<String>>,
+    routes: BTreeMap<Spanned<String>, Spanned<String>>,
 }
 
 /// One limit: the fields of a single rule, or `rules`.
@@ -142,6 +155,12 @@ pub struct Limits {
     /// Leased views of stores, by store name and batch size, kept across
     /// reloads so that units in hand are not stranded.
     leases: BTreeMap<(String, u32), Lease>,
+    /// What the limits before these opened or leased and these do not use,
+    /// kept for the next reload to take back, counts and all.
+    retired: BTreeMap<String, Opened>,
+    retired_leases: BTreeMap<(String, u32), Lease>,
+    /// Whether a file that limits nothing is accepted; reloads keep it.
+    allow_empty: bool,
     limiters: BTreeMap<String, Limiter>,
     /// The limits that name nothing but a policy.
     bare: BTreeMap<String, Policy>,
@@ -163,6 +182,7 @@ impl fmt::Debug for Limits {
 pub struct LimitsBuilder {
     given: BTreeMap<String, Arc<dyn Store>>,
     clock: Arc<dyn Clock>,
+    allow_empty: bool,
 }
 
 impl fmt::Debug for LimitsBuilder {
@@ -188,6 +208,15 @@ impl LimitsBuilder {
         self
     }
 
+    /// Accepts a file that defines no limit, and at a reload one without
+    /// `[routes]` while the limits in force have some. Without it such a
+    /// file is refused like a broken one, at the first load and at every
+    /// reload: an empty or cut-short file would otherwise lift every limit.
+    pub fn allow_empty(mut self, allow: bool) -> Self {
+        self.allow_empty = allow;
+        self
+    }
+
     /// Reads and builds the file at `path`.
     pub async fn load(self, path: impl AsRef<Path>) -> Result<Limits, ConfigError> {
         let path = path.as_ref();
@@ -202,7 +231,13 @@ impl LimitsBuilder {
     }
 
     fn empty(self, origin: String, path: Option<PathBuf>) -> Limits {
-        Limits::empty(origin, path, Arc::new(self.given), self.clock)
+        Limits::empty(
+            origin,
+            path,
+            Arc::new(self.given),
+            self.clock,
+            self.allow_empty,
+        )
     }
 }
 
@@ -219,6 +254,7 @@ impl Limits {
         path: Option<PathBuf>,
         given: Arc<BTreeMap<String, Arc<dyn Store>>>,
         clock: Arc<dyn Clock>,
+        allow_empty: bool,
     ) -> Limits {
         Limits {
             origin,
@@ -227,6 +263,9 @@ impl Limits {
             clock,
             opened: BTreeMap::new(),
             leases: BTreeMap::new(),
+            retired: BTreeMap::new(),
+            retired_leases: BTreeMap::new(),
+            allow_empty,
             limiters: BTreeMap::new(),
             bare: BTreeMap::new(),
             routes: BTreeMap::new(),
@@ -238,6 +277,7 @@ impl Limits {
         LimitsBuilder {
             given: BTreeMap::new(),
             clock: Arc::new(SystemClock),
+            allow_empty: false,
         }
     }
 
@@ -327,11 +367,13 @@ impl Limits {
             Some(span) => at(span, e.message().trim_end().to_owned()),
             None => ConfigError::Invalid(format!("{}: {}", self.origin, e.message().trim_end())),
         })?;
+        self.refuse_emptied(&file)?;
         let mut next = Limits::empty(
             self.origin.clone(),
             self.path.clone(),
             self.given.clone(),
             self.clock.clone(),
+            self.allow_empty,
         );
         for (name, url) in &file.stores {
             if self.given.contains_key(name) {
@@ -340,7 +382,10 @@ impl Limits {
                     format!("the store {name:?} is the application's own; name this one otherwise"),
                 ));
             }
-            let kept = self.opened.get(name).filter(|o| &o.url == url.get_ref());
+            let kept = [self.opened.get(name), self.retired.get(name)]
+                .into_iter()
+                .flatten()
+                .find(|o| &o.url == url.get_ref());
             let store = match kept {
                 Some(opened) => opened.store.clone(),
                 None => crate::store::from_url(url.get_ref())
@@ -396,15 +441,77 @@ impl Limits {
             next.limiters.insert(name, limiter);
         }
         for (route, limit) in file.routes {
+            // A router would refuse it, axum's with a panic.
+            if !route.get_ref().starts_with('/') {
+                return Err(at(
+                    route.span(),
+                    format!(
+                        "the route {:?} does not start with `/` (\"/{}\"?)",
+                        route.get_ref(),
+                        route.get_ref()
+                    ),
+                ));
+            }
             if !next.limiters.contains_key(limit.get_ref()) {
                 return Err(at(
                     limit.span(),
                     format!("no limit is named {:?}", limit.get_ref()),
                 ));
             }
-            next.routes.insert(route, limit.into_inner());
+            next.routes.insert(route.into_inner(), limit.into_inner());
         }
+        next.retire(self);
         Ok(next)
+    }
+
+    /// Refuses, unless allowed, a file that would limit nothing: no limit
+    /// at all, or no route where the limits in force have routes.
+    fn refuse_emptied(&self, file: &File) -> Result<(), ConfigError> {
+        if self.allow_empty {
+            return Ok(());
+        }
+        let allow = "or build the limits with `LimitsBuilder::allow_empty(true)` if that is meant";
+        if file.limits.is_empty() {
+            return Err(ConfigError::Invalid(format!(
+                "{}: no limit is defined, so nothing would be limited (is the file empty or cut \
+                 short?); write at least one [limits.NAME], {allow}",
+                self.origin
+            )));
+        }
+        if file.routes.is_empty() && !self.routes.is_empty() {
+            return Err(ConfigError::Invalid(format!(
+                "{}: [routes] is gone, so the {} routes in force would lose their limits (is the \
+                 file cut short?); write the routes back, {allow}",
+                self.origin,
+                self.routes.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets aside what `before` opened or leased and these limits do not
+    /// use, for the next reload only: a store that leaves the file and
+    /// comes back by then keeps its counts, and one that does not is
+    /// dropped, so that retired stores cannot pile up.
+    fn retire(&mut self, before: &Limits) {
+        for (name, opened) in &before.opened {
+            let in_use = self
+                .opened
+                .get(name)
+                .is_some_and(|o| Arc::ptr_eq(&o.store, &opened.store));
+            if !in_use {
+                self.retired.insert(name.clone(), opened.clone());
+            }
+        }
+        for (id, lease) in &before.leases {
+            let in_use = self
+                .leases
+                .get(id)
+                .is_some_and(|(_, leased)| Arc::ptr_eq(leased, &lease.1));
+            if !in_use {
+                self.retired_leases.insert(id.clone(), lease.clone());
+            }
+        }
     }
 
     /// The store `name` names, leased in batches of `lease` if given.
@@ -436,12 +543,16 @@ impl Limits {
         let config =
             LeaseConfig::new(*units.get_ref()).map_err(|e| at(units.span(), e.to_string()))?;
         let id = (key.clone(), *units.get_ref());
-        // The same lease as before if it leases the same store: its units
-        // in hand stay spendable.
-        let leased = match before.leases.get(&id) {
-            Some((shared, old)) if Arc::ptr_eq(shared, &store) => old.clone(),
-            _ => Arc::new(LeasedStore::new(store.clone(), config)),
-        };
+        // The same lease as before (in use or set aside) if it leases the
+        // same store: its units in hand stay spendable.
+        let leased = [before.leases.get(&id), before.retired_leases.get(&id)]
+            .into_iter()
+            .flatten()
+            .find(|(shared, _)| Arc::ptr_eq(shared, &store))
+            .map_or_else(
+                || Arc::new(LeasedStore::new(store.clone(), config)),
+                |(_, old)| old.clone(),
+            );
         self.leases.insert(id, (store, leased.clone()));
         Ok(leased)
     }
@@ -653,7 +764,8 @@ impl<S> fmt::Debug for Reloader<S> {
 
 impl<S: Send + Sync + 'static> Reloader<S> {
     /// Builds the service from `limits` with `build`, and returns the
-    /// reloader with the service to serve.
+    /// reloader with the service to serve. A `build` that panics is an
+    /// error here too.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -681,17 +793,20 @@ impl<S: Send + Sync + 'static> Reloader<S> {
         limits: Limits,
         build: impl Fn(&Limits) -> Result<S, ConfigError> + Send + Sync + 'static,
     ) -> Result<(Arc<Reloader<S>>, Reloadable<S>), ConfigError> {
-        let service = Reloadable::new(build(&limits)?);
+        let build: Box<BuildFn<S>> = Box::new(build);
+        let service = Reloadable::new(built(&*build, &limits)?);
         let reloader = Arc::new(Reloader {
             limits: tokio::sync::Mutex::new(limits),
             service: service.clone(),
-            build: Box::new(build),
+            build,
         });
         Ok((reloader, service))
     }
 
     /// Reads the file again ([`Limits::reload`]) and swaps in the service
-    /// built from it. On any error nothing changes.
+    /// built from it. On any error nothing changes, and a build that
+    /// returns an error or panics is such an error (a panic is caught unless
+    /// the program aborts on panics).
     pub async fn reload(&self) -> Result<(), ConfigError> {
         // One reload at a time: two racing would each keep the stores of
         // the limits they started from.
@@ -713,15 +828,15 @@ impl<S: Send + Sync + 'static> Reloader<S> {
     }
 
     fn swap(&self, current: &mut Limits, limits: Limits) -> Result<(), ConfigError> {
-        let service = (self.build)(&limits)?;
+        let service = built(&*self.build, &limits)?;
         self.service.replace(service);
         *current = limits;
         Ok(())
     }
 
     /// Reloads on every `SIGHUP` until the runtime stops, logging each
-    /// outcome with `tracing`; a file that does not load leaves the limits
-    /// in force.
+    /// outcome with `tracing`; a file that does not load, or a build that
+    /// fails or panics, leaves the limits and the service in force.
     #[cfg(unix)]
     pub fn reload_on_sighup(self: Arc<Self>) -> std::io::Result<tokio::task::JoinHandle<()>> {
         self.reload_on_sighup_with(|outcome| match outcome {
@@ -741,8 +856,33 @@ impl<S: Send + Sync + 'static> Reloader<S> {
         Ok(tokio::spawn(async move {
             while hangups.recv().await.is_some() {
                 let outcome = self.reload().await;
-                report(&outcome);
+                // A report that panics must not end the loop, or later
+                // hangups would reload nothing, and say nothing.
+                if std::panic::catch_unwind(AssertUnwindSafe(|| report(&outcome))).is_err() {
+                    tracing::error!("the report of a reload panicked; hangups still reload");
+                }
             }
         }))
     }
+}
+
+/// The service `build` makes of `limits`, its panic made an error.
+fn built<S>(build: &BuildFn<S>, limits: &Limits) -> Result<S, ConfigError> {
+    // `AssertUnwindSafe`: a panic leaves nothing of the reloader half
+    // changed, since the limits and the service in force are replaced only
+    // once a build has returned; what the closure captured is the
+    // application's, and it is called again at the next reload just as
+    // after an error it returned. A router that panics on a path it
+    // refuses (axum) must not take the `SIGHUP` loop down with it.
+    std::panic::catch_unwind(AssertUnwindSafe(|| build(limits))).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("no message");
+        Err(ConfigError::Invalid(format!(
+            "{}: building the service from these limits panicked: {message}",
+            limits.origin
+        )))
+    })
 }

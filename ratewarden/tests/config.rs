@@ -1,18 +1,21 @@
 //! Limits from a TOML file: what it builds, the errors that name the line
 //! and key at fault, and a reload while traffic runs that keeps counted
-//! usage and refuses a broken file.
+//! usage and refuses a broken file, an empty or cut-short one and a route
+//! without `/`, outlives a rebuild that panics, and takes back a store the
+//! reload before took away; by a call and by `SIGHUP`.
 #![cfg(all(feature = "config", feature = "memory", feature = "axum"))]
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use ratewarden::config::{Limits, Reloader};
+use ratewarden::config::{Limits, LimitsBuilder, Reloader};
 use ratewarden::{ClientIdentity, ConfigError, ManualClock, RateLimitLayer};
-use ratewarden_test_support::http::TestClient;
+use ratewarden_test_support::http::{TestClient, serve};
 
 const FILE: &str = r#"
 [stores]
@@ -297,6 +300,7 @@ async fn wait_until(counter: &AtomicU32, n: u32) {
 #[cfg(unix)]
 #[tokio::test]
 async fn sighup_reloads_the_file() {
+    let _turn = HANGUP.lock().await;
     let dir = std::env::temp_dir().join(format!("ratewarden-sighup-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("limits.toml");
@@ -329,4 +333,361 @@ async fn sighup_reloads_the_file() {
     .await
     .expect("the hangup reloaded the file");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The app of a limits file served through a [`Reloader`], on a manual
+/// clock (no window ends during a test), with the file in a directory of
+/// the test's own.
+struct Served {
+    path: PathBuf,
+    reloader: Arc<Reloader<Router>>,
+    client: TestClient,
+}
+
+impl Served {
+    async fn start(test: &str, text: &str) -> Served {
+        Served::with(test, text, Limits::builder()).await
+    }
+
+    async fn with(test: &str, text: &str, builder: LimitsBuilder) -> Served {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("ratewarden-config")
+            .join(test);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("limits.toml");
+        std::fs::write(&path, text).unwrap();
+        let limits = builder
+            .clock(Arc::new(ManualClock::new()))
+            .load(&path)
+            .await
+            .unwrap();
+        let identity = ClientIdentity::new([7u8; 32]).unwrap();
+        let (reloader, service) =
+            Reloader::new(limits, move |limits: &Limits| app(limits, &identity)).unwrap();
+        let client = TestClient::new(serve(Router::new().fallback_service(service)).await, None);
+        Served {
+            path,
+            reloader,
+            client,
+        }
+    }
+
+    fn write(&self, text: &str) {
+        std::fs::write(&self.path, text).unwrap();
+    }
+
+    async fn reload(&self) -> Result<(), String> {
+        self.reloader.reload().await.map_err(|e| e.to_string())
+    }
+
+    /// The statuses of `n` requests for `route`, one after the other.
+    async fn statuses(&self, route: &str, n: usize) -> Vec<u16> {
+        let mut statuses = Vec::with_capacity(n);
+        for _ in 0..n {
+            statuses.push(self.client.get(route).await.status.as_u16());
+        }
+        statuses
+    }
+
+    /// The error `outcome` ends in, with the file's name at its start.
+    fn refusal(&self, outcome: Result<(), String>) -> String {
+        let err = outcome.expect_err("the reload is refused");
+        let at = format!("invalid configuration: {}: ", self.path.display());
+        assert!(err.starts_with(&at), "{err}");
+        err
+    }
+}
+
+/// The tests that send `SIGHUP` take turns: a hangup reaches every listener
+/// in the process, and one test's must not reload another's limits (nextest
+/// runs each test in a process of its own; `cargo test` does not).
+#[cfg(unix)]
+static HANGUP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A reloader's `SIGHUP` loop, told each outcome.
+#[cfg(unix)]
+struct Hangups {
+    outcomes: tokio::sync::mpsc::UnboundedReceiver<Result<(), String>>,
+    task: tokio::task::JoinHandle<()>,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+#[cfg(unix)]
+impl Hangups {
+    async fn listen(reloader: &Arc<Reloader<Router>>) -> Hangups {
+        let turn = HANGUP.lock().await;
+        let (tx, outcomes) = tokio::sync::mpsc::unbounded_channel();
+        let task = reloader
+            .clone()
+            .reload_on_sighup_with(move |outcome| {
+                let _ = tx.send(outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+            })
+            .unwrap();
+        Hangups {
+            outcomes,
+            task,
+            _turn: turn,
+        }
+    }
+
+    /// Sends this process `SIGHUP`, and waits for the outcome of the reload
+    /// it caused; the bound only catches a loop that no longer answers.
+    async fn send(&mut self) -> Result<(), String> {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &std::process::id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(30), self.outcomes.recv())
+            .await
+            .expect("the hangup is answered")
+            .expect("the reload loop is alive")
+    }
+}
+
+#[cfg(unix)]
+impl Drop for Hangups {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// [`FILE`] cut short: what a reader may see while an editor writes it.
+fn cut_short() -> [(&'static str, &'static str); 3] {
+    let before = |marker: &str| FILE.split(marker).next().unwrap();
+    [
+        ("", "no limit is defined"),
+        (before("[limits.search]"), "no limit is defined"),
+        (
+            before("[routes]"),
+            "[routes] is gone, so the 2 routes in force would lose their limits",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn a_file_that_limits_nothing_is_refused_at_first_load_unless_allowed() {
+    for text in [
+        "",
+        "# every limit to come\n",
+        "[stores]\ndefault = \"memory://\"\n",
+    ] {
+        let err = parse(text).await.unwrap_err().to_string();
+        assert!(
+            err.contains("limits.toml: no limit is defined, so nothing would be limited")
+                && err.contains("write at least one [limits.NAME]")
+                && err.contains("`LimitsBuilder::allow_empty(true)`"),
+            "{text:?}: {err}"
+        );
+        let allowed = Limits::builder()
+            .allow_empty(true)
+            .parse(text, "limits.toml")
+            .await
+            .unwrap();
+        assert_eq!(allowed.limiters().count(), 0);
+    }
+    // Limits without routes, for an application that asks for them by name.
+    let limits = parse("[stores]\ndefault = \"memory://\"\n[limits.a]\npolicy = \"1/s\"\n")
+        .await
+        .unwrap();
+    assert!(limits.limiter("a").is_some());
+}
+
+#[tokio::test]
+async fn an_empty_or_cut_short_file_is_refused_keeping_the_limits_and_their_counts() {
+    let served = Served::start("empty", FILE).await;
+    assert_eq!(
+        served.statuses("/search", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    for (text, says) in cut_short() {
+        served.write(text);
+        let err = served.refusal(served.reload().await);
+        assert!(
+            err.contains(says) && err.contains("allow_empty(true)"),
+            "{err}"
+        );
+        assert_eq!(served.statuses("/search", 1).await, [429], "after {text:?}");
+        assert_eq!(served.statuses("/feedback", 1).await, [200]);
+    }
+    // The file restored: the 5 counted stay counted.
+    served.write(FILE);
+    served.reload().await.unwrap();
+    assert_eq!(served.statuses("/search", 1).await, [429]);
+}
+
+#[tokio::test]
+async fn an_empty_file_allowed_lifts_the_limits_and_the_next_reload_restores_their_counts() {
+    let served = Served::with("allowed", FILE, Limits::builder().allow_empty(true)).await;
+    assert_eq!(
+        served.statuses("/search", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    served.write("");
+    served.reload().await.unwrap();
+    assert_eq!(served.statuses("/search", 1).await, [404]);
+    // The stores the empty file dropped were set aside, counts and all.
+    served.write(FILE);
+    served.reload().await.unwrap();
+    assert_eq!(served.statuses("/search", 1).await, [429]);
+}
+
+#[tokio::test]
+async fn a_route_without_a_leading_slash_is_refused_naming_the_line() {
+    let err = broken("\"/search\" = \"search\"", "\"search\" = \"search\"").await;
+    assert!(
+        err.starts_with("limits.toml: line 22, column 1: `\"search\" = \"search\"`:")
+            && err.contains("the route \"search\" does not start with `/` (\"/search\"?)"),
+        "{err}"
+    );
+    let served = Served::start("route", FILE).await;
+    served.write(&FILE.replace("\"/feedback\" =", "\"api/feedback\" ="));
+    let err = served.refusal(served.reload().await);
+    assert!(
+        err.contains("line 23") && err.contains("the route \"api/feedback\" does not start"),
+        "{err}"
+    );
+    assert_eq!(served.statuses("/feedback", 1).await, [200]);
+}
+
+/// [`FILE`] with a route axum's router panics on: the capture syntax of
+/// axum 0.7.
+fn axum_refuses() -> String {
+    FILE.replace("\"/feedback\" =", "\"/feedback/:id\" =")
+}
+
+#[tokio::test]
+async fn a_rebuild_that_panics_is_an_error_and_the_old_service_answers() {
+    let served = Served::start("panic", FILE).await;
+    assert_eq!(
+        served.statuses("/search", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    served.write(&axum_refuses());
+    let err = served.refusal(served.reload().await);
+    assert!(
+        err.contains("building the service from these limits panicked")
+            && err.contains("Path segments must not start with `:`"),
+        "{err}"
+    );
+    assert_eq!(served.statuses("/search", 1).await, [429]);
+    assert_eq!(served.statuses("/feedback", 1).await, [200]);
+    // A good file after it applies, on the same counts: 3 more of 8.
+    served.write(&FILE.replace("policy = \"5/minute\"", "policy = \"8/minute\""));
+    served.reload().await.unwrap();
+    assert_eq!(served.statuses("/search", 4).await, [200, 200, 200, 429]);
+}
+
+/// Two limits, each on a store of its own; `reports` and its store and
+/// route only if `with_reports`.
+fn two_stores(with_reports: bool) -> String {
+    let mut text = String::from("[stores]\nlocal = \"memory://?capacity=1000\"\n");
+    if with_reports {
+        text.push_str("reports = \"memory://?capacity=1000\"\n");
+    }
+    text.push_str("\n[limits.search]\nstore = \"local\"\npolicy = \"fixed_window 5/hour\"\n");
+    if with_reports {
+        text.push_str(
+            "\n[limits.reports]\nstore = \"reports\"\npolicy = \"fixed_window 3/hour\"\n",
+        );
+    }
+    text.push_str("\n[routes]\n\"/search\" = \"search\"\n");
+    if with_reports {
+        text.push_str("\"/reports\" = \"reports\"\n");
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_store_taken_out_and_put_back_by_the_next_reload_keeps_its_counts() {
+    let served = Served::start("restored", &two_stores(true)).await;
+    assert_eq!(served.statuses("/reports", 4).await, [200, 200, 200, 429]);
+    served.write(&two_stores(false));
+    served.reload().await.unwrap();
+    assert_eq!(served.statuses("/reports", 1).await, [404]);
+    served.write(&two_stores(true));
+    served.reload().await.unwrap();
+    assert_eq!(served.statuses("/reports", 1).await, [429]);
+
+    // Set aside for one reload only: out for two, it comes back new.
+    served.write(&two_stores(false));
+    served.reload().await.unwrap();
+    served.reload().await.unwrap();
+    served.write(&two_stores(true));
+    served.reload().await.unwrap();
+    assert_eq!(served.statuses("/reports", 4).await, [200, 200, 200, 429]);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_refuses_an_empty_or_cut_short_file_keeping_the_counts() {
+    let served = Served::start("sighup-empty", FILE).await;
+    let mut hangups = Hangups::listen(&served.reloader).await;
+    assert_eq!(
+        served.statuses("/search", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    for (text, says) in cut_short() {
+        served.write(text);
+        let err = served.refusal(hangups.send().await);
+        assert!(err.contains(says), "{err}");
+        assert_eq!(served.statuses("/search", 1).await, [429], "after {text:?}");
+    }
+    served.write(FILE);
+    hangups.send().await.unwrap();
+    assert_eq!(served.statuses("/search", 1).await, [429]);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_refuses_a_route_without_a_slash_and_reloads_the_next_file() {
+    let served = Served::start("sighup-route", FILE).await;
+    let mut hangups = Hangups::listen(&served.reloader).await;
+    served.write(&FILE.replace("\"/search\" =", "\"search\" ="));
+    let err = served.refusal(hangups.send().await);
+    assert!(
+        err.contains("line 22") && err.contains("does not start with `/`"),
+        "{err}"
+    );
+    assert_eq!(served.statuses("/search", 1).await, [200]);
+    served.write(&FILE.replace("policy = \"5/minute\"", "policy = \"8/minute\""));
+    hangups.send().await.unwrap();
+    let reply = served.client.get("/search").await;
+    assert_eq!(reply.header_u64("x-ratelimit-limit"), 8);
+    assert_eq!(reply.header_u64("x-ratelimit-remaining"), 6);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_outlives_a_rebuild_that_panics() {
+    let served = Served::start("sighup-panic", FILE).await;
+    let mut hangups = Hangups::listen(&served.reloader).await;
+    assert_eq!(
+        served.statuses("/search", 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    served.write(&axum_refuses());
+    let err = served.refusal(hangups.send().await);
+    assert!(
+        err.contains("building the service from these limits panicked"),
+        "{err}"
+    );
+    assert_eq!(served.statuses("/search", 1).await, [429]);
+    served.write(&FILE.replace("policy = \"5/minute\"", "policy = \"8/minute\""));
+    hangups.send().await.unwrap();
+    assert_eq!(served.statuses("/search", 4).await, [200, 200, 200, 429]);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_takes_back_a_store_the_reload_before_took_out() {
+    let served = Served::start("sighup-restored", &two_stores(true)).await;
+    let mut hangups = Hangups::listen(&served.reloader).await;
+    assert_eq!(served.statuses("/reports", 4).await, [200, 200, 200, 429]);
+    served.write(&two_stores(false));
+    hangups.send().await.unwrap();
+    assert_eq!(served.statuses("/reports", 1).await, [404]);
+    served.write(&two_stores(true));
+    hangups.send().await.unwrap();
+    assert_eq!(served.statuses("/reports", 1).await, [429]);
 }
