@@ -1,6 +1,7 @@
 //! Route limits from a `--config` TOML file (`ratewarden::config`): bare
 //! policies in the demo's own composition, rules as written, flags that
-//! override a route, and files refused with the file, line and key.
+//! override a route, and files refused with the file, line and key, or for
+//! limiting nothing.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -231,6 +232,26 @@ async fn unknown_keys_and_routes_are_refused_naming_the_line() {
         err.contains("cannot read") && err.contains("no-such-limits.toml"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn an_empty_or_commented_out_file_is_refused() {
+    assert_refused(&[
+        (
+            "empty.toml",
+            "",
+            &[
+                "empty.toml: no limit is defined, so nothing would be limited",
+                "write at least one [limits.NAME]",
+            ],
+        ),
+        (
+            "commented_out.toml",
+            "# [limits.search]\n# policy = \"60/min\"\n",
+            &["commented_out.toml: no limit is defined"],
+        ),
+    ])
+    .await;
 }
 
 #[tokio::test]

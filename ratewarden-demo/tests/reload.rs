@@ -1,6 +1,6 @@
 //! The demo binary, its limits file edited and `SIGHUP` sent while it
 //! serves: the new limit applies, what was counted stays counted, and a
-//! broken file leaves the limit in force.
+//! broken or emptied file leaves the limit and its counts in force.
 #![cfg(unix)]
 
 use std::io::{BufRead, BufReader};
@@ -98,6 +98,49 @@ async fn sighup_applies_an_edited_file_keeping_usage_and_refuses_a_broken_one() 
         s
     };
     assert_eq!(statuses, [200, 200, 429]);
+    drop(child);
+}
+
+#[tokio::test]
+async fn sighup_refuses_an_emptied_file_keeping_the_limit_and_its_count() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ratewarden-demo-reload-empty");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    // A sliding log: no window boundary for the wall clock to cross.
+    let file = "[limits.search]\npolicy = \"3/hour\"\n";
+    std::fs::write(&path, file).unwrap();
+    let (child, addr, lines) = spawn_demo(&path);
+    let child = Killed(child);
+    let client = TestClient::new(addr.parse().unwrap(), None);
+    let statuses = |n: usize| {
+        let client = &client;
+        async move {
+            let mut s = Vec::new();
+            for _ in 0..n {
+                s.push(client.get("/api/search").await.status.as_u16());
+            }
+            s
+        }
+    };
+    assert_eq!(statuses(4).await, [200, 200, 200, 429]);
+
+    // `: > limits.toml`: refused, saying why, and the file's 3 stay spent.
+    std::fs::write(&path, "").unwrap();
+    let said = hangup(&child.0, &lines);
+    assert!(
+        said.starts_with("limits not reloaded, the old ones stay")
+            && said.contains("limits.toml: no limit is defined"),
+        "{said}"
+    );
+    let refused = client.get("/api/search").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header_u64("x-ratelimit-limit"), 3);
+
+    // The file back: reloaded on the same counts.
+    std::fs::write(&path, file).unwrap();
+    let said = hangup(&child.0, &lines);
+    assert!(said.starts_with("limits reloaded from"), "{said}");
+    assert_eq!(statuses(1).await, [429]);
     drop(child);
 }
 
