@@ -891,7 +891,17 @@ impl Store for LeasedStore {
         }
         self.check(refund.request().policy())?;
         bump(&self.round_trips);
-        self.shared.refund(refund).await
+        self.shared.refund(refund).await?;
+        // The shared store has the units back: a refusal held from before
+        // would refuse what it now admits. Dropped after any batch in
+        // flight, whose refusal may predate the refund.
+        let (key, policy) = (refund.request().key(), refund.request().policy());
+        let refill = self.refill_gate(key, policy);
+        let _one_at_a_time = refill.gate.lock().await;
+        if let Some(lease) = self.lock().get_mut(&(policy.algorithm(), key.to_vec())) {
+            lease.hold.until = 0;
+        }
+        Ok(())
     }
 
     /// What the batch in hand would pay, without a round trip; otherwise

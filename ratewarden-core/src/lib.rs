@@ -35,6 +35,7 @@ mod counter;
 mod decision;
 mod error;
 mod intern;
+mod invalidation;
 pub mod lease;
 mod limiter;
 mod plans;

@@ -68,6 +68,7 @@ use smallvec::SmallVec;
 
 use crate::decision::{Decision, Source};
 use crate::error::{ConfigError, StoreError};
+use crate::invalidation::{self, Ticket};
 use crate::time::{Clock, SystemClock, Timestamp, duration_to_micros as micros};
 
 pub(crate) mod rule;
@@ -135,6 +136,9 @@ impl fmt::Debug for Limiter {
 /// [`Limiter::finish`] the rest.
 pub(crate) struct Progress {
     now: Timestamp,
+    /// Taken before the current rule's store is asked: its refusal is
+    /// cached only if that rule's key was not given back since.
+    ticket: Ticket,
     weight: u32,
     next: Next,
     /// Each admission a later refusal must undo, with its rule's index, in
@@ -572,6 +576,8 @@ impl Limiter {
             }
             Local::Wait(tried) => Begun::Waiting(Progress {
                 now,
+                // No refusal cache on this path.
+                ticket: Ticket::NONE,
                 weight,
                 next: Next::Resume(0, tried),
                 pending: SmallVec::new(),
@@ -605,8 +611,13 @@ impl Limiter {
                 if stored.allowed {
                     rule.count(stored);
                     if i < last
-                        && let Some(charge) =
-                            rule.settle_one(key, now, stored, Some(Holder::Authoritative), true)
+                        && let Some(charge) = rule.settle_one(
+                            key,
+                            (now, Ticket::NONE),
+                            stored,
+                            Some(Holder::Authoritative),
+                            true,
+                        )
                     {
                         pending.push((i, charge));
                     }
@@ -622,6 +633,7 @@ impl Limiter {
                 }
                 let mut progress = Progress {
                     now,
+                    ticket: Ticket::NONE,
                     weight,
                     next: Next::Refund(refusal),
                     pending,
@@ -635,6 +647,8 @@ impl Limiter {
             }
             let mut progress = Progress {
                 now,
+                // No rule on this path has a refusal cache.
+                ticket: Ticket::NONE,
                 weight,
                 next: Next::Step(i),
                 pending,
@@ -646,7 +660,8 @@ impl Limiter {
             };
             match rule.local_after(answer, storage_key, cost, now, self.clock.as_ref()) {
                 Local::Now(decision, holder) => {
-                    let charge = rule.settle_one(key, now, &decision, holder, i < last);
+                    let charge =
+                        rule.settle_one(key, (now, Ticket::NONE), &decision, holder, i < last);
                     if let Absorbed::Decided(d) =
                         self.absorb(&mut progress, i, decision, charge.as_slice())
                     {
@@ -673,6 +688,7 @@ impl Limiter {
     fn start(&self, weight: u32) -> Progress {
         Progress {
             now: self.clock.now(),
+            ticket: Ticket::NONE,
             weight,
             // A standing refusal from any rule's cache answers before any
             // store is asked, so a hammering offender costs no round trip
@@ -712,6 +728,7 @@ impl Limiter {
                     let rule = &self.rules[i];
                     let storage_key = rule.fill_storage_key(&mut buf, key);
                     let cost = rule.charge(p.weight);
+                    p.ticket = rule.ticket(storage_key);
                     let answer = rule.ask_inline(storage_key, cost, p.now);
                     let (decision, holder) = match &answer {
                         // The store's answer, read in place: a memory tier.
@@ -731,7 +748,7 @@ impl Limiter {
                         },
                     };
                     let keep = i < last || p.keep_all;
-                    let charge = rule.settle_one(key, p.now, &decision, holder, keep);
+                    let charge = rule.settle_one(key, (p.now, p.ticket), &decision, holder, keep);
                     if let Absorbed::Decided(d) = self.absorb(p, i, decision, charge.as_slice()) {
                         return Some(d);
                     }
@@ -787,7 +804,7 @@ impl Limiter {
                             key,
                             storage_key,
                             cost,
-                            p.now,
+                            (p.now, p.ticket),
                             clock,
                             i < last || p.keep_all,
                             tried,
@@ -970,6 +987,11 @@ impl Admission {
     /// [`RuleStats::refund_failures`] counts. The decision stays in the
     /// rules' statistics.
     pub async fn refund(self) {
+        // Before as well as after the stores have the units back (each
+        // rule's refund tells the caches again): the key's next request
+        // asks the stores rather than a refusal cached before this
+        // give-back, even while the refund is still on its way.
+        self.forget_refusals();
         let mut buf = StorageKey::new();
         for (i, charge) in self.kept.iter().rev() {
             let rule = &self.limiter.rules[*i];
@@ -977,6 +999,17 @@ impl Admission {
             let cost = rule.charge(self.weight);
             rule.refund(storage_key, std::slice::from_ref(charge), cost, self.now)
                 .await;
+        }
+    }
+}
+
+impl Admission {
+    /// Makes this process's cached refusals of the key stale.
+    pub(crate) fn forget_refusals(&self) {
+        let mut buf = StorageKey::new();
+        for (i, _) in self.kept.iter() {
+            let rule = &self.limiter.rules[*i];
+            invalidation::invalidate(rule.fill_storage_key(&mut buf, &self.key));
         }
     }
 }

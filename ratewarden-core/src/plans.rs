@@ -141,15 +141,10 @@ impl Plans {
 
     /// Forgets `key`'s usage on every plan ([`Limiter::reset`]): the
     /// stores once, through the default plan, since every plan counts in
-    /// the same state, and every plan's refusal cache.
+    /// the same state. Every plan's refusal cache drops the key with it, as
+    /// every limiter's in the process does after a reset or a give-back.
     pub async fn reset(&self, key: &[u8]) -> Result<(), StoreError> {
-        let result = self.plans[0].1.reset(key).await;
-        for (_, limiter) in &self.plans[1..] {
-            for rule in limiter.rules() {
-                rule.forget_refusal(key);
-            }
-        }
-        result
+        self.plans[0].1.reset(key).await
     }
 }
 

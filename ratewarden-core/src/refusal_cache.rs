@@ -14,6 +14,7 @@ use std::time::Duration;
 use hashlink::LruCache;
 
 use crate::decision::Decision;
+use crate::invalidation::Ticket;
 use crate::time::{Timestamp, duration_to_micros as micros};
 
 /// How many keys a rule's refusal cache holds by default; past it the key
@@ -29,6 +30,9 @@ struct Held {
     until: u64,
     /// When the key was to be clear (µs), for `reset_after`.
     reset_at: u64,
+    /// Taken before the store call that refused: a give-back or reset of
+    /// the key since then makes the refusal stale.
+    ticket: Ticket,
     decision: Decision,
 }
 
@@ -69,7 +73,7 @@ impl RefusalCache {
         let t = now.as_micros();
         let mut held = self.lock();
         let h = held.get(key)?;
-        if t < h.at || t >= h.until {
+        if t < h.at || t >= h.until || !h.ticket.current() {
             held.remove(key);
             return None;
         }
@@ -87,9 +91,11 @@ impl RefusalCache {
         }
     }
 
-    /// Remembers a refusal the store made for `key` at `now`.
-    pub(crate) fn put(&self, key: &[u8], now: Timestamp, decision: &Decision) {
-        if decision.allowed || decision.retry_after.is_zero() {
+    /// Remembers a refusal the store made for `key` at `now`, in a call
+    /// made after `ticket` was taken; nothing if the key was given back or
+    /// reset since (the refusal may predate that).
+    pub(crate) fn put(&self, key: &[u8], now: Timestamp, decision: &Decision, ticket: Ticket) {
+        if decision.allowed || decision.retry_after.is_zero() || !ticket.current() {
             return;
         }
         let t = now.as_micros();
@@ -97,6 +103,7 @@ impl RefusalCache {
             at: t,
             until: t.saturating_add(micros(decision.retry_after)),
             reset_at: t.saturating_add(micros(decision.reset_after)),
+            ticket,
             decision: decision.clone(),
         };
         self.lock().insert(key.to_vec(), held);

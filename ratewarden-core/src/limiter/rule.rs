@@ -15,6 +15,7 @@ use crate::counter::load;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::intern::{intern, intern_policy};
+use crate::invalidation::Ticket;
 use crate::policy::Policy;
 use crate::refusal_cache::{REFUSAL_CACHE_KEYS, RefusalCache};
 use crate::store::Store;
@@ -544,6 +545,16 @@ impl Rule {
         self.refusals.is_some()
     }
 
+    /// What a refusal of `storage_key` decided from now on is stamped
+    /// with, for the refusal cache: [`Ticket::NONE`] when there is none.
+    pub(crate) fn ticket(&self, storage_key: &[u8]) -> Ticket {
+        if self.refusals.is_some() {
+            Ticket::take(storage_key)
+        } else {
+            Ticket::NONE
+        }
+    }
+
     /// Writes the abuse events held back in memory; how many were written.
     pub(crate) async fn flush_abuse(&self, mono: u64) -> u64 {
         let Some(recorder) = self.escalation.as_ref().and_then(|e| e.abuse.as_ref()) else {
@@ -553,14 +564,6 @@ impl Rule {
         let written = writes.written;
         self.count_writes(writes);
         written
-    }
-
-    /// Drops `key` from this instance's refusal cache, for a reset made
-    /// through another limiter counting the same state ([`crate::Plans`]).
-    pub(crate) fn forget_refusal(&self, key: &[u8]) {
-        if let Some(cache) = &self.refusals {
-            cache.remove(key);
-        }
     }
 
     /// The key this rule stores for a client key: the rule's name, `:`,

@@ -233,6 +233,9 @@ impl Drop for Permit {
         // outside a runtime there is nothing to run it, and the units stay
         // counted: stricter, never looser.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // Now, not when the task first runs: a request right after the
+            // drop must not be answered by a refusal cached before it.
+            admission.forget_refusals();
             runtime.spawn(admission.refund());
         }
     }

@@ -15,6 +15,7 @@ use crate::breaker::{Breaker, BreakerState, Permit, Transition};
 use crate::counter::bump;
 use crate::decision::Decision;
 use crate::error::{ErrorKind, StoreError};
+use crate::invalidation::{self, Ticket};
 use crate::policy::Policy;
 use crate::store::{Key, Refund, Request, Store};
 use crate::time::{Clock, Timestamp};
@@ -354,17 +355,19 @@ impl Rule {
     }
 
     /// What a decision leaves behind besides itself: a refusal that a store
-    /// made goes into the refusal cache, and an admission that a later rule
-    /// could undo (`keep`) is charged to the store that holds it.
+    /// made goes into the refusal cache (unless the key was given back or
+    /// reset since `ticket`, taken before the store was asked), and an
+    /// admission that a later rule could undo (`keep`) is charged to the
+    /// store that holds it.
     fn settle(
         &self,
         key: &[u8],
-        now: Timestamp,
+        at: (Timestamp, Ticket),
         decision: &Decision,
         holder: Option<Holder>,
         keep: bool,
     ) -> SmallVec<[Charge; 2]> {
-        self.settle_one(key, now, decision, holder, keep)
+        self.settle_one(key, at, decision, holder, keep)
             .into_iter()
             .collect()
     }
@@ -375,13 +378,13 @@ impl Rule {
     pub(crate) fn settle_one(
         &self,
         key: &[u8],
-        now: Timestamp,
+        (now, ticket): (Timestamp, Ticket),
         decision: &Decision,
         holder: Option<Holder>,
         keep: bool,
     ) -> Option<Charge> {
         if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
-            cache.put(key, now, decision);
+            cache.put(key, now, decision, ticket);
         }
         match (keep, decision.allowed, holder) {
             (true, true, Some(holder)) => Some(Charge::of(holder, decision)),
@@ -425,6 +428,13 @@ impl Rule {
                 self.refunded(store, result);
             }
         }
+        self.given_back(storage_key);
+    }
+
+    /// Tells this process's local copies of the key (refusal caches) that
+    /// the store has units back, once the store has them.
+    fn given_back(&self, storage_key: &[u8]) {
+        invalidation::invalidate(storage_key);
     }
 
     /// Refunds `charge` now if that needs no waiting; `false`, having done
@@ -439,6 +449,7 @@ impl Rule {
         match self.refund_now(storage_key, charge, cost, now) {
             Some((store, result)) => {
                 self.refunded(store, result);
+                self.given_back(storage_key);
                 true
             }
             None => false,
@@ -650,7 +661,7 @@ impl Rule {
         key: &[u8],
         storage_key: &[u8],
         cost: u32,
-        now: Timestamp,
+        (now, ticket): (Timestamp, Ticket),
         clock: &dyn Clock,
         keep: bool,
         tried: Tried,
@@ -659,7 +670,7 @@ impl Rule {
             .local_awaited(storage_key, cost, now, clock, tried)
             .await;
         let keep = keep || self.escalation.is_some();
-        let mut charges = self.settle(key, now, &decision, holder, keep);
+        let mut charges = self.settle(key, (now, ticket), &decision, holder, keep);
         let Some(escalation) = &self.escalation else {
             return Applied { decision, charges };
         };
@@ -830,7 +841,9 @@ impl Rule {
             }
         }
         // After the stores: a refusal cached by a request decided while
-        // they were being reset is forgotten too.
+        // they were being reset is forgotten too, in every limiter of the
+        // process.
+        invalidation::invalidate(&storage_key);
         if let Some(cache) = &self.refusals {
             cache.remove(key);
         }
@@ -884,10 +897,11 @@ impl Rule {
         }
         let mut buf = StorageKey::new();
         let storage_key = self.fill_storage_key(&mut buf, key);
+        let ticket = self.ticket(storage_key);
         let tried = match self.local_now(storage_key, self.cost, now, clock) {
             Local::Now(decision, holder) if self.escalation.is_none() => {
                 // No later rule can refuse: nothing to keep for a refund.
-                self.settle_one(key, now, &decision, holder, false);
+                self.settle_one(key, (now, ticket), &decision, holder, false);
                 let mut decision = decision;
                 self.finish(&mut decision);
                 return decision;
@@ -896,7 +910,15 @@ impl Rule {
             Local::Wait(tried) => tried,
         };
         let mut decision = self
-            .resume(key, storage_key, self.cost, now, clock, false, tried)
+            .resume(
+                key,
+                storage_key,
+                self.cost,
+                (now, ticket),
+                clock,
+                false,
+                tried,
+            )
             .await
             .decision;
         self.finish(&mut decision);

@@ -1,0 +1,254 @@
+//! Local state told of every give-back: a refund, a released or dropped
+//! permit and a reset each leave no refusal cached from before them, so the
+//! key's next request gets what the store would answer. On a shared store
+//! (whose rules keep a refusal cache by default), with a manual clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ratewarden_conformance::broken::ReferenceStore;
+use ratewarden_core::{
+    Capabilities, ConfigError, Decision, Key, Limiter, ManualClock, Policy, Refund, Request, Rule,
+    Store, StoreError,
+};
+use tokio::sync::Notify;
+
+/// A store that others share, so that its rule keeps a refusal cache.
+fn shared() -> Arc<dyn Store> {
+    Arc::new(ReferenceStore::new(1_000).shared_as("shared"))
+}
+
+/// Five logins per 15 minutes.
+fn login() -> Policy {
+    Policy::fixed_window(5, Duration::from_secs(900)).unwrap()
+}
+
+fn limiter(store: Arc<dyn Store>, clock: &ManualClock) -> Limiter {
+    Limiter::builder()
+        .clock(clock.clone())
+        .rule(Rule::new("login", store, login()).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// How many of `n` checks of `key` are admitted.
+async fn admitted(limiter: &Limiter, key: &[u8], n: u32) -> u32 {
+    let mut admitted = 0;
+    for _ in 0..n {
+        admitted += u32::from(limiter.check(key).await.allowed);
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn a_give_back_after_a_cached_refusal_admits_the_next_request() {
+    let clock = ManualClock::new();
+    let limiter = limiter(shared(), &clock);
+    // Five right-password logins in flight, a sixth refused while they are.
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let a = limiter.check_admission(b"alice", 1).await.unwrap();
+        assert!(a.decision().allowed);
+        held.push(a);
+    }
+    let refused = limiter.check(b"alice").await;
+    assert!(!refused.allowed);
+    assert!(
+        !limiter.check(b"alice").await.allowed && limiter.stats()[0].refusals_cached >= 1,
+        "the refusal is cached: the scenario must go through the cache"
+    );
+    // The logins succeed: each is given back.
+    for a in held {
+        a.refund().await;
+    }
+    assert_eq!(
+        admitted(&limiter, b"alice", 8).await,
+        5,
+        "after five give-backs the store has the whole limit back, and so must this instance"
+    );
+}
+
+#[tokio::test]
+async fn a_released_permit_is_usable_at_once() {
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new(
+                "partner",
+                shared(),
+                Policy::fixed_window(1, Duration::from_secs(10)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let permit = limiter.acquire(b"api", Duration::ZERO).await.unwrap();
+    assert!(!limiter.check(b"api").await.allowed, "the one unit is held");
+    permit.release().await;
+    assert!(
+        limiter.check(b"api").await.allowed,
+        "the released unit came back: a refusal cached while it was held must not stand"
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_permit_is_usable_once_its_refund_has_run() {
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new(
+                "partner",
+                shared(),
+                Policy::fixed_window(1, Duration::from_secs(10)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let permit = limiter.acquire(b"api", Duration::ZERO).await.unwrap();
+    assert!(!limiter.check(b"api").await.allowed, "the one unit is held");
+    drop(permit);
+    // The refund runs on its own task; let it.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(limiter.check(b"api").await.allowed);
+}
+
+#[tokio::test]
+async fn a_reset_through_another_limiter_reaches_this_ones_refusal_cache() {
+    let clock = ManualClock::new();
+    let store = shared();
+    let app = limiter(store.clone(), &clock);
+    let support = limiter(store, &clock);
+    assert_eq!(admitted(&app, b"alice", 7).await, 5);
+    assert!(!app.check(b"alice").await.allowed);
+    support.reset(b"alice").await.unwrap();
+    assert_eq!(
+        admitted(&app, b"alice", 7).await,
+        5,
+        "a reset made through another limiter of the process must lift this one's cached refusal"
+    );
+}
+
+#[tokio::test]
+async fn a_give_back_to_one_rule_keeps_another_rules_cached_refusal() {
+    // A local burst tier in front of the shared login rule: a refusal by
+    // the shared rule refunds the local tier, which must not cost the
+    // shared rule its cached refusal (a hammering client would then cost a
+    // round trip per request).
+    let clock = ManualClock::new();
+    let local: Arc<dyn Store> = Arc::new(ReferenceStore::new(1_000));
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new(
+                "burst",
+                local,
+                Policy::fixed_window(100, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .rule(Rule::new("login", shared(), login()).unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(admitted(&limiter, b"alice", 50).await, 5);
+    let stats = limiter.stats();
+    assert_eq!(
+        stats[1].refusals_cached, 44,
+        "45 refusals: the first asked the store"
+    );
+}
+
+/// A store whose decisions can be held after the store has made them, as a
+/// slow network holds a reply: the refusal is decided, then arrives late.
+#[derive(Debug)]
+struct Delayed {
+    inner: Arc<dyn Store>,
+    hold: AtomicBool,
+    held: Notify,
+    release: Notify,
+}
+
+#[async_trait]
+impl Store for Delayed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        self.inner.check_policy(policy)
+    }
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len()
+    }
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let d = self.inner.decide(request).await;
+        if self.hold.swap(false, Ordering::SeqCst) {
+            self.held.notify_one();
+            self.release.notified().await;
+        }
+        d
+    }
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.inner.refund(refund).await
+    }
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.inner.peek(request).await
+    }
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.inner.penalize(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_refusal_made_before_a_give_back_and_arriving_after_it_is_not_cached() {
+    let clock = ManualClock::new();
+    let store = Arc::new(Delayed {
+        inner: shared(),
+        hold: AtomicBool::new(false),
+        held: Notify::new(),
+        release: Notify::new(),
+    });
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new(
+                "partner",
+                store.clone(),
+                Policy::fixed_window(1, Duration::from_secs(10)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let admission = limiter.check_admission(b"api", 1).await.unwrap();
+    assert!(admission.decision().allowed);
+    // A second request is refused by the store, and its reply is late.
+    store.hold.store(true, Ordering::SeqCst);
+    let late = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.check(b"api").await }
+    });
+    store.held.notified().await;
+    // Meanwhile the first is given back: the store has the unit again.
+    admission.refund().await;
+    store.release.notify_one();
+    assert!(
+        !late.await.unwrap().allowed,
+        "the late reply is the store's refusal"
+    );
+    assert!(
+        limiter.check(b"api").await.allowed,
+        "a refusal made before the give-back must not be cached after it"
+    );
+}
