@@ -86,6 +86,15 @@ teeth! {
     refused_offender_costs_no_round_trip: [
         NoRefusalCache => ["cost 100 shared-store calls", "100 refunds"],
     ],
+    give_back_reaches_local_state: [
+        GiveBackNotTold => ["after five give-backs", "a peek must admit"],
+    ],
+    reset_reaches_local_state: [
+        ResetNotTold => ["after a reset", "a peek must admit"],
+    ],
+    refusal_racing_a_give_back_not_cached: [
+        RefusalCachedAfterGiveBack => ["after A's give-back", "stale"],
+    ],
     leased_fleet_never_over_admits: [
         LeaseUncounted => ["window 2", "against a limit of 20"],
     ],

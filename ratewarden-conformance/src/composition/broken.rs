@@ -12,6 +12,7 @@
 //! reader checking what a scenario catches wants them side by side.
 
 use crate::call;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,11 +70,21 @@ pub enum CompositionDefect {
     /// Grants itself a batch when the shared store fails
     /// (`leased_dead_store_follows_failure_policy`).
     LeaseOpenWhenDead,
+    /// A refusal cache in front of the limiter that a give-back does not
+    /// reach (`give_back_reaches_local_state`).
+    GiveBackNotTold,
+    /// A refusal cache in front of the limiter that a reset does not reach
+    /// (`reset_reaches_local_state`).
+    ResetNotTold,
+    /// A refusal cache that forgets the key on a give-back, but keeps a
+    /// refusal whenever it arrives, even one decided before the give-back
+    /// (`refusal_racing_a_give_back_not_cached`).
+    RefusalCachedAfterGiveBack,
 }
 
 impl CompositionDefect {
     /// Every defect.
-    pub const ALL: [CompositionDefect; 13] = [
+    pub const ALL: [CompositionDefect; 16] = [
         CompositionDefect::NoRefunds,
         CompositionDefect::BothConsulted,
         CompositionDefect::PacedSampling,
@@ -87,6 +98,9 @@ impl CompositionDefect {
         CompositionDefect::LeaseOutlivesWindow,
         CompositionDefect::LeaseNotReleased,
         CompositionDefect::LeaseOpenWhenDead,
+        CompositionDefect::GiveBackNotTold,
+        CompositionDefect::ResetNotTold,
+        CompositionDefect::RefusalCachedAfterGiveBack,
     ];
 }
 
@@ -122,6 +136,20 @@ impl Composer for BrokenComposer {
                     }
                 }
                 LimiterComposer.compose(out, clock)
+            }
+            CompositionDefect::GiveBackNotTold
+            | CompositionDefect::ResetNotTold
+            | CompositionDefect::RefusalCachedAfterGiveBack => {
+                let mut builder = Limiter::builder().clock(clock.clone());
+                for t in &tiers {
+                    builder = builder.rule(t.rule()?.without_refusal_cache());
+                }
+                Ok(Box::new(StaleRefusals {
+                    inner: builder.build()?,
+                    defect: self.0,
+                    held: Mutex::default(),
+                    clock,
+                }))
             }
             CompositionDefect::NoRefusalCache => {
                 let mut builder = Limiter::builder().clock(clock);
@@ -208,6 +236,80 @@ impl Composer for BrokenComposer {
                 }))
             }
         }
+    }
+}
+
+/// A refusal cache kept in front of a limiter, as an application might
+/// write one, each defect a notice it misses.
+struct StaleRefusals {
+    inner: Limiter,
+    defect: CompositionDefect,
+    /// Refused keys, with the refusal and until when it stands (µs).
+    held: Mutex<HashMap<Vec<u8>, (Decision, u64)>>,
+    clock: ManualClock,
+}
+
+impl StaleRefusals {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, (Decision, u64)>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn standing(&self, key: &[u8]) -> Option<Decision> {
+        let now = self.clock.now().as_micros();
+        let held = self.lock();
+        let (d, until) = held.get(key)?;
+        (now < *until).then(|| d.clone())
+    }
+
+    fn keep(&self, key: &[u8], d: &Decision) {
+        if !d.allowed {
+            let until = self.clock.now().as_micros() + d.retry_after.as_micros() as u64;
+            self.lock().insert(key.to_vec(), (d.clone(), until));
+        }
+    }
+}
+
+#[async_trait]
+impl Composition for StaleRefusals {
+    async fn check(&self, key: &[u8]) -> Decision {
+        if let Some(d) = self.standing(key) {
+            return d;
+        }
+        let d = self.inner.check(key).await;
+        self.keep(key, &d);
+        d
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        self.inner.flush_abuse_events().await
+    }
+
+    async fn check_admission(&self, key: &[u8]) -> Option<ratewarden_core::Admission> {
+        self.inner.check_admission(key, 1).await.ok()
+    }
+
+    async fn give_back(&self, admission: ratewarden_core::Admission) {
+        admission.refund().await;
+        // Forgets every refusal it holds, which covers the key given back:
+        // all the scenarios need of an honest notice.
+        if self.defect != CompositionDefect::GiveBackNotTold {
+            self.lock().clear();
+        }
+    }
+
+    async fn peek(&self, key: &[u8]) -> Option<Decision> {
+        Some(match self.standing(key) {
+            Some(d) => d,
+            None => self.inner.peek(key).await,
+        })
+    }
+
+    async fn reset(&self, key: &[u8]) -> Option<Result<(), StoreError>> {
+        let result = self.inner.reset(key).await;
+        if self.defect != CompositionDefect::ResetNotTold {
+            self.lock().remove(key);
+        }
+        Some(result)
     }
 }
 

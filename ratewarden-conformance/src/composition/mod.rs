@@ -35,8 +35,8 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use ratewarden_core::lease::{LeaseConfig, LeasedStore};
 use ratewarden_core::{
-    AbuseSink, BreakerConfig, Clock, ConfigError, Decision, FailurePolicy, Limiter, ManualClock,
-    Policy, Rule, Store,
+    AbuseSink, Admission, BreakerConfig, Clock, ConfigError, Decision, FailurePolicy, Limiter,
+    ManualClock, Policy, Rule, Store, StoreError,
 };
 
 use crate::{ScenarioResult, StoreFactory};
@@ -72,7 +72,7 @@ pub mod broken;
 mod scenarios;
 mod support;
 
-pub use support::{Events, Health, Switch};
+pub use support::{Events, Health, Late, Switch};
 
 /// One tier of a composition under test: what a [`Rule`] is built from.
 #[derive(Clone)]
@@ -176,6 +176,28 @@ pub trait Composition: Send + Sync {
     async fn release_leases(&self) -> u64 {
         0
     }
+    /// Decides one request for `key` that may be given back
+    /// ([`give_back`](Self::give_back)), as a route that counts only some
+    /// outcomes or an outbound permit does. `None` from a composition that
+    /// cannot give a request back, which the give-back scenarios fail.
+    async fn check_admission(&self, _key: &[u8]) -> Option<Admission> {
+        None
+    }
+    /// Gives back a request [`check_admission`](Self::check_admission)
+    /// admitted.
+    async fn give_back(&self, admission: Admission) {
+        admission.refund().await;
+    }
+    /// The decision a request for `key` would get, recording nothing.
+    /// `None` from a composition that cannot peek.
+    async fn peek(&self, _key: &[u8]) -> Option<Decision> {
+        None
+    }
+    /// Forgets `key` in every tier. `None` from a composition that cannot
+    /// reset, which the reset scenarios fail.
+    async fn reset(&self, _key: &[u8]) -> Option<Result<(), StoreError>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -186,6 +208,18 @@ impl Composition for Limiter {
 
     async fn flush_abuse_events(&self) -> u64 {
         Limiter::flush_abuse_events(self).await
+    }
+
+    async fn check_admission(&self, key: &[u8]) -> Option<Admission> {
+        Limiter::check_admission(self, key, 1).await.ok()
+    }
+
+    async fn peek(&self, key: &[u8]) -> Option<Decision> {
+        Some(Limiter::peek(self, key).await)
+    }
+
+    async fn reset(&self, key: &[u8]) -> Option<Result<(), StoreError>> {
+        Some(Limiter::reset(self, key).await)
     }
 }
 
@@ -251,6 +285,18 @@ impl Composition for Leasing {
 
     async fn flush_abuse_events(&self) -> u64 {
         self.limiter.flush_abuse_events().await
+    }
+
+    async fn check_admission(&self, key: &[u8]) -> Option<Admission> {
+        self.limiter.check_admission(key, 1).await.ok()
+    }
+
+    async fn peek(&self, key: &[u8]) -> Option<Decision> {
+        Some(self.limiter.peek(key).await)
+    }
+
+    async fn reset(&self, key: &[u8]) -> Option<Result<(), StoreError>> {
+        Some(self.limiter.reset(key).await)
     }
 
     async fn release_leases(&self) -> u64 {
@@ -376,6 +422,22 @@ composition_list! {
     /// (retry 30 s) without a call; at t0+60 s the store is asked and admits.
     /// Catches a composition that asks the store on every refused request.
     refused_offender_costs_no_round_trip => "a refused client hammering costing a shared-store round trip per request",
+    /// For each local layer in front of a shared tier (5 per 15 min) — a
+    /// refusal cache; a local tier before it; a lease — five requests held,
+    /// a sixth refused and a seventh refused from local state without a
+    /// store call; the five given back. A peek must then admit and exactly
+    /// 5 of 8 requests be admitted. Catches local state not told of a
+    /// give-back (a response-decided one, a released permit).
+    give_back_reaches_local_state => "a refusal held locally after a give-back, refusing units the store has back",
+    /// The same layers, the limit spent and refused from local state, then
+    /// the key reset: a peek admits and exactly 5 of 8 are admitted.
+    /// Catches local state not told of a reset.
+    reset_reaches_local_state => "a refusal held locally after a reset, refusing a key the store has forgotten",
+    /// One unit per 10 s, held by A; B refused by the store with its reply
+    /// held up; A given back; B's reply arrives. The next request must be
+    /// admitted. Catches a cache that forgets the key on a give-back but
+    /// keeps a refusal decided before it and delivered after.
+    refusal_racing_a_give_back_not_cached => "a refusal decided before a give-back and cached after it",
     /// Four instances leasing from one fixed window of 20 per 10 s in
     /// batches of at most 4: 12 requests in the first window are admitted;
     /// of 60 in the second, at most 20 and at least 8 (20 less what four

@@ -14,7 +14,7 @@ use ratewarden_core::{
     Timestamp,
 };
 
-use super::support::{Events, Health, Ledger, Switch};
+use super::support::{Events, Health, Late, Ledger, Switch};
 use super::{Composer, Composition, EscalationSpec, TierSpec};
 use crate::broken::ReferenceStore;
 use crate::support::{MS, S, T0, dur, evidence, fail, num, policy};
@@ -994,5 +994,207 @@ pub(super) async fn leased_dead_store_follows_failure_policy(s: &Setup<'_>) -> S
     evidence(vec![
         format!("{from_hand} requests paid from units leased before the outage"),
         "every later request refused by the failure policy, degraded".into(),
+    ])
+}
+
+/// The local layers a give-back or a reset must reach, each in front of a
+/// shared tier "login" (5 per 15 min, fixed window) on `store`, with a
+/// refusal cache: alone, behind a local tier, and leased in batches.
+fn local_layers(store: &Arc<dyn Store>) -> Result<Vec<(&'static str, Vec<TierSpec>)>, Failure> {
+    let login = |lease: Option<u32>| -> Result<TierSpec, Failure> {
+        let mut t = TierSpec::new(
+            "login",
+            store.clone(),
+            policy(Algorithm::FixedWindow, 5, 900 * S)?,
+        );
+        t.refusal_cache = Some(100);
+        t.lease = lease;
+        Ok(t)
+    };
+    Ok(vec![
+        ("a refusal cache", vec![login(None)?]),
+        (
+            "a local tier and a refusal cache",
+            vec![TierSpec::new("burst", local(), log(100, 60)?), login(None)?],
+        ),
+        ("a lease and a refusal cache", vec![login(Some(4))?]),
+    ])
+}
+
+/// Fails unless a request for `key` through `c` is refused without a
+/// store call: the state the scenario attacks is in play.
+async fn refused_locally(
+    c: &dyn Composition,
+    store: &Switch<dyn Store>,
+    key: &[u8],
+    layer: &str,
+) -> Result<(), Failure> {
+    let before = store.calls();
+    let d = c.check(key).await;
+    if d.allowed || store.calls() != before {
+        return fail(format!(
+            "with {layer}: a request over the limit must be refused without a store call, from \
+             local state, or this scenario proves nothing; got {} after {} store calls",
+            show(&d),
+            store.calls() - before
+        ));
+    }
+    Ok(())
+}
+
+/// Fails unless, after a give-back or a reset, a peek admits and exactly 5
+/// of 8 requests for `key` are.
+async fn whole_limit_back(
+    c: &dyn Composition,
+    key: &[u8],
+    layer: &str,
+    after: &str,
+) -> Result<(), Failure> {
+    match c.peek(key).await {
+        Some(d) if d.allowed => {}
+        Some(d) => {
+            return fail(format!(
+                "with {layer}, after {after}: a peek must admit; got {}",
+                show(&d)
+            ));
+        }
+        None => return fail(format!("with {layer}: the composition cannot peek")),
+    }
+    let mut admitted = 0;
+    for _ in 0..8 {
+        admitted += u32::from(c.check(key).await.allowed);
+    }
+    if admitted != 5 {
+        return fail(format!(
+            "with {layer}, after {after}: 8 requests must admit exactly the limit, 5; {admitted} \
+             were admitted"
+        ));
+    }
+    Ok(())
+}
+
+pub(super) async fn give_back_reaches_local_state(s: &Setup<'_>) -> ScenarioResult {
+    // Five logins held (counted while in flight), a sixth refused and a
+    // seventh refused from local state; the five are given back (right
+    // passwords, released permits): the store has the whole limit back, and
+    // the instance must answer as the store would.
+    let store = Switch::<dyn Store>::new(s.shared().await?);
+    let shared: Arc<dyn Store> = store.clone();
+    let layers = local_layers(&shared)?;
+    s.at(0);
+    for (i, (layer, tiers)) in layers.iter().enumerate() {
+        let c = s.compose(tiers.clone())?;
+        let key = format!("login-{i}");
+        let key = key.as_bytes();
+        let mut held = Vec::new();
+        for n in 1..=5 {
+            let Some(a) = c.check_admission(key).await else {
+                return fail(format!(
+                    "with {layer}: the composition cannot give requests back"
+                ));
+            };
+            if !a.decision().allowed {
+                return fail(format!(
+                    "with {layer}: held request {n} must be admitted; got {}",
+                    show(a.decision())
+                ));
+            }
+            held.push(a);
+        }
+        let d = c.check(key).await;
+        if d.allowed {
+            return fail(format!("with {layer}: the sixth request must be refused"));
+        }
+        refused_locally(&*c, &store, key, layer).await?;
+        for a in held {
+            c.give_back(a).await;
+        }
+        whole_limit_back(&*c, key, layer, "five give-backs").await?;
+    }
+    evidence(vec![
+        format!(
+            "{} local layers: after 5 give-backs a peek admits and 5 of 8 are admitted",
+            layers.len()
+        ),
+        "each refused the key from local state before the give-back".into(),
+    ])
+}
+
+pub(super) async fn reset_reaches_local_state(s: &Setup<'_>) -> ScenarioResult {
+    // The limit spent and a refusal held locally; support lifts it.
+    let store = Switch::<dyn Store>::new(s.shared().await?);
+    let shared: Arc<dyn Store> = store.clone();
+    let layers = local_layers(&shared)?;
+    s.at(0);
+    for (i, (layer, tiers)) in layers.iter().enumerate() {
+        let c = s.compose(tiers.clone())?;
+        let key = format!("reset-{i}");
+        let key = key.as_bytes();
+        admit_each(&*c, key, 5, |n| format!("with {layer}: request {n}")).await?;
+        let d = c.check(key).await;
+        if d.allowed {
+            return fail(format!("with {layer}: the sixth request must be refused"));
+        }
+        refused_locally(&*c, &store, key, layer).await?;
+        match c.reset(key).await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return fail(format!("with {layer}: the reset failed: {e}")),
+            None => return fail(format!("with {layer}: the composition cannot reset")),
+        }
+        whole_limit_back(&*c, key, layer, "a reset").await?;
+    }
+    evidence(vec![format!(
+        "{} local layers: after a reset a peek admits and 5 of 8 are admitted",
+        layers.len()
+    )])
+}
+
+pub(super) async fn refusal_racing_a_give_back_not_cached(s: &Setup<'_>) -> ScenarioResult {
+    // One unit per 10 s. A holds it; B is refused by the store, and its
+    // reply is held up; A is given back; B's reply arrives. The refusal
+    // predates the give-back: cached, it would refuse the unit the store
+    // has back until its retry time.
+    let store = Late::new(s.shared().await?);
+    let mut tier = TierSpec::new(
+        "partner",
+        store.clone(),
+        policy(Algorithm::FixedWindow, 1, 10 * S)?,
+    );
+    tier.refusal_cache = Some(100);
+    let c: Arc<dyn Composition> = s.compose(vec![tier])?.into();
+    s.at(0);
+    let Some(a) = c.check_admission(b"api").await else {
+        return fail("the composition cannot give requests back");
+    };
+    if !a.decision().allowed {
+        return fail(format!("A must be admitted; got {}", show(a.decision())));
+    }
+    store.hold_next();
+    let late = tokio::spawn({
+        let c = c.clone();
+        async move { c.check(b"api").await }
+    });
+    store.decided().await;
+    c.give_back(a).await;
+    store.release();
+    let b = late
+        .await
+        .map_err(|e| Failure(format!("request B panicked: {e}")))?;
+    if b.allowed {
+        return fail(format!(
+            "B, decided while A held the unit, must be refused; got {}",
+            show(&b)
+        ));
+    }
+    let d = c.check(b"api").await;
+    if !d.allowed {
+        return fail(format!(
+            "after A's give-back, the next request must be admitted: a refusal made before the \
+             give-back and arriving after it is stale; got {}",
+            show(&d)
+        ));
+    }
+    evidence(vec![
+        "a refusal decided before a give-back and delivered after it was not kept".into(),
     ])
 }

@@ -270,3 +270,76 @@ impl Store for Ledger {
         self.inner.penalize(request).await
     }
 }
+
+/// A store whose next decision is held up after the store has made it, as
+/// a slow network holds a reply: the decision is the store's as of when it
+/// was made, and arrives late. Never answers inline.
+pub struct Late {
+    inner: Arc<dyn Store>,
+    hold: std::sync::atomic::AtomicBool,
+    decided: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+impl fmt::Debug for Late {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Late").finish_non_exhaustive()
+    }
+}
+
+impl Late {
+    /// Wraps `inner`, holding nothing.
+    pub fn new(inner: Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(Late {
+            inner,
+            hold: std::sync::atomic::AtomicBool::new(false),
+            decided: tokio::sync::Notify::new(),
+            release: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Holds up the next decision's reply until [`release`](Self::release).
+    pub fn hold_next(&self) {
+        self.hold.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until the held decision has been made by the store.
+    pub async fn decided(&self) {
+        self.decided.notified().await;
+    }
+
+    /// Lets the held reply through.
+    pub fn release(&self) {
+        self.release.notify_one();
+    }
+}
+
+#[async_trait]
+impl Store for Late {
+    forward_identity!(inner);
+
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        let decision = self.inner.decide(request).await;
+        if self.hold.swap(false, Ordering::SeqCst) {
+            self.decided.notify_one();
+            self.release.notified().await;
+        }
+        decision
+    }
+
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.inner.refund(refund).await
+    }
+
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.inner.peek(request).await
+    }
+
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.inner.penalize(request).await
+    }
+}
