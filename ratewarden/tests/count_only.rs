@@ -1,6 +1,8 @@
 //! A login route that counts only its failures (`count_only`): hammered by
 //! many tasks with a mix of right and wrong passwords, it counts exactly the
-//! wrong ones, on a store answered inline, one awaited, and Redis.
+//! wrong ones, on a store answered inline, one awaited, and Redis; and a
+//! burst of right passwords, refused while in flight, leaves no lockout
+//! behind in the refusal cache of Redis and Postgres rules.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,14 +26,24 @@ const PER_TASK: usize = 12;
 const WRONG_EVERY: usize = 3;
 
 fn login(store: Arc<dyn Store>, clock: &ManualClock) -> (Router, Limiter) {
+    login_limited(store, clock, LIMIT)
+}
+
+fn login_limited(store: Arc<dyn Store>, clock: &ManualClock, limit: u32) -> (Router, Limiter) {
     let limiter = Limiter::builder()
         .clock(clock.clone())
         .rule(
             Rule::new(
                 "login",
                 store,
-                Policy::fixed_window(LIMIT, Duration::from_secs(900)).unwrap(),
+                Policy::fixed_window(limit, Duration::from_secs(900)).unwrap(),
             )
+            .unwrap()
+            // A burst of 50 on a loaded two-core machine can take a
+            // networked store past the default 250 ms; a refund that times
+            // out stays counted (the strict side), which is not what these
+            // tests count.
+            .with_timeout(Duration::from_secs(10))
             .unwrap(),
         )
         .build()
@@ -144,4 +156,61 @@ async fn a_login_counts_its_failures_exactly_on_redis() {
         .build()
         .unwrap();
     failures_are_counted_exactly(Arc::new(store)).await;
+}
+
+/// 50 concurrent right-password logins on a limit of 5 per 15 minutes:
+/// requests in flight count, so some are refused; once all are answered
+/// nothing is counted, and the next login must be admitted, not refused by
+/// a refusal cached while the others were in flight.
+async fn a_burst_of_right_passwords_leaves_no_lockout(store: Arc<dyn Store>) {
+    assert!(
+        store.capabilities().shared,
+        "the test is about a shared store's refusal cache"
+    );
+    let clock = ManualClock::new();
+    let (app, limiter) = login_limited(store, &clock, 5);
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { attempt(&app, "right").await })
+        })
+        .collect();
+    let mut refused = 0;
+    for task in tasks {
+        refused += u32::from(task.await.unwrap() == StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert!(
+        refused > 0,
+        "none of 50 concurrent logins was refused while 5 were in flight: the test proves nothing"
+    );
+    for i in 1..=10 {
+        assert_eq!(
+            attempt(&app, "right").await,
+            StatusCode::OK,
+            "login {i} after the burst ({refused} of 50 refused while in flight): nothing is counted"
+        );
+    }
+    let peeked = limiter.peek(&client_key()).await;
+    let failed = limiter.stats()[0].refund_failures;
+    assert_eq!(peeked.remaining, 4, "{peeked:?}, {failed} refunds failed");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_right_passwords_leaves_no_lockout_on_redis() {
+    use ratewarden_test_support::redis as fixture;
+    let store = ratewarden::redis::RedisStore::builder(fixture::shared_url())
+        .key_prefix(fixture::unique_prefix("login"))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    a_burst_of_right_passwords_leaves_no_lockout(Arc::new(store)).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_right_passwords_leaves_no_lockout_on_postgres() {
+    use ratewarden_test_support::postgres as fixture;
+    a_burst_of_right_passwords_leaves_no_lockout(Arc::new(fixture::fresh_store("login").await))
+        .await;
 }
