@@ -34,7 +34,10 @@
 //! * **Refusal cache** — [`Rule::with_refusal_cache`], on by default for a
 //!   shared store: after the store refuses a key, the key is refused locally
 //!   until the retry time it gave, before any tier is asked, so a hammering
-//!   offender costs no round trip and no local admit-and-refund.
+//!   offender costs no round trip and no local admit-and-refund. A
+//!   give-back or a reset of the key makes its cached refusals stale in
+//!   every limiter of the process, one decided before it and delivered
+//!   after it included.
 //!
 //! # Over-admission bounds
 //!
@@ -453,13 +456,14 @@ impl Limiter {
     }
 
     /// Forgets `key` in every rule: in each rule's stores (its store, its
-    /// fallback, its escalation's durable store) and in this instance's
-    /// refusal caches, so that the key's next requests get every rule's
-    /// full limit. Every store is asked, under its rule's timeout, even
-    /// when one fails; the first error is returned, and the key may then
-    /// be partly reset (reset again: a reset is idempotent).
+    /// fallback, its escalation's durable store) and in the refusal caches
+    /// of every limiter of the process, so that the key's next requests get
+    /// every rule's full limit. Every store is asked, under its rule's
+    /// timeout, even when one fails; the first error is returned, and the
+    /// key may then be partly reset (reset again: a reset is idempotent).
     ///
-    /// Exact on this instance. Another instance of the application, with
+    /// Exact in this process, a refusal decided before the reset and
+    /// delivered after it included. Another instance of the application, with
     /// its own `Limiter` on the same shared store, may still refuse the key
     /// from its own refusal cache until the retry time of the refusal it
     /// holds (at most the refusing policy's window, two windows for the
@@ -981,7 +985,10 @@ impl Admission {
 
     /// Gives the request back: every rule that counted it refunds it, as if
     /// it had never been admitted (or stricter, if the key's state has moved
-    /// since: [`Store::refund`](crate::Store::refund)). Nothing for a
+    /// since: [`Store::refund`](crate::Store::refund)), and the refusal
+    /// caches of every limiter of the process stop answering for the key
+    /// with a refusal made before the refund, so its next request gets what
+    /// the stores would answer. Nothing for a
     /// refusal, which counted nothing. A refund that fails leaves the
     /// request counted (the strict side), as
     /// [`RuleStats::refund_failures`] counts. The decision stays in the
