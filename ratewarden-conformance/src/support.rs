@@ -5,13 +5,14 @@ use crate::call;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use ratewarden_core::{
     Algorithm, Clock, Decision, ManualClock, Policy, Store, StoreError, Timestamp,
 };
+use tokio::sync::Barrier;
 
 use crate::{Evidence, Failure, ScenarioResult, StoreFactory};
 
@@ -441,6 +442,120 @@ pub(crate) fn list(algorithms: &[Algorithm]) -> String {
         .map(|a| a.as_str())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// How long a caller that has passed the start line spins, at most, for
+/// the other workers' callers: enough for a parked worker thread to wake,
+/// even on a loaded machine; on a runtime whose other workers never come
+/// (they are all busy elsewhere) the crowd then starts anyway.
+const START_SPIN: Duration = Duration::from_millis(20);
+
+/// Where concurrent callers spawned as tasks start together: a barrier for
+/// all of them, then a spin until as many have passed it as the runtime has
+/// worker threads. The barrier alone wakes its waiters on the worker that
+/// arrived last while the other workers are still waking from their park,
+/// and an in-process store can answer a whole crowd in that time, on one
+/// thread, losing nothing however racy it is; held at the line, the first
+/// requests run on every worker at once.
+struct StartLine {
+    barrier: Barrier,
+    passed: AtomicUsize,
+    /// The callers that run at once: one per worker thread.
+    together: usize,
+}
+
+impl StartLine {
+    fn new(callers: usize) -> Self {
+        let workers =
+            tokio::runtime::Handle::try_current().map_or(1, |h| h.metrics().num_workers());
+        StartLine {
+            barrier: Barrier::new(callers),
+            passed: AtomicUsize::new(0),
+            together: workers.clamp(1, callers.max(1)),
+        }
+    }
+
+    async fn wait(&self) {
+        self.barrier.wait().await;
+        let passed = self.passed.fetch_add(1, Ordering::SeqCst) + 1;
+        if passed >= self.together {
+            return;
+        }
+        let started = Instant::now();
+        while self.passed.load(Ordering::SeqCst) < self.together && started.elapsed() < START_SPIN {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// What a crowd of concurrent requests was answered.
+pub(crate) struct Crowd {
+    /// The `remaining` of each admitted request, in ascending order.
+    pub(crate) remaining: Vec<u32>,
+    /// The requests answered inline.
+    pub(crate) inline: usize,
+}
+
+/// `tasks × per_task` requests of cost 1 on `key` at `now`, from `tasks`
+/// tasks started together ([`StartLine`]), every other request inline where
+/// the store answers there: that path must be as atomic as the awaited one.
+/// A panic, a failed task or an error fails the crowd.
+pub(crate) async fn crowd(
+    store: &Arc<dyn Store>,
+    key: &[u8],
+    p: &Policy,
+    now: Timestamp,
+    tasks: usize,
+    per_task: usize,
+) -> Result<Crowd, Failure> {
+    let algorithm = p.algorithm();
+    let key: Arc<[u8]> = key.into();
+    let line = Arc::new(StartLine::new(tasks));
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (store, key, line, p) =
+                (Arc::clone(store), Arc::clone(&key), Arc::clone(&line), *p);
+            tokio::spawn(async move {
+                line.wait().await;
+                let mut out = Vec::with_capacity(per_task);
+                for i in 0..per_task {
+                    let path = alternate((t + i) as u64);
+                    out.push(decide_preferring(&*store, path, &key, &p, 1, now).await);
+                }
+                out
+            })
+        })
+        .collect();
+    let mut crowd = Crowd {
+        remaining: Vec::new(),
+        inline: 0,
+    };
+    for handle in handles {
+        let results = match handle.await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => {
+                return fail(format!(
+                    "{algorithm}: the store panicked under concurrent calls: {}",
+                    panic_message(e.into_panic().as_ref())
+                ));
+            }
+            Err(e) => return fail(format!("{algorithm}: a caller task failed: {e}")),
+        };
+        for (path, r) in results {
+            crowd.inline += usize::from(path == Path::Inline);
+            match r {
+                Ok(d) if d.allowed => crowd.remaining.push(d.remaining),
+                Ok(_) => {}
+                Err(e) => {
+                    return fail(format!(
+                        "{algorithm}: a concurrent request returned an error: {e}"
+                    ));
+                }
+            }
+        }
+    }
+    crowd.remaining.sort_unstable();
+    Ok(crowd)
 }
 
 #[cfg(test)]

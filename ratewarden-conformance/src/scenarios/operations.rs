@@ -3,12 +3,10 @@
 //! between plans.
 
 use crate::call;
-use std::sync::Arc;
 
 use ratewarden_core::{Algorithm, Clock, Decision, Policy};
-use tokio::sync::Barrier;
 
-use crate::support::{MS, Probe, S, T0, decide_preferring, evidence, fail, panic_message, policy};
+use crate::support::{MS, Probe, S, T0, crowd, evidence, fail, policy};
 use crate::{Failure, ScenarioResult, StoreFactory};
 
 /// One step of the peek table: at `at` µs after t0, peek every cost on the
@@ -185,55 +183,9 @@ async fn reset(probe: &Probe, key: &[u8], p: &Policy, what: &str) -> Result<(), 
 /// `remaining` of each admitted one.
 async fn hammer(probe: &Probe, key: &[u8], p: &Policy) -> Result<Vec<u32>, Failure> {
     let now = probe.clock.now();
-    let key: Arc<[u8]> = key.into();
-    let barrier = Arc::new(Barrier::new(TASKS));
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|t| {
-            let store = Arc::clone(&probe.store);
-            let (key, barrier, p) = (Arc::clone(&key), Arc::clone(&barrier), *p);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                let mut out = Vec::with_capacity(PER_TASK);
-                for i in 0..PER_TASK {
-                    let path = if (t + i) % 2 == 1 {
-                        crate::support::Path::Inline
-                    } else {
-                        crate::support::Path::Awaited
-                    };
-                    out.push(decide_preferring(&*store, path, &key, &p, 1, now).await.1);
-                }
-                out
-            })
-        })
-        .collect();
-    let mut remaining = Vec::new();
-    for task in tasks {
-        let results = match task.await {
-            Ok(r) => r,
-            Err(e) if e.is_panic() => {
-                return fail(format!(
-                    "{}: the store panicked under concurrent calls: {}",
-                    p.algorithm(),
-                    panic_message(e.into_panic().as_ref())
-                ));
-            }
-            Err(e) => return fail(format!("{}: a caller task failed: {e}", p.algorithm())),
-        };
-        for r in results {
-            match r {
-                Ok(d) if d.allowed => remaining.push(d.remaining),
-                Ok(_) => {}
-                Err(e) => {
-                    return fail(format!(
-                        "{}: a concurrent request returned an error: {e}",
-                        p.algorithm()
-                    ));
-                }
-            }
-        }
-    }
-    remaining.sort_unstable();
-    Ok(remaining)
+    Ok(crowd(&probe.store, key, p, now, TASKS, PER_TASK)
+        .await?
+        .remaining)
 }
 
 pub(crate) async fn reset_is_exact(factory: &dyn StoreFactory) -> ScenarioResult {
