@@ -55,8 +55,15 @@ pub enum Defect {
     /// `PEXPIRE` on every request would (`window_renewal`).
     ExpiryRenewedOnEveryHit,
     /// Reads the state, yields to the runtime, then writes: get-then-set
-    /// without atomicity (`concurrent_exactness`).
+    /// without atomicity, its gap held open as a round trip would
+    /// (`concurrent_exactness`).
     NonAtomic,
+    /// Reads the state under the lock, releases it, decides, then takes
+    /// the lock again to write, on both entry points: get-then-set with
+    /// nothing widening the gap between the two, so an update is lost only
+    /// when another thread decides in that gap, on another core or while
+    /// the system has suspended the first there (`concurrent_exactness`).
+    LockReleasedBeforeWrite,
     /// Truncates keys to 256 bytes (`hostile_keys`).
     TruncatedKeys,
     /// Stores keys as lossily decoded UTF-8 (`hostile_keys`).
@@ -145,12 +152,13 @@ const HUGE_KEY_BOUND: usize = 2 << 20;
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 25] = [
+    pub const ALL: [Defect; 26] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
         Defect::ExpiryRenewedOnEveryHit,
         Defect::NonAtomic,
+        Defect::LockReleasedBeforeWrite,
         Defect::TruncatedKeys,
         Defect::LossyUtf8Keys,
         Defect::ResetOnClockRegression,
@@ -181,6 +189,7 @@ impl Defect {
             Defect::RefusalsRecorded => "broken-refusals-recorded",
             Defect::ExpiryRenewedOnEveryHit => "broken-expiry-renewed-on-every-hit",
             Defect::NonAtomic => "broken-non-atomic",
+            Defect::LockReleasedBeforeWrite => "broken-lock-released-before-write",
             Defect::TruncatedKeys => "broken-truncated-keys",
             Defect::LossyUtf8Keys => "broken-lossy-utf8-keys",
             Defect::ResetOnClockRegression => "broken-reset-on-clock-regression",
@@ -556,7 +565,8 @@ impl Core {
             .map_err(|e| StoreError::invalid_request(self.name, e))
     }
 
-    /// The whole decision under the lock, for `decide` and
+    /// The whole decision under the lock (but see
+    /// [`Defect::LockReleasedBeforeWrite`]), for `decide` and
     /// `decide_inline` (`inline` says which is asking).
     fn decide_now(
         &self,
@@ -570,9 +580,19 @@ impl Core {
         let now = now.as_micros();
         let key = self.map_key(policy, key);
         let mut keys = self.lock();
+        let split = self.has(Defect::LockReleasedBeforeWrite);
         let (mut state, last_now, credit) = match keys.map.get_mut(&key) {
+            Some(e) if split => (e.state.clone(), Some(e.last_now), e.credit),
             Some(e) => (e.state.take(), Some(e.last_now), e.credit),
             None => (None, None, 0),
+        };
+        // Released between the read and the write, and taken again below:
+        // a thread that locks in between reads the same state.
+        let held = if split {
+            drop(keys);
+            None
+        } else {
+            Some(keys)
         };
         // A negative count: the limit the key is held to grows by it.
         let credited = (credit > 0)
@@ -586,6 +606,7 @@ impl Core {
         if inline && !verdict.allowed && self.has(Defect::InlineRecordsRefusals) {
             record_refusal(&mut state, policy, cost, now);
         }
+        let mut keys = held.unwrap_or_else(|| self.lock());
         self.store(&mut keys, key, state, now, verdict.allowed);
         Ok(Decision::from_verdict(verdict, policy, self.name))
     }

@@ -104,6 +104,8 @@ teeth! {
     }
     concurrent_exactness {
         NonAtomic => ["lost updates"],
+        // No gap held open: lost only when another thread decides in it.
+        LockReleasedBeforeWrite => ["lost updates"],
     }
     hostile_keys {
         TruncatedKeys => ["10 KB key differing in its last byte"],
@@ -209,13 +211,13 @@ async fn reference_store_passes_every_scenario() {
     }
 }
 
-/// The reference store behind only the awaited entry points: the inline
-/// ones keep their defaults, which answer nothing.
+/// A store behind only its awaited entry points: the inline ones keep their
+/// defaults, which answer nothing.
 #[derive(Debug)]
-struct AwaitedOnly(ReferenceStore);
+struct AwaitedOnly<S>(S);
 
 #[async_trait::async_trait]
-impl Store for AwaitedOnly {
+impl<S: Store> Store for AwaitedOnly<S> {
     fn name(&self) -> &'static str {
         "awaited-only"
     }
@@ -269,6 +271,27 @@ async fn a_store_answering_nothing_inline_passes_every_scenario() {
             );
         }
     }
+}
+
+/// A read-then-write whose `decide` has no await between its read and its
+/// write, and that answers nothing inline, as a store written with only
+/// `async fn decide` would: caught all the same, because the scenario's
+/// callers are tasks that the runtime's workers run at once, not only
+/// inline calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_then_write_answering_nothing_inline_is_caught() {
+    let defect = Defect::LockReleasedBeforeWrite;
+    let factory = move || async move {
+        Arc::new(AwaitedOnly(BrokenStore::new(defect, CAPACITY))) as Arc<dyn Store>
+    };
+    let result = run("concurrent_exactness", &factory).await;
+    common::assert_caught(
+        "concurrent_exactness",
+        "a store answering nothing inline",
+        &defect,
+        result,
+        &["lost updates"],
+    );
 }
 
 /// The whole matrix, printed for a reader (`--nocapture`), and checked in

@@ -32,6 +32,7 @@ fn every_broken_store_fails_the_scorecard() {
         "refusals-recorded",
         "expiry-renewed-on-every-hit",
         "non-atomic",
+        "lock-released-before-write",
         "truncated-keys",
         "lossy-utf8-keys",
         "reset-on-clock-regression",
