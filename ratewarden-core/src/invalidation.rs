@@ -3,58 +3,181 @@
 //! A rule's refusal cache holds copies of what a shared store answered. A
 //! refund, a released permit, a response-decided give-back or a reset
 //! changes the store's count for a storage key (`{rule}:{client key}`),
-//! and every copy of that key in this process (in any limiter: every plan
-//! of [`Plans`](crate::Plans) shares its rules' names) must stop answering
-//! at once, or the next request is refused for units the store has back.
-//! A give-back to one rule leaves the other rules' copies standing: their
+//! and every copy of that key in front of the store must stop answering at
+//! once, or the next request is refused for units the store has back. A
+//! give-back to one rule leaves the other rules' copies standing: their
 //! counts did not move.
 //!
 //! Removing the key from the caches is not enough on its own: a refusal
 //! the store made *before* the give-back can still be in flight and land
 //! in a cache after it. So every copy is stamped with a [`Ticket`], taken
 //! before its store call, and counts only while no invalidation of its key
-//! has happened since. [`invalidate`] bumps the key's epoch; a copy whose
-//! ticket is older is dropped where it is found.
+//! has happened since. [`Invalidations::invalidate`] bumps the key's
+//! epoch; a copy whose ticket is older is dropped where it is found.
 //!
 //! Epochs are kept per stripe of keys (a hash of the storage key picks the
 //! stripe), not per key, so that the table is fixed in size whatever the
 //! keys: a stripe shared by two keys costs one of them an extra store call
-//! after the other's give-back, never a wrong answer. The table is one per
-//! process, so that two limiters counting the same key (two plans, or an
-//! application's limiter and an admin tool's) are both told; it is
-//! allocated by the first rule with a refusal cache that asks its store.
+//! after the other's give-back, never a wrong answer.
 //!
 //! Written here rather than taken from a crate: it is the project's own
-//! rule (which copies a give-back invalidates, and the race it closes),
-//! in about forty lines of atomics.
+//! rule (which copies a give-back invalidates, and the race it closes), in
+//! a few dozen lines of atomics.
 
+use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
-/// How many stripes of epochs the process keeps: 128 KiB. With a thousand
+/// How many stripes of epochs a table keeps: 128 KiB. With a thousand
 /// give-backs a second spread over it, a given stripe is bumped about once
 /// every 16 s, so an offender's cached refusal rarely costs an extra call.
 const STRIPES: usize = 16_384;
 
-struct Table {
+/// The notices that tell the local copies of a store's keys (the refusal
+/// caches of the rules in front of it) that the store's state changed: a
+/// key given back or reset through this process, or, for a store that
+/// hears other instances ([`Store::invalidations`](crate::Store::invalidations)),
+/// a key reset by any instance of the fleet.
+///
+/// A store that hears other instances owns one, calls
+/// [`invalidate`](Self::invalidate) for each key another instance reset,
+/// and [`lost`](Self::lost) when it may miss notices (its subscription
+/// dropped): from then until [`restored`](Self::restored) no copy is kept
+/// or answered, since none can be vouched for.
+///
+/// ```
+/// use ratewarden_core::Invalidations;
+///
+/// let notices = Invalidations::unvouched(); // not subscribed yet
+/// // ... the store's subscription is established:
+/// notices.restored();
+/// // ... another instance reset `login:alice`, and the store heard it:
+/// notices.invalidate(b"login:alice");
+/// // ... the subscription dropped: nothing cached is answered until it is back.
+/// notices.lost();
+/// ```
+pub struct Invalidations {
     hasher: std::collections::hash_map::RandomState,
     epochs: Box<[AtomicU64]>,
+    /// Bumped on every [`lost`](Self::lost) and
+    /// [`restored`](Self::restored): every copy made before is stale.
+    generation: AtomicU64,
+    /// Notices are being heard; copies are kept and answered only then.
+    vouched: AtomicBool,
+    /// Set by the first ticket: until a refusal cache has stamped a copy,
+    /// there is none to invalidate, and an in-process store's give-back
+    /// costs one load instead of a hash.
+    stamped: AtomicBool,
 }
 
-static TABLE: OnceLock<Table> = OnceLock::new();
-
-fn table() -> &'static Table {
-    TABLE.get_or_init(|| Table {
-        hasher: std::collections::hash_map::RandomState::new(),
-        epochs: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
-    })
+impl fmt::Debug for Invalidations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Invalidations")
+            .field("generation", &self.generation.load(Ordering::Relaxed))
+            .field("vouched", &self.vouched.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
-fn stripe(table: &Table, key: &[u8]) -> usize {
-    // The low bits of a keyed SipHash: spread, and not steerable by a
-    // client choosing keys that share a victim's stripe.
-    (table.hasher.hash_one(key) as usize) % STRIPES
+impl Default for Invalidations {
+    fn default() -> Self {
+        Invalidations::new()
+    }
+}
+
+impl Invalidations {
+    /// A table that vouches for the copies it stamps from the start: for
+    /// state changed only through this process.
+    pub fn new() -> Self {
+        Invalidations {
+            hasher: std::collections::hash_map::RandomState::new(),
+            epochs: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            generation: AtomicU64::new(0),
+            vouched: AtomicBool::new(true),
+            stamped: AtomicBool::new(false),
+        }
+    }
+
+    /// A table that vouches for nothing until [`restored`](Self::restored):
+    /// for a store whose subscription to other instances' notices is not
+    /// established yet.
+    pub fn unvouched() -> Self {
+        let table = Invalidations::new();
+        table.vouched.store(false, Ordering::Release);
+        table
+    }
+
+    /// The table of every store that hears no other instance: changes
+    /// made through this process reach every limiter of the process.
+    pub(crate) fn process() -> Arc<Invalidations> {
+        static TABLE: OnceLock<Arc<Invalidations>> = OnceLock::new();
+        TABLE.get_or_init(|| Arc::new(Invalidations::new())).clone()
+    }
+
+    fn stripe(&self, key: &[u8]) -> usize {
+        // The low bits of a keyed SipHash: spread, and not steerable by a
+        // client choosing keys that share a victim's stripe.
+        (self.hasher.hash_one(key) as usize) % STRIPES
+    }
+
+    /// Makes every copy of the storage key `key` made before now stale.
+    /// Called after the store has the change (so a copy made later sees
+    /// it), and also before where the change is not awaited (so the next
+    /// request does not wait for it to land).
+    pub fn invalidate(&self, key: &[u8]) {
+        // SeqCst with the store in `ticket`: a ticket whose flag this load
+        // misses was taken after it, so after the change reached the store.
+        if self.stamped.load(Ordering::SeqCst) {
+            self.epochs[self.stripe(key)].fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Notices may be missed from now on: every copy is stale, and none is
+    /// kept or answered until [`restored`](Self::restored).
+    pub fn lost(&self) {
+        self.vouched.store(false, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Notices are heard again: every copy made before is stale (a notice
+    /// may have been missed), and copies made from now on are kept.
+    pub fn restored(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.vouched.store(true, Ordering::Release);
+    }
+
+    /// Whether notices are being heard now.
+    pub fn is_vouched(&self) -> bool {
+        self.vouched.load(Ordering::Acquire)
+    }
+
+    fn epoch(&self, stripe: usize) -> u64 {
+        // Both only grow, so their sum changes whenever either does.
+        self.epochs[stripe]
+            .load(Ordering::Acquire)
+            .wrapping_add(self.generation.load(Ordering::Acquire))
+    }
+
+    /// A ticket for the storage key `key`, taken now.
+    pub(crate) fn ticket(&self, key: &[u8]) -> Ticket {
+        if !self.stamped.load(Ordering::Relaxed) {
+            self.stamped.store(true, Ordering::SeqCst);
+        }
+        let stripe = self.stripe(key);
+        Ticket {
+            stripe: stripe as u32,
+            epoch: self.epoch(stripe),
+        }
+    }
+
+    /// Whether no invalidation of the ticket's key has happened since it
+    /// was taken, and notices are heard.
+    pub(crate) fn current(&self, ticket: Ticket) -> bool {
+        ticket != Ticket::NONE
+            && self.is_vouched()
+            && self.epoch(ticket.stripe as usize) == ticket.epoch
+    }
 }
 
 /// When a copy of a store's answer for a key was asked for: before the
@@ -69,39 +192,9 @@ impl Ticket {
     /// A ticket that is never current: for a decision that no refusal
     /// cache will hold, so that it costs no hash.
     pub(crate) const NONE: Ticket = Ticket {
-        stripe: 0,
+        stripe: u32::MAX,
         epoch: u64::MAX,
     };
-
-    /// A ticket for the storage key `key`, taken now.
-    pub(crate) fn take(key: &[u8]) -> Ticket {
-        let table = table();
-        let stripe = stripe(table, key);
-        Ticket {
-            stripe: stripe as u32,
-            // Acquire: a give-back whose store call finished before this
-            // ticket's is seen, so a store call made after it is fresh.
-            epoch: table.epochs[stripe].load(Ordering::Acquire),
-        }
-    }
-
-    /// Whether no invalidation of the ticket's key has happened since it
-    /// was taken.
-    pub(crate) fn current(self) -> bool {
-        table().epochs[self.stripe as usize].load(Ordering::Acquire) == self.epoch
-    }
-}
-
-/// Makes every copy of `key`'s state taken before now stale, in every
-/// limiter of the process. Called after the store has the change (so a
-/// copy taken later sees it), and also before where the change is not
-/// awaited (so the next request does not wait for it to land).
-pub(crate) fn invalidate(key: &[u8]) {
-    // Until a limiter with a refusal cache has taken a ticket, no copy
-    // exists to invalidate: an in-process store's give-back costs one load.
-    if let Some(table) = TABLE.get() {
-        table.epochs[stripe(table, key)].fetch_add(1, Ordering::AcqRel);
-    }
 }
 
 #[cfg(test)]
@@ -110,14 +203,33 @@ mod tests {
 
     #[test]
     fn a_ticket_is_current_until_its_key_is_invalidated() {
-        let t = Ticket::take(b"invalidation-test:alice");
-        assert!(t.current());
-        invalidate(b"invalidation-test:alice");
-        assert!(!t.current(), "a give-back after the ticket makes it stale");
-        let later = Ticket::take(b"invalidation-test:alice");
+        let table = Invalidations::new();
+        let t = table.ticket(b"login:alice");
+        assert!(table.current(t));
+        table.invalidate(b"login:alice");
         assert!(
-            later.current(),
+            !table.current(t),
+            "a give-back after the ticket makes it stale"
+        );
+        let later = table.ticket(b"login:alice");
+        assert!(
+            table.current(later),
             "a ticket taken after the give-back is fresh"
         );
+        assert!(!table.current(Ticket::NONE));
+    }
+
+    #[test]
+    fn nothing_is_current_while_notices_may_be_missed() {
+        let table = Invalidations::unvouched();
+        assert!(!table.current(table.ticket(b"k")), "not subscribed yet");
+        table.restored();
+        let t = table.ticket(b"k");
+        assert!(table.current(t));
+        table.lost();
+        assert!(!table.current(t));
+        assert!(!table.current(table.ticket(b"k")), "taken while lost");
+        table.restored();
+        assert!(!table.current(t), "a copy from before the loss stays stale");
     }
 }

@@ -832,6 +832,12 @@ impl Store for LeasedStore {
         self.shared.check_policy(policy)
     }
 
+    /// The shared store's: a reset elsewhere reaches the refusal caches in
+    /// front of the lease as it would reach them in front of the store.
+    fn invalidations(&self) -> Option<Arc<crate::Invalidations>> {
+        self.shared.invalidations()
+    }
+
     fn max_key_len(&self) -> usize {
         self.shared.max_key_len()
     }

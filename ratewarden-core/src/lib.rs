@@ -56,6 +56,7 @@ pub use error::{ConfigError, ErrorKind, StoreError};
 // For the `ratewarden` crate's header values; not part of the API.
 #[doc(hidden)]
 pub use intern::intern;
+pub use invalidation::Invalidations;
 pub use limiter::{
     Admission, DEFAULT_TIMEOUT, FailurePolicy, Limiter, LimiterBuilder, MAX_RULE_NAME, MIN_RETRY,
     PendingCheck, Permit, Rule, RuleStats, WaitError,

@@ -71,7 +71,7 @@ use smallvec::SmallVec;
 
 use crate::decision::{Decision, Source};
 use crate::error::{ConfigError, StoreError};
-use crate::invalidation::{self, Ticket};
+use crate::invalidation::Ticket;
 use crate::time::{Clock, SystemClock, Timestamp, duration_to_micros as micros};
 
 pub(crate) mod rule;
@@ -1016,7 +1016,7 @@ impl Admission {
         let mut buf = StorageKey::new();
         for (i, _) in self.kept.iter() {
             let rule = &self.limiter.rules[*i];
-            invalidation::invalidate(rule.fill_storage_key(&mut buf, &self.key));
+            rule.forget(rule.fill_storage_key(&mut buf, &self.key));
         }
     }
 }

@@ -14,8 +14,9 @@ use std::time::Duration;
 use hashlink::LruCache;
 
 use crate::decision::Decision;
-use crate::invalidation::Ticket;
+use crate::invalidation::{Invalidations, Ticket};
 use crate::time::{Timestamp, duration_to_micros as micros};
+use std::sync::Arc;
 
 /// How many keys a rule's refusal cache holds by default; past it the key
 /// refused least recently is forgotten (and asks the store again).
@@ -38,6 +39,9 @@ struct Held {
 
 pub(crate) struct RefusalCache {
     held: Mutex<LruCache<Vec<u8>, Held>>,
+    /// The store's notices of stale keys, which every held refusal's
+    /// ticket is checked against.
+    notices: Arc<Invalidations>,
     /// Set once anything was put: until a store has refused, a lookup is
     /// one atomic load instead of a lock and a hash.
     used: AtomicBool,
@@ -52,9 +56,10 @@ impl std::fmt::Debug for RefusalCache {
 }
 
 impl RefusalCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, notices: Arc<Invalidations>) -> Self {
         RefusalCache {
             held: Mutex::new(LruCache::new(capacity)),
+            notices,
             used: AtomicBool::new(false),
         }
     }
@@ -73,7 +78,7 @@ impl RefusalCache {
         let t = now.as_micros();
         let mut held = self.lock();
         let h = held.get(key)?;
-        if t < h.at || t >= h.until || !h.ticket.current() {
+        if t < h.at || t >= h.until || !self.notices.current(h.ticket) {
             held.remove(key);
             return None;
         }
@@ -82,6 +87,11 @@ impl RefusalCache {
         d.reset_after = Duration::from_micros(h.reset_at.saturating_sub(t));
         d.source.cached = true;
         Some(d)
+    }
+
+    /// A ticket for a refusal of `storage_key` decided from now on.
+    pub(crate) fn ticket(&self, storage_key: &[u8]) -> Ticket {
+        self.notices.ticket(storage_key)
     }
 
     /// Forgets `key`'s refusal, if one is held.
@@ -95,7 +105,7 @@ impl RefusalCache {
     /// made after `ticket` was taken; nothing if the key was given back or
     /// reset since (the refusal may predate that).
     pub(crate) fn put(&self, key: &[u8], now: Timestamp, decision: &Decision, ticket: Ticket) {
-        if decision.allowed || decision.retry_after.is_zero() || !ticket.current() {
+        if decision.allowed || decision.retry_after.is_zero() || !self.notices.current(ticket) {
             return;
         }
         let t = now.as_micros();

@@ -11,7 +11,10 @@ use redis::aio::ConnectionManager;
 use tokio::sync::OnceCell;
 
 use crate::url::{self, Endpoint};
-use crate::{DEFAULT_EXPIRY_MARGIN, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner, RedisStore, Target};
+use crate::{
+    DEFAULT_EXPIRY_MARGIN, DEFAULT_NOTICE_HEARTBEAT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner,
+    RedisStore, Target,
+};
 
 /// What the store connects through.
 #[derive(Clone)]
@@ -37,6 +40,8 @@ pub struct RedisStoreBuilder {
     server_clock: bool,
     margin: Duration,
     max_key_len: usize,
+    notices: bool,
+    notice_heartbeat: Duration,
     #[cfg(feature = "tls")]
     tls_root_ca: Option<Vec<u8>>,
 }
@@ -80,6 +85,8 @@ impl RedisStoreBuilder {
             server_clock: false,
             margin: DEFAULT_EXPIRY_MARGIN,
             max_key_len: DEFAULT_MAX_KEY_LEN,
+            notices: true,
+            notice_heartbeat: DEFAULT_NOTICE_HEARTBEAT,
             #[cfg(feature = "tls")]
             tls_root_ca: None,
         }
@@ -172,6 +179,26 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Whether the store subscribes to the resets other instances announce
+    /// (see [Notices](crate#notices)): on by default, at the cost of one
+    /// more connection per store. Off, a reset reaches only the refusal
+    /// caches of this process, and other instances' cached refusals stand
+    /// until their retry time. Every reset is announced either way.
+    pub fn notices(mut self, enabled: bool) -> Self {
+        self.notices = enabled;
+        self
+    }
+
+    /// How often the notice subscription is checked with a `PING`
+    /// (default [`DEFAULT_NOTICE_HEARTBEAT`]): a subscription that stops
+    /// answering (a one-sided partition) is found within this plus the
+    /// store's timeout, and the refusal caches drop what they hold. From
+    /// 10 ms to one hour.
+    pub fn notice_heartbeat(mut self, every: Duration) -> Self {
+        self.notice_heartbeat = every;
+        self
+    }
+
     /// Checks every option and builds the store. Nothing is contacted yet.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         if self.timeout.is_zero() {
@@ -190,28 +217,58 @@ impl RedisStoreBuilder {
                 "redis expiry margin must be at most one hour".into(),
             ));
         }
-        let (target, display_url) = match &self.source {
+        if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&self.notice_heartbeat)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "redis notice_heartbeat must be from 10 ms to one hour, not {:?}",
+                self.notice_heartbeat
+            )));
+        }
+        let (target, display_url, notice_nodes) = match &self.source {
             Source::Url(url) => {
                 let parsed = url::parse(url)?;
-                let target = self.target(parsed.endpoint, &parsed.display)?;
-                (target, parsed.display)
+                let (target, nodes) = self.target(parsed.endpoint, &parsed.display)?;
+                (target, parsed.display, nodes)
             }
             Source::Client(client) => {
                 self.refuse_url_only_options()?;
-                (Target::Single(client.clone()), self.source.display())
+                let nodes = vec![redis::Client::clone(client)];
+                (Target::Single(client.clone()), self.source.display(), nodes)
             }
             Source::Manager(manager) => {
                 self.refuse_url_only_options()?;
-                (Target::Manager(manager.clone()), self.source.display())
+                (
+                    Target::Manager(manager.clone()),
+                    self.source.display(),
+                    Vec::new(),
+                )
             }
             Source::Cluster(client) => {
                 self.refuse_url_only_options()?;
-                (Target::Cluster(client.clone()), self.source.display())
+                (
+                    Target::Cluster(client.clone()),
+                    self.source.display(),
+                    Vec::new(),
+                )
             }
         };
+        // A store subscribes where it can open a connection of its own.
+        let subscribes =
+            self.notices && (matches!(target, Target::Sentinel(_)) || !notice_nodes.is_empty());
+        let mut notice_channel = self.prefix.clone();
+        notice_channel.extend_from_slice(b"notices");
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 target,
+                // Vouched from the start: a copy made before the subscription is
+                // confirmed is dropped when it is (`restored`), and a failed
+                // first attempt counts as a loss.
+                notices: subscribes.then(|| Arc::new(ratewarden_core::Invalidations::new())),
+                notice_nodes,
+                notice_channel,
+                notice_heartbeat: self.notice_heartbeat,
+                subscriptions: Arc::new(tokio::sync::watch::Sender::new(0)),
+                listener: std::sync::Mutex::new(None),
                 conn: OnceCell::new(),
                 prefix: self.prefix.into_boxed_slice(),
                 timeout: self.timeout,
@@ -236,7 +293,13 @@ impl RedisStoreBuilder {
         Ok(())
     }
 
-    fn target(&self, endpoint: Endpoint, display: &str) -> Result<Target, ConfigError> {
+    /// The target of `endpoint`, with the clients its notice subscription
+    /// may use (none for Sentinel, which finds its master each time).
+    fn target(
+        &self,
+        endpoint: Endpoint,
+        display: &str,
+    ) -> Result<(Target, Vec<redis::Client>), ConfigError> {
         let invalid = |reason: String| ConfigError::InvalidUrl {
             url: display.to_owned(),
             reason,
@@ -247,10 +310,10 @@ impl RedisStoreBuilder {
                 if let Some(roots) = self.tls_roots(&info).map_err(invalid)? {
                     let client = redis::Client::build_with_tls(*info, roots)
                         .map_err(|e| invalid(format!("tls_root_ca cannot be used: {e}")))?;
-                    return Ok(Target::Single(Box::new(client)));
+                    return Ok((Target::Single(Box::new(client.clone())), vec![client]));
                 }
                 let client = redis::Client::open(*info).map_err(|e| invalid(e.to_string()))?;
-                Ok(Target::Single(Box::new(client)))
+                Ok((Target::Single(Box::new(client.clone())), vec![client]))
             }
             Endpoint::Cluster(nodes) => {
                 // One URL's nodes share its scheme: the first speaks for all.
@@ -259,6 +322,23 @@ impl RedisStoreBuilder {
                     Some(node) => self.tls_roots(node).map_err(invalid)?,
                     None => None,
                 };
+                // Classic pub/sub reaches every node of a cluster: any node
+                // named here will do to subscribe on.
+                #[cfg(feature = "tls")]
+                let notice_nodes = nodes
+                    .iter()
+                    .map(|n| match &roots {
+                        Some(roots) => redis::Client::build_with_tls(n.clone(), roots.clone()),
+                        None => redis::Client::open(n.clone()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| invalid(e.to_string()))?;
+                #[cfg(not(feature = "tls"))]
+                let notice_nodes = nodes
+                    .iter()
+                    .map(|n| redis::Client::open(n.clone()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| invalid(e.to_string()))?;
                 #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
                 let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(self.timeout)
@@ -271,7 +351,7 @@ impl RedisStoreBuilder {
                     builder = builder.certs(roots);
                 }
                 let client = builder.build().map_err(|e| invalid(e.to_string()))?;
-                Ok(Target::Cluster(Box::new(client)))
+                Ok((Target::Cluster(Box::new(client)), notice_nodes))
             }
             Endpoint::Sentinel {
                 sentinels,
@@ -294,10 +374,10 @@ impl RedisStoreBuilder {
                     redis::sentinel::SentinelServerType::Master,
                 )
                 .map_err(|e| invalid(e.to_string()))?;
-                Ok(Target::Sentinel(Box::new(crate::sentinel::Master::new(
-                    client,
-                    self.timeout,
-                ))))
+                Ok((
+                    Target::Sentinel(Box::new(crate::sentinel::Master::new(client, self.timeout))),
+                    Vec::new(),
+                ))
             }
         }
     }

@@ -164,6 +164,26 @@
 //! default breaker (5 s of it the breaker's cool-down; the timeout is 1 s
 //! there), and then exactly the rest of the limit is admitted.
 //!
+//! # Notices
+//!
+//! A reset is one round trip of two commands: `DEL` of the key and
+//! `PUBLISH {prefix}notices <key>`. Every store (unless built with
+//! [`notices(false)`](RedisStoreBuilder::notices)) subscribes to that
+//! channel on a connection of its own, opened with its first call, and
+//! tells the refusal caches of the rules in front of it
+//! ([`Store::invalidations`]), so that an unban on one instance reaches
+//! every instance of the fleet in the time a message takes to cross the
+//! server: nothing is polled, and decisions pay nothing for it. Since
+//! pub/sub keeps nothing for a subscriber that is away, those caches hold
+//! nothing while the subscription is not established or is found broken
+//! (its connection closes, or a `PING` on it every
+//! [`notice_heartbeat`](RedisStoreBuilder::notice_heartbeat) goes
+//! unanswered within the store's timeout): every request then asks the
+//! server. A Redis Cluster delivers a `PUBLISH` on every node, so the store
+//! subscribes on any node named in its URL; behind Sentinel, on the master.
+//! A store built on an application's own connection manager or cluster
+//! client announces its resets but hears none.
+//!
 //! # One round trip, on the wire
 //!
 //! The crate's tests prove "one round trip per decision" three ways: a TCP
@@ -175,6 +195,7 @@
 mod builder;
 mod error;
 mod key;
+mod notices;
 mod script;
 mod sentinel;
 #[cfg(feature = "tls")]
@@ -218,6 +239,10 @@ pub const DEFAULT_PREFIX: &str = "ratewarden:";
 /// window is still open in the caller's time.
 pub const DEFAULT_EXPIRY_MARGIN: Duration = Duration::from_secs(1);
 
+/// How often a store checks its notice subscription by default
+/// ([`RedisStoreBuilder::notice_heartbeat`]).
+pub const DEFAULT_NOTICE_HEARTBEAT: Duration = Duration::from_secs(1);
+
 const ALGORITHMS: &[Algorithm] = &Algorithm::ALL;
 
 /// Where the store connects, checked at construction.
@@ -242,6 +267,21 @@ enum Conn {
 
 struct Inner {
     target: Target,
+    /// Told of the keys other instances reset (see the `notices` module);
+    /// `None` where the store cannot subscribe (an application's own
+    /// connection manager or cluster client) or was told not to.
+    notices: Option<Arc<ratewarden_core::Invalidations>>,
+    /// Where a `Single` or `Cluster` target subscribes: its server, or the
+    /// cluster's nodes named in its URL.
+    notice_nodes: Vec<redis::Client>,
+    /// The channel every reset is announced on: `{prefix}notices`.
+    notice_channel: Vec<u8>,
+    notice_heartbeat: Duration,
+    /// How many times the listener has subscribed.
+    subscriptions: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The listener's task, started by the first call and ended with the
+    /// store.
+    listener: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
     /// The connection of a `Single` or `Cluster` target, once opened.
     conn: OnceCell<Conn>,
     prefix: Box<[u8]>,
@@ -251,6 +291,19 @@ struct Inner {
     max_key_len: usize,
     /// What `Debug` shows of the target: never a password.
     display_url: String,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(listener) = self
+            .listener
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            listener.abort();
+        }
+    }
 }
 
 /// A [`Store`] backed by Redis or Redis Cluster; cheap to clone (clones
@@ -359,11 +412,29 @@ impl RedisStore {
         key::redis_key(&self.inner.prefix, key, algorithm)
     }
 
-    /// Opens the connection now (and loads nothing else), so that a
-    /// misconfigured address shows at start-up; optional, since the first
-    /// decision connects anyway.
+    /// Opens the connection now (and loads nothing else), and the
+    /// subscription to other instances' resets ([Notices](crate#notices)),
+    /// so that a misconfigured address shows at start-up; optional, since
+    /// the first decision connects anyway.
     pub async fn connect(&self) -> Result<(), StoreError> {
-        self.in_time(self.bounded(async { self.conn().await.map(|_| ()) }).await)
+        self.in_time(self.bounded(async { self.conn().await.map(|_| ()) }).await)?;
+        if self.inner.notices.is_none() {
+            return Ok(());
+        }
+        let mut made = self.inner.subscriptions.subscribe();
+        let subscribed = self.bounded(made.wait_for(|n| *n > 0)).await;
+        match subscribed {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(StoreError::timeout(NAME, self.inner.timeout)),
+        }
+    }
+
+    /// How many times the store has subscribed to the resets other
+    /// instances announce: 0 until its first call (or
+    /// [`connect`](Self::connect)), one more each time it subscribes again
+    /// after the subscription was lost ([Notices](crate#notices)).
+    pub fn subscriptions(&self) -> u64 {
+        *self.inner.subscriptions.borrow()
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
@@ -379,6 +450,7 @@ impl RedisStore {
     /// [`conn`](Self::conn) when the store holds no connection yet, and
     /// for a master found through the sentinels, on every call.
     async fn open(&self) -> Result<Conn, StoreError> {
+        self.listen();
         let cell = &self.inner.conn;
         match &self.inner.target {
             // Opened once, by the first call, then shared.
@@ -412,6 +484,32 @@ impl RedisStore {
                 Ok(Conn::Master(generation, conn))
             }
         }
+    }
+
+    /// Starts the listener of other instances' resets, once.
+    fn listen(&self) {
+        let Some(notices) = &self.inner.notices else {
+            return;
+        };
+        let mut listener = self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if listener.is_some() {
+            return;
+        }
+        let task = notices::Listener {
+            notices: notices.clone(),
+            channel: self.inner.notice_channel.clone(),
+            heartbeat: self.inner.notice_heartbeat,
+            timeout: self.inner.timeout,
+            subscriptions: self.inner.subscriptions.clone(),
+        };
+        // Holds the store weakly: the task ends once the store is dropped
+        // (and is aborted by `Inner`'s drop while it waits).
+        let handle = tokio::spawn(task.run(Arc::downgrade(&self.inner)));
+        *listener = Some(handle.abort_handle());
     }
 
     /// The decision script for `key`, in `mode`.
@@ -462,18 +560,24 @@ impl RedisStore {
     }
 
     /// One `DEL` of `key`, on whichever connection the store holds.
-    async fn delete(&self, key: Vec<u8>) -> Result<(), StoreError> {
-        let mut del = redis::cmd("DEL");
-        del.arg(key);
+    /// Deletes `key` and announces `reset` (the key as the caller named
+    /// it) to every instance that listens: one round trip.
+    async fn delete(&self, key: Vec<u8>, reset: &[u8]) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("DEL").arg(key).ignore();
+        pipe.cmd("PUBLISH")
+            .arg(&self.inner.notice_channel)
+            .arg(reset)
+            .ignore();
         let result = match self.conn().await? {
-            Conn::Single(mut c) => del.query_async::<i64>(&mut c).await,
-            Conn::Cluster(mut c) => del.query_async::<i64>(&mut c).await,
+            Conn::Single(mut c) => pipe.query_async::<()>(&mut c).await,
+            Conn::Cluster(mut c) => pipe.query_async::<()>(&mut c).await,
             Conn::Master(generation, mut c) => {
-                self.watched(generation, del.query_async::<i64>(&mut c))
+                self.watched(generation, pipe.query_async::<()>(&mut c))
                     .await
             }
         };
-        result.map(|_| ()).map_err(store_error)
+        result.map_err(store_error)
     }
 
     /// Runs `call` on the master found through the sentinels, forgetting
@@ -526,6 +630,14 @@ impl Store for RedisStore {
         capabilities
     }
 
+    /// Told of every key another instance of the fleet resets, through
+    /// Redis pub/sub (see [Notices](crate#notices)); `None` for a store on
+    /// an application's own connection manager or cluster client, or
+    /// built with [`notices(false)`](RedisStoreBuilder::notices).
+    fn invalidations(&self) -> Option<Arc<ratewarden_core::Invalidations>> {
+        self.inner.notices.clone()
+    }
+
     fn max_key_len(&self) -> usize {
         self.inner.max_key_len
     }
@@ -561,7 +673,7 @@ impl Store for RedisStore {
     /// keeps one Redis key per client key, so the reset is atomic.
     async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         let redis_key = self.redis_key(key.as_bytes(), policy.algorithm());
-        self.in_time(self.bounded(self.delete(redis_key)).await)
+        self.in_time(self.bounded(self.delete(redis_key, key.as_bytes())).await)
     }
 
     /// One `EVALSHA` of the algorithm's refund script; see the

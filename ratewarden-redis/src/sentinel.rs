@@ -72,6 +72,12 @@ impl Master {
         Ok((generation, conn))
     }
 
+    /// A client for the master the sentinels name now, for a connection
+    /// of its own (the notice subscription).
+    pub(crate) async fn client(&self) -> RedisResult<redis::Client> {
+        self.sentinel.lock().await.async_get_client().await
+    }
+
     /// Drops the connection of `generation`, if it is still the one held,
     /// so that the next call asks the sentinels where the master is. A
     /// newer connection, found by a concurrent call, is kept.

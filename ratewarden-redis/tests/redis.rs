@@ -329,7 +329,8 @@ async fn a_penalty_is_one_evalsha_and_keeps_a_windows_expiry() {
 /// Seen from outside, as `redis-cli` would: a peek is one `EVALSHA` whose
 /// script runs read commands only (no write appears in the server's
 /// command statistics), it leaves a held key's value and expiry as they
-/// were and creates no key; a reset is one `DEL`.
+/// were and creates no key; a reset is one `DEL`, announced with one
+/// `PUBLISH` in the same round trip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peek_is_one_evalsha_that_writes_nothing_and_a_reset_is_one_del() {
     // A server of its own: nothing else may run commands on it.
@@ -396,7 +397,10 @@ async fn a_peek_is_one_evalsha_that_writes_nothing_and_a_reset_is_one_del() {
         call::reset(&store, b"held", &p).await.unwrap();
     }
     let (from_clients, _) = monitor.finish(&mut conn).await;
-    assert_eq!(from_clients, BTreeMap::from([("DEL".to_string(), 4)]));
+    assert_eq!(
+        from_clients,
+        BTreeMap::from([("DEL".to_string(), 4), ("PUBLISH".to_string(), 4)])
+    );
     for key in &held {
         let exists: i64 = redis::cmd("EXISTS")
             .arg(key)

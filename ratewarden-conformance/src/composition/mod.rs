@@ -59,6 +59,10 @@ macro_rules! forward_identity {
             self.$inner.max_key_len()
         }
 
+        fn invalidations(&self) -> Option<std::sync::Arc<ratewarden_core::Invalidations>> {
+            self.$inner.invalidations()
+        }
+
         fn check_policy(
             &self,
             policy: &ratewarden_core::Policy,

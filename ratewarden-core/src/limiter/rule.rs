@@ -15,7 +15,7 @@ use crate::counter::load;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::intern::{intern, intern_policy};
-use crate::invalidation::Ticket;
+use crate::invalidation::{Invalidations, Ticket};
 use crate::policy::Policy;
 use crate::refusal_cache::{REFUSAL_CACHE_KEYS, RefusalCache};
 use crate::store::Store;
@@ -116,6 +116,9 @@ pub struct Rule {
     breaker: Arc<Breaker>,
     escalation: Option<Arc<Escalation>>,
     refusals: Option<Arc<RefusalCache>>,
+    /// The store's notices of stale keys: told of this rule's give-backs
+    /// and resets, and read by its refusal cache.
+    notices: Arc<Invalidations>,
     counters: Arc<Counters>,
     #[cfg(feature = "metrics")]
     metric_keys: Arc<metric_keys::DecisionKeys>,
@@ -262,10 +265,11 @@ impl Rule {
         // A shared store is a round trip away: repeating its refusals saves
         // one per request of a hammering client. An in-process store answers
         // as fast as the cache would.
+        let notices = store.invalidations().unwrap_or_else(Invalidations::process);
         let refusals = store
             .capabilities()
             .shared
-            .then(|| Arc::new(RefusalCache::new(REFUSAL_CACHE_KEYS)));
+            .then(|| Arc::new(RefusalCache::new(REFUSAL_CACHE_KEYS, notices.clone())));
         let key_prefix = intern(&format!("{name}:"));
         let label = intern(&name);
         Ok(Rule {
@@ -287,6 +291,7 @@ impl Rule {
             breaker: Arc::new(Breaker::new(BreakerConfig::default())),
             escalation: None,
             refusals,
+            notices,
             counters: Arc::default(),
         })
     }
@@ -352,7 +357,7 @@ impl Rule {
                 "a refusal cache needs room for at least one key; use without_refusal_cache".into(),
             ));
         }
-        self.refusals = Some(Arc::new(RefusalCache::new(keys)));
+        self.refusals = Some(Arc::new(RefusalCache::new(keys, self.notices.clone())));
         Ok(self)
     }
 
@@ -548,11 +553,16 @@ impl Rule {
     /// What a refusal of `storage_key` decided from now on is stamped
     /// with, for the refusal cache: [`Ticket::NONE`] when there is none.
     pub(crate) fn ticket(&self, storage_key: &[u8]) -> Ticket {
-        if self.refusals.is_some() {
-            Ticket::take(storage_key)
-        } else {
-            Ticket::NONE
+        match &self.refusals {
+            Some(cache) => cache.ticket(storage_key),
+            None => Ticket::NONE,
         }
+    }
+
+    /// Tells every refusal cache in front of this rule's store that
+    /// `storage_key`'s state changed: what they hold of it is stale.
+    pub(crate) fn forget(&self, storage_key: &[u8]) {
+        self.notices.invalidate(storage_key);
     }
 
     /// Writes the abuse events held back in memory; how many were written.

@@ -244,6 +244,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// The notices by which this store tells the refusal caches in front of
+    /// it that a key's state changed elsewhere: a store shared by a fleet
+    /// returns one, calls [`Invalidations::invalidate`] for every key
+    /// another instance [`reset`](Store::reset) (announced by its own
+    /// `reset`, through the server's own mechanism: Redis pub/sub, Postgres
+    /// `LISTEN`/`NOTIFY`), and [`Invalidations::lost`] while it may miss
+    /// such notices. It must return the same table on every call: rules
+    /// read it once, when they are built. `None` (the default): a reset
+    /// reaches the refusal caches of this process only, and another
+    /// instance's cached refusal stands until its retry time.
+    fn invalidations(&self) -> Option<std::sync::Arc<crate::Invalidations>> {
+        None
+    }
+
     /// The same as [`refund`](Store::refund), given at once by a store that
     /// answers [`decide_inline`](Store::decide_inline); `None` (the default)
     /// means the store must be awaited.

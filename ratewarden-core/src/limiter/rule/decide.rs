@@ -15,7 +15,7 @@ use crate::breaker::{Breaker, BreakerState, Permit, Transition};
 use crate::counter::bump;
 use crate::decision::Decision;
 use crate::error::{ErrorKind, StoreError};
-use crate::invalidation::{self, Ticket};
+use crate::invalidation::Ticket;
 use crate::policy::Policy;
 use crate::store::{Key, Refund, Request, Store};
 use crate::time::{Clock, Timestamp};
@@ -434,7 +434,7 @@ impl Rule {
     /// Tells this process's local copies of the key (refusal caches) that
     /// the store has units back, once the store has them.
     fn given_back(&self, storage_key: &[u8]) {
-        invalidation::invalidate(storage_key);
+        self.forget(storage_key);
     }
 
     /// Refunds `charge` now if that needs no waiting; `false`, having done
@@ -843,7 +843,7 @@ impl Rule {
         // After the stores: a refusal cached by a request decided while
         // they were being reset is forgotten too, in every limiter of the
         // process.
-        invalidation::invalidate(&storage_key);
+        self.forget(&storage_key);
         if let Some(cache) = &self.refusals {
             cache.remove(key);
         }
