@@ -269,16 +269,17 @@ scenarios! {
     /// end. Sliding log: under steady hits, `reset_after` and `retry_after`
     /// follow the admitted entries only.
     window_renewal in time => "a window's expiry pushed forward by the hits it counts",
-    /// Crowds of requests on one key at one instant, from 64 spawned tasks
-    /// that start together (every other request inline), are admitted
-    /// exactly `limit` times, with the admitted requests' `remaining` values
-    /// each of `limit`−1..=0 once. An in-process store gets eight crowds of
-    /// 1,024 requests per algorithm with a limit of 1,000: its callers race
-    /// only while a crowd lasts, and a read-then-write with no gap between
-    /// the two is lost mostly when a caller is suspended between them. A
+    /// Crowds of requests on one key at one instant, callers starting
+    /// together and every other request inline, are admitted exactly
+    /// `limit` times, with the admitted requests' `remaining` values each of
+    /// `limit`−1..=0 once. An in-process store gets four crowds of 1,024
+    /// requests per algorithm (limit 1,000) from 8 threads of their own that
+    /// pause now and then, so that each wakes in the middle of another's
+    /// decision: a read-then-write with no gap held open between the two is
+    /// caught there, on a loaded machine too. A
     /// [`shared`](ratewarden_core::Capabilities::shared) store, whose every
     /// request is a round trip in flight with the others, gets one crowd of
-    /// 256 with a limit of 50.
+    /// 256 (limit 50) from 64 spawned tasks.
     concurrent_exactness in concurrency => "lost updates and over-admission under concurrent callers on one key",
     /// Hostile byte strings (empty, 10 KB, newlines, quotes, SQL, Lua,
     /// `{hash}` tags, NUL bytes, invalid UTF-8, non-ASCII, prefixes of one

@@ -496,11 +496,39 @@ pub(crate) struct Crowd {
     pub(crate) inline: usize,
 }
 
+/// One caller's answers, each with the path that gave it.
+type Answers = Vec<(Path, Result<Decision, StoreError>)>;
+
+impl Crowd {
+    /// The crowd from every caller's answers; an error fails it.
+    fn of(p: &Policy, callers: Vec<Answers>) -> Result<Crowd, Failure> {
+        let mut crowd = Crowd {
+            remaining: Vec::new(),
+            inline: 0,
+        };
+        for (path, r) in callers.into_iter().flatten() {
+            crowd.inline += usize::from(path == Path::Inline);
+            match r {
+                Ok(d) if d.allowed => crowd.remaining.push(d.remaining),
+                Ok(_) => {}
+                Err(e) => {
+                    return fail(format!(
+                        "{}: a concurrent request returned an error: {e}",
+                        p.algorithm()
+                    ));
+                }
+            }
+        }
+        crowd.remaining.sort_unstable();
+        Ok(crowd)
+    }
+}
+
 /// `tasks × per_task` requests of cost 1 on `key` at `now`, from `tasks`
 /// tasks started together ([`StartLine`]), every other request inline where
 /// the store answers there: that path must be as atomic as the awaited one.
 /// A panic, a failed task or an error fails the crowd.
-pub(crate) async fn crowd(
+pub(crate) async fn crowd_of_tasks(
     store: &Arc<dyn Store>,
     key: &[u8],
     p: &Policy,
@@ -526,12 +554,9 @@ pub(crate) async fn crowd(
             })
         })
         .collect();
-    let mut crowd = Crowd {
-        remaining: Vec::new(),
-        inline: 0,
-    };
+    let mut callers = Vec::with_capacity(tasks);
     for handle in handles {
-        let results = match handle.await {
+        callers.push(match handle.await {
             Ok(r) => r,
             Err(e) if e.is_panic() => {
                 return fail(format!(
@@ -540,22 +565,108 @@ pub(crate) async fn crowd(
                 ));
             }
             Err(e) => return fail(format!("{algorithm}: a caller task failed: {e}")),
-        };
-        for (path, r) in results {
-            crowd.inline += usize::from(path == Path::Inline);
-            match r {
-                Ok(d) if d.allowed => crowd.remaining.push(d.remaining),
-                Ok(_) => {}
-                Err(e) => {
-                    return fail(format!(
-                        "{algorithm}: a concurrent request returned an error: {e}"
-                    ));
-                }
-            }
-        }
+        });
     }
-    crowd.remaining.sort_unstable();
-    Ok(crowd)
+    Crowd::of(p, callers)
+}
+
+/// A caller thread of [`crowd_of_threads`] pauses after every this many
+/// requests.
+const PAUSE_EVERY: usize = 8;
+
+/// How long a caller thread of [`crowd_of_threads`] waits, at most, for the
+/// others to be started before it begins anyway.
+const THREADS_START: Duration = Duration::from_secs(1);
+
+/// `threads × per_thread` requests of cost 1 on `key` at `now`, from
+/// `threads` threads of their own, every other request inline where the
+/// store answers there and the others awaited on the thread
+/// ([`Handle::block_on`](tokio::runtime::Handle::block_on)). Each thread
+/// pauses for a microsecond (the system rounds it up to tens) after every
+/// [`PAUSE_EVERY`] requests: waking, it often preempts the caller that holds
+/// its core, at whatever point of a decision that caller is, and decides
+/// itself. So a store that answers on its caller's thread with a gap between
+/// its read and its write has another decision land in the gap many times
+/// per crowd, even on a loaded machine, where callers that never pause are
+/// suspended only at the end of a time slice and seldom run on two cores at
+/// the same instant. A panic, a thread that cannot start or
+/// an error fails the crowd.
+pub(crate) async fn crowd_of_threads(
+    store: &Arc<dyn Store>,
+    key: &[u8],
+    p: &Policy,
+    now: Timestamp,
+    threads: usize,
+    per_thread: usize,
+) -> Result<Crowd, Failure> {
+    let algorithm = p.algorithm();
+    let key: Arc<[u8]> = key.into();
+    let runtime = tokio::runtime::Handle::current();
+    let started = Arc::new(AtomicUsize::new(0));
+    let mut receivers = Vec::with_capacity(threads);
+    for t in 0..threads {
+        let (store, key, p, runtime, started) = (
+            Arc::clone(store),
+            Arc::clone(&key),
+            *p,
+            runtime.clone(),
+            Arc::clone(&started),
+        );
+        let (answer, receiver) = tokio::sync::oneshot::channel();
+        let caller = move || {
+            started.fetch_add(1, Ordering::SeqCst);
+            let waiting = Instant::now();
+            while started.load(Ordering::SeqCst) < threads && waiting.elapsed() < THREADS_START {
+                std::thread::yield_now();
+            }
+            let answers = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let mut out: Answers = Vec::with_capacity(per_thread);
+                for i in 0..per_thread {
+                    let inline = match alternate((t + i) as u64) {
+                        Path::Inline => call::decide_inline(&*store, &key, &p, 1, now),
+                        Path::Awaited => None,
+                    };
+                    out.push(match inline {
+                        Some(r) => (Path::Inline, r),
+                        None => (
+                            Path::Awaited,
+                            runtime.block_on(call::decide(&*store, &key, &p, 1, now)),
+                        ),
+                    });
+                    if (i + 1) % PAUSE_EVERY == 0 {
+                        std::thread::sleep(Duration::from_micros(1));
+                    }
+                }
+                out
+            }));
+            // The scenario stops listening only once it has failed.
+            let _ = answer.send(answers.map_err(|e| panic_message(e.as_ref())));
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name(format!("caller-{t}"))
+            .spawn(caller)
+        {
+            return fail(format!("{algorithm}: cannot start a caller thread: {e}"));
+        }
+        receivers.push(receiver);
+    }
+    let mut callers = Vec::with_capacity(threads);
+    for receiver in receivers {
+        callers.push(match receiver.await {
+            Ok(Ok(answers)) => answers,
+            Ok(Err(message)) => {
+                return fail(format!(
+                    "{algorithm}: the store panicked under concurrent calls: {message}"
+                ));
+            }
+            Err(_) => {
+                return fail(format!(
+                    "{algorithm}: a caller thread ended without answers"
+                ));
+            }
+        });
+    }
+    Crowd::of(p, callers)
 }
 
 #[cfg(test)]

@@ -276,8 +276,8 @@ async fn a_store_answering_nothing_inline_passes_every_scenario() {
 /// A read-then-write whose `decide` has no await between its read and its
 /// write, and that answers nothing inline, as a store written with only
 /// `async fn decide` would: caught all the same, because the scenario's
-/// callers are tasks that the runtime's workers run at once, not only
-/// inline calls.
+/// callers are threads that await `decide` on themselves, not only inline
+/// calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_then_write_answering_nothing_inline_is_caught() {
     let defect = Defect::LockReleasedBeforeWrite;

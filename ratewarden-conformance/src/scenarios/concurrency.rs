@@ -2,38 +2,51 @@
 
 use ratewarden_core::{Algorithm, Clock};
 
-use crate::support::{Probe, S, crowd, evidence, fail, num, policy};
+use crate::support::{Probe, S, crowd_of_tasks, crowd_of_threads, evidence, fail, num, policy};
 use crate::{ScenarioResult, StoreFactory};
+
+/// Who sends a crowd's requests.
+#[derive(Clone, Copy)]
+enum Callers {
+    /// Threads of their own ([`crowd_of_threads`]).
+    Threads,
+    /// Tasks on the runtime ([`crowd_of_tasks`]).
+    Tasks,
+}
 
 /// How hard the scenario crowds one key.
 struct Size {
-    tasks: usize,
-    per_task: usize,
+    callers: Callers,
+    /// Threads or tasks.
+    count: usize,
+    /// Requests per caller.
+    each: usize,
     limit: u32,
     /// Crowds per algorithm, each on a key of its own.
     rounds: usize,
 }
 
 /// For a store in the process (not [`shared`](ratewarden_core::Capabilities::shared)),
-/// which answers in microseconds on its caller's thread. A read-then-write
+/// which answers in microseconds on its caller's thread: a read-then-write
 /// with nothing between the two loses an update only when another thread
-/// decides between them: when two workers run at the same instant, or when
-/// the system suspends a caller there while another decides. On a loaded
-/// machine the first is rare and the second takes many decisions, so each
-/// crowd admits a thousand and there are eight per algorithm: a fraction of
-/// a second for an in-process store.
+/// decides in that gap. Callers on threads of their own that keep waking
+/// each other land there many times per crowd, on a loaded machine too;
+/// the crowd admits a thousand, four times per algorithm, in a fraction of a
+/// second.
 const IN_PROCESS: Size = Size {
-    tasks: 64,
-    per_task: 16,
+    callers: Callers::Threads,
+    count: 8,
+    each: 128,
     limit: 1_000,
-    rounds: 8,
+    rounds: 4,
 };
 
 /// For a shared store: every request is a round trip, long enough for all
 /// the callers to be in flight at once, and too dear for more of them.
 const SHARED: Size = Size {
-    tasks: 64,
-    per_task: 4,
+    callers: Callers::Tasks,
+    count: 64,
+    each: 4,
     limit: 50,
     rounds: 1,
 };
@@ -41,8 +54,8 @@ const SHARED: Size = Size {
 pub(crate) async fn concurrent_exactness(factory: &dyn StoreFactory) -> ScenarioResult {
     if tokio::runtime::Handle::try_current().is_err() {
         return fail(
-            "concurrent_exactness must run inside a tokio runtime (multi-thread for real \
-             parallelism): it spawns its callers as tasks",
+            "concurrent_exactness must run inside a tokio runtime: it spawns its callers as \
+             tasks on it, or as threads that await the store on it",
         );
     }
     let probe = Probe::new(factory).await?;
@@ -52,16 +65,20 @@ pub(crate) async fn concurrent_exactness(factory: &dyn StoreFactory) -> Scenario
         IN_PROCESS
     };
     let Size {
-        tasks,
-        per_task,
+        callers,
+        count,
+        each,
         limit,
         rounds,
     } = size;
     let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
-    let total = tasks * per_task;
     let crowds = format!(
-        "{} concurrent requests ({tasks} tasks × {per_task}) at one instant",
-        num(total as u64)
+        "{} concurrent requests ({count} {} × {each}) at one instant",
+        num((count * each) as u64),
+        match callers {
+            Callers::Threads => "threads",
+            Callers::Tasks => "tasks",
+        }
     );
     let mut parts = Vec::new();
     for algorithm in algorithms {
@@ -71,7 +88,12 @@ pub(crate) async fn concurrent_exactness(factory: &dyn StoreFactory) -> Scenario
         let mut inline = 0;
         for round in 1..=rounds {
             let key = format!("concurrent/{algorithm}/{round}").into_bytes();
-            let answered = crowd(&probe.store, &key, &p, now, tasks, per_task).await?;
+            let answered = match callers {
+                Callers::Threads => {
+                    crowd_of_threads(&probe.store, &key, &p, now, count, each).await?
+                }
+                Callers::Tasks => crowd_of_tasks(&probe.store, &key, &p, now, count, each).await?,
+            };
             inline += answered.inline;
             let remaining = answered.remaining;
             if remaining.len() != limit as usize {
@@ -108,9 +130,10 @@ pub(crate) async fn concurrent_exactness(factory: &dyn StoreFactory) -> Scenario
         }
         parts.push(format!(
             "{algorithm}: exactly {} of {crowds} admitted, remaining {}..=0 each once, in each \
-             of {rounds} crowds on keys of their own ({inline} answered inline)",
+             of {rounds} crowds on keys of their own ({} answered inline)",
             num(limit.into()),
-            limit - 1
+            limit - 1,
+            num(inline as u64)
         ));
     }
     parts.extend(skipped);

@@ -6,7 +6,7 @@ use crate::call;
 
 use ratewarden_core::{Algorithm, Clock, Decision, Policy};
 
-use crate::support::{MS, Probe, S, T0, crowd, evidence, fail, policy};
+use crate::support::{MS, Probe, S, T0, crowd_of_tasks, evidence, fail, policy};
 use crate::{Failure, ScenarioResult, StoreFactory};
 
 /// One step of the peek table: at `at` µs after t0, peek every cost on the
@@ -183,7 +183,7 @@ async fn reset(probe: &Probe, key: &[u8], p: &Policy, what: &str) -> Result<(), 
 /// `remaining` of each admitted one.
 async fn hammer(probe: &Probe, key: &[u8], p: &Policy) -> Result<Vec<u32>, Failure> {
     let now = probe.clock.now();
-    Ok(crowd(&probe.store, key, p, now, TASKS, PER_TASK)
+    Ok(crowd_of_tasks(&probe.store, key, p, now, TASKS, PER_TASK)
         .await?
         .remaining)
 }
