@@ -6,12 +6,13 @@
 //! [`ManualClock`], so a one-hour window is exercised in microseconds of real
 //! time and the same scenario moves time identically on every backend.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A point in time: whole microseconds since the Unix epoch.
@@ -97,7 +98,8 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// ([`Limiter::until_ready`](crate::Limiter::until_ready) pauses
     /// with it). The default sleeps on Tokio's timer, right for any clock
     /// that follows real time. A clock that drives time by hand overrides
-    /// it: [`ManualClock`] moves itself forward by `d` and returns at once.
+    /// it: [`ManualClock`] moves itself forward to the earliest end of its
+    /// pauses, taking no real time.
     ///
     /// # Migration
     ///
@@ -139,10 +141,40 @@ impl Clock for SystemClock {
 /// Its [`monotonic`](Clock::monotonic) reading advances with every forward
 /// move and stays put when the clock is moved backwards, as a host's
 /// monotonic clock does when its wall clock is stepped back.
+///
+/// Its [`sleep`](Clock::sleep) takes no real time: the pause that ends
+/// first moves the clock to its end once every other task has had a turn
+/// without starting a pause, and the pauses sharing the clock end in order
+/// of their ends, each at its own. Tasks pausing together on one clock
+/// (waiters on a current-thread runtime) therefore see the times they would
+/// see on a real clock, not the sum of their pauses. A task waiting on
+/// something else (a socket) does not hold time still; a pause that is
+/// neither awaited nor dropped does.
 #[derive(Debug, Clone)]
 pub struct ManualClock {
     micros: Arc<AtomicU64>,
     monotonic: Arc<AtomicU64>,
+    pauses: Arc<Mutex<Pauses>>,
+}
+
+/// The pauses under way on a [`ManualClock`] and its clones.
+#[derive(Debug, Default)]
+struct Pauses {
+    /// Counts pauses begun: the first pause to end moves time only after a
+    /// turn of the other tasks in which no pause began, since one that did
+    /// may end sooner.
+    begun: u64,
+    /// Each pause's waker, by its end on the monotonic reading (µs) and the
+    /// order it began in.
+    waiting: BTreeMap<(u64, u64), Waker>,
+}
+
+impl Pauses {
+    /// The waker of the pause that ends first, to wake once its lock is
+    /// released.
+    fn first(&self) -> Option<Waker> {
+        self.waiting.values().next().cloned()
+    }
 }
 
 impl ManualClock {
@@ -164,6 +196,7 @@ impl ManualClock {
         ManualClock {
             micros: Arc::new(AtomicU64::new(start.as_micros())),
             monotonic: Arc::new(AtomicU64::new(0)),
+            pauses: Arc::default(),
         }
     }
 
@@ -172,6 +205,7 @@ impl ManualClock {
         let d = duration_to_micros(d);
         self.shift(|t| t.saturating_add(d));
         self.monotonic.fetch_add(d, Ordering::SeqCst);
+        self.end_pauses();
     }
 
     /// Moves the clock backward by `d`, as a host with a skewed clock would.
@@ -193,6 +227,110 @@ impl ManualClock {
         let before = self.micros.swap(t.as_micros(), Ordering::SeqCst);
         self.monotonic
             .fetch_add(t.as_micros().saturating_sub(before), Ordering::SeqCst);
+        self.end_pauses();
+    }
+
+    /// The monotonic reading in µs.
+    fn monotonic_micros(&self) -> u64 {
+        self.monotonic.load(Ordering::SeqCst)
+    }
+
+    /// Moves both readings forward to `end` on the monotonic one, unless
+    /// the clock is already there.
+    fn advance_to(&self, end: u64) {
+        let before = self.monotonic.fetch_max(end, Ordering::SeqCst);
+        if let Some(d) = end.checked_sub(before).filter(|d| *d > 0) {
+            self.shift(|t| t.saturating_add(d));
+        }
+    }
+
+    fn pauses(&self) -> MutexGuard<'_, Pauses> {
+        // The lock guards plain data that every step leaves whole.
+        self.pauses.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the pauses a move of the clock by hand has ended.
+    fn end_pauses(&self) {
+        let now = self.monotonic_micros();
+        let ended: Vec<Waker> = self
+            .pauses()
+            .waiting
+            .range(..(now.saturating_add(1), 0))
+            .map(|(_, w)| w.clone())
+            .collect();
+        ended.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// A pause on a [`ManualClock`] until `end` on its monotonic reading.
+struct ManualSleep {
+    clock: ManualClock,
+    end: u64,
+    /// Its place among the clock's pauses, once it waits.
+    key: Option<(u64, u64)>,
+    /// How many pauses had begun when it last gave the other tasks a turn
+    /// as the first to end.
+    turn: Option<u64>,
+}
+
+impl ManualSleep {
+    /// Leaves the clock's pauses; the one that now ends first is woken, as
+    /// it may be the one to move time.
+    fn leave(&mut self, pauses: &mut Pauses) -> Option<Waker> {
+        let key = self.key.take()?;
+        let was_first = pauses.waiting.keys().next() == Some(&key);
+        pauses.waiting.remove(&key);
+        was_first.then(|| pauses.first()).flatten()
+    }
+}
+
+impl Future for ManualSleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let clock = this.clock.clone();
+        let mut pauses = clock.pauses();
+        let next = if clock.monotonic_micros() >= this.end {
+            this.leave(&mut pauses)
+        } else {
+            let key = *this.key.get_or_insert_with(|| {
+                pauses.begun += 1;
+                (this.end, pauses.begun)
+            });
+            pauses.waiting.insert(key, cx.waker().clone());
+            if pauses.waiting.keys().next() != Some(&key) {
+                return Poll::Pending;
+            }
+            if this.turn != Some(pauses.begun) {
+                // First to end, but a task that has not had its turn may
+                // begin a shorter pause: let every other task run once.
+                this.turn = Some(pauses.begun);
+                drop(pauses);
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            clock.advance_to(this.end);
+            this.leave(&mut pauses)
+        };
+        drop(pauses);
+        if let Some(waker) = next {
+            waker.wake();
+        }
+        Poll::Ready(())
+    }
+}
+
+impl Drop for ManualSleep {
+    fn drop(&mut self) {
+        if self.key.is_none() {
+            return;
+        }
+        let clock = self.clock.clone();
+        let next = self.leave(&mut clock.pauses());
+        if let Some(waker) = next {
+            waker.wake();
+        }
     }
 }
 
@@ -211,11 +349,18 @@ impl Clock for ManualClock {
         Duration::from_micros(self.monotonic.load(Ordering::SeqCst))
     }
 
-    /// Moves the clock forward by `d`, for everyone sharing it, and
-    /// returns at once: a waiter's pause takes no real time.
+    /// Ends when the clock reaches `d` from now, which it does by itself
+    /// once this is the pause that ends first and every other task has had
+    /// a turn (see [`ManualClock`]): a waiter's pause takes no real time.
     fn sleep(&self, d: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        self.advance(d);
-        Box::pin(std::future::ready(()))
+        Box::pin(ManualSleep {
+            clock: self.clone(),
+            end: self
+                .monotonic_micros()
+                .saturating_add(duration_to_micros(d)),
+            key: None,
+            turn: None,
+        })
     }
 }
 
@@ -248,6 +393,89 @@ mod tests {
         let system = SystemClock;
         let a = system.monotonic();
         assert!(system.monotonic() >= a);
+    }
+
+    /// Runs `tasks` pauses together on one clock, each a list of pause
+    /// lengths in ms, and returns when (ms from the start) each pause ended.
+    fn pause_together(clock: &ManualClock, tasks: &[&[u64]]) -> Vec<Vec<u64>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let start = clock.monotonic();
+        runtime.block_on(async {
+            let handles: Vec<_> = tasks
+                .iter()
+                .map(|pauses| {
+                    let clock = clock.clone();
+                    let pauses = pauses.to_vec();
+                    tokio::spawn(async move {
+                        let mut ends = Vec::new();
+                        for ms in pauses {
+                            clock.sleep(Duration::from_millis(ms)).await;
+                            ends.push((clock.monotonic() - start).as_millis() as u64);
+                        }
+                        ends
+                    })
+                })
+                .collect();
+            let mut ends = Vec::new();
+            for h in handles {
+                ends.push(h.await.unwrap());
+            }
+            ends
+        })
+    }
+
+    #[test]
+    fn pauses_taken_together_end_each_at_its_own_end_not_after_the_sum() {
+        let clock = ManualClock::new();
+        let start = clock.now();
+        let ends = pause_together(&clock, &[&[300], &[100, 100, 100], &[150, 10], &[0]]);
+        assert_eq!(
+            ends,
+            [vec![300], vec![100, 200, 300], vec![150, 160], vec![0]]
+        );
+        assert_eq!(
+            clock.now().saturating_duration_since(start),
+            Duration::from_millis(300)
+        );
+    }
+
+    #[test]
+    fn a_pause_alone_moves_the_clock_by_its_length() {
+        let clock = ManualClock::new();
+        assert_eq!(pause_together(&clock, &[&[250, 1_000]]), [vec![250, 1_250]]);
+    }
+
+    #[test]
+    fn a_pause_dropped_or_ended_by_hand_does_not_hold_the_others() {
+        let clock = ManualClock::new();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let start = clock.monotonic();
+        runtime.block_on(async {
+            // The shorter pause is dropped before it ends: the longer one
+            // still ends, at its own end.
+            let mut short = clock.sleep(Duration::from_millis(10));
+            let long = tokio::spawn(clock.sleep(Duration::from_millis(500)));
+            assert!(futures_poll_once(short.as_mut()).await.is_pending());
+            drop(short);
+            long.await.unwrap();
+            assert_eq!(clock.monotonic() - start, Duration::from_millis(500));
+            // A move by hand ends a waiting pause it passes, which then
+            // moves the clock no further.
+            let mut waiting = clock.sleep(Duration::from_secs(60));
+            assert!(futures_poll_once(waiting.as_mut()).await.is_pending());
+            clock.advance(Duration::from_secs(61));
+            waiting.await;
+            assert_eq!(clock.monotonic() - start, Duration::from_millis(61_500));
+        });
+    }
+
+    /// Polls `f` once.
+    async fn futures_poll_once<F: Future + Unpin>(mut f: F) -> Poll<F::Output> {
+        std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut f).poll(cx))).await
     }
 
     #[test]
