@@ -10,9 +10,9 @@ use super::{Admission, Limiter};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 
-/// The shortest pause between two attempts, whatever a refusal says: a
-/// refusal with no retry time (a failing store under a closed failure
-/// policy) must not make a waiter spin.
+/// The shortest pause between two attempts, whatever a refusal says,
+/// unless the deadline comes sooner: a refusal with a retry time of zero
+/// must not make a waiter spin.
 pub const MIN_RETRY: Duration = Duration::from_millis(10);
 
 /// The most a pause is lengthened by its jitter.
@@ -23,9 +23,9 @@ const MAX_JITTER: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum WaitError {
-    /// The next chance of being admitted comes after the deadline; the
-    /// caller waited `waited` of `max_wait`, and `last` is the refusal that
-    /// said so.
+    /// No chance of being admitted remains before the deadline: `last`,
+    /// the last refusal, names a retry time past it, or came at the
+    /// deadline itself. The caller waited `waited` of `max_wait`.
     #[error(
         "not admitted within {max_wait:?}: waited {waited:?}, and the last refusal said to retry in {:?}",
         last.retry_after
@@ -46,25 +46,31 @@ pub enum WaitError {
 }
 
 impl Limiter {
-    /// Waits until a request for `key` is admitted, or gives up when the
-    /// next chance would come more than `max_wait` after the call: the
-    /// permit-before-calling pattern of an outbound quota (an API that
-    /// allows 100 calls a second to the whole fleet).
+    /// Waits until a request for `key` is admitted, or gives up with
+    /// [`WaitError::Deadline`]: the permit-before-calling pattern of an
+    /// outbound quota (an API that allows 100 calls a second to the whole
+    /// fleet).
     ///
-    /// Each refusal is followed by a pause of its
-    /// [`retry_after`](Decision::retry_after) (at least [`MIN_RETRY`])
-    /// plus a jitter of up to a quarter of it (at most one second), drawn
-    /// per pause, so that waiters refused together do not all come back at
-    /// the same instant and all but one be refused again. A pause that
-    /// would end past the deadline is not taken: the error comes at once,
-    /// with the refusal.
+    /// A waiter gives up only when no chance remains before its deadline
+    /// (`max_wait` after the call); its jitter never makes it give up early
+    /// (a pause is cut short at the deadline) and never makes it return
+    /// later than its deadline plus one store round trip.
+    ///
+    /// A refusal whose [`retry_after`](Decision::retry_after) ends at or
+    /// before the deadline is a chance: the waiter pauses for the retry
+    /// time (at least [`MIN_RETRY`]) plus a jitter of up to a quarter of it
+    /// (at most one second), drawn per pause so that waiters refused
+    /// together do not all come back at the same instant, and the pause
+    /// ends at the deadline if it would end later. A refusal whose retry
+    /// time ends after the deadline, or one made at the deadline, ends the
+    /// wait at once, with that refusal.
     ///
     /// Pauses are [`Clock::sleep`](crate::Clock::sleep)s on the limiter's
     /// clock: a [`ManualClock`](crate::ManualClock) moves itself forward
-    /// instead of sleeping, so a test of a waiting caller runs in no real
-    /// time. A waiter dropped while it pauses has counted nothing; one
-    /// dropped while a store decides may have been counted, as any
-    /// cancelled [`check`](Self::check) may.
+    /// instead of sleeping, so a test of waiting callers, one or many
+    /// together, runs in no real time. A waiter dropped while it pauses has
+    /// counted nothing; one dropped while a store decides may have been
+    /// counted, as any cancelled [`check`](Self::check) may.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -79,9 +85,10 @@ impl Limiter {
     ///     .build()?;
     /// let start = clock.now();
     /// limiter.until_ready(b"partner", Duration::from_secs(5)).await?; // at once
-    /// limiter.until_ready(b"partner", Duration::from_secs(5)).await?; // a second later
-    /// let waited = clock.now().saturating_duration_since(start);
-    /// assert!(waited >= Duration::from_secs(1) && waited <= Duration::from_millis(1250));
+    /// // The next chance is a second later, within a deadline of a second:
+    /// // taken, at the deadline, whatever the jitter.
+    /// limiter.until_ready(b"partner", Duration::from_secs(1)).await?;
+    /// assert_eq!(clock.now().saturating_duration_since(start), Duration::from_secs(1));
     /// // Not within 100 ms: an error at once, with the refusal.
     /// let err = limiter.until_ready(b"partner", Duration::from_millis(100)).await.unwrap_err();
     /// assert!(matches!(err, WaitError::Deadline { .. }));
@@ -104,7 +111,8 @@ impl Limiter {
             .await
     }
 
-    /// Waits as [`until_ready`](Self::until_ready) does, and returns the
+    /// Waits as [`until_ready`](Self::until_ready) does (giving up only
+    /// when no chance remains before the deadline), and returns the
     /// admission as a [`Permit`] for a call not yet made: mark it
     /// [`used`](Permit::used) when the call goes out. A permit dropped
     /// unused (its holder cancelled, a request that failed to build) gives
@@ -172,15 +180,19 @@ impl Limiter {
                 return Ok(outcome);
             }
             let waited = clock.monotonic().saturating_sub(started);
-            let pause = pause_after(refusal);
-            if waited.saturating_add(pause) > max_wait {
+            let left = max_wait.saturating_sub(waited);
+            // A refusal with no time left (one at the deadline) is final
+            // even when it names no retry time, or the waiter would spin.
+            if refusal.retry_after > left || left.is_zero() {
                 return Err(WaitError::Deadline {
                     max_wait,
                     waited,
                     last: Box::new(refusal.clone()),
                 });
             }
-            clock.sleep(pause).await;
+            // The chance is within the deadline: the jitter may delay the
+            // next try up to the deadline, never past it.
+            clock.sleep(pause_after(refusal).min(left)).await;
         }
     }
 }
