@@ -15,6 +15,10 @@
 //! has happened since. [`Invalidations::invalidate`] bumps the key's
 //! epoch; a copy whose ticket is older is dropped where it is found.
 //!
+//! Each store that hears other instances has a table of its own
+//! ([`Store::invalidations`](crate::Store::invalidations)), shared by every
+//! rule in front of it; every other store shares one table per process.
+//!
 //! Epochs are kept per stripe of keys (a hash of the storage key picks the
 //! stripe), not per key, so that the table is fixed in size whatever the
 //! keys: a stripe shared by two keys costs one of them an extra store call
@@ -131,6 +135,12 @@ impl Invalidations {
         if self.stamped.load(Ordering::SeqCst) {
             self.epochs[self.stripe(key)].fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// Makes every copy made before now stale, whatever its key: for a
+    /// notice that cannot name its key (one too long for the channel).
+    pub fn invalidate_all(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Notices may be missed from now on: every copy is stale, and none is

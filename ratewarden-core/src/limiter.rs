@@ -36,7 +36,7 @@
 //!   until the retry time it gave, before any tier is asked, so a hammering
 //!   offender costs no round trip and no local admit-and-refund. A
 //!   give-back or a reset of the key makes its cached refusals stale in
-//!   every limiter of the process, one decided before it and delivered
+//!   every limiter in front of the same store, one decided before it and delivered
 //!   after it included.
 //!
 //! # Over-admission bounds
@@ -457,23 +457,24 @@ impl Limiter {
 
     /// Forgets `key` in every rule: in each rule's stores (its store, its
     /// fallback, its escalation's durable store) and in the refusal caches
-    /// of every limiter of the process, so that the key's next requests get
+    /// of every limiter in front of the same stores, so that the key's next requests get
     /// every rule's full limit. Every store is asked, under its rule's
     /// timeout, even when one fails; the first error is returned, and the
     /// key may then be partly reset (reset again: a reset is idempotent).
     ///
     /// Exact in this process, a refusal decided before the reset and
-    /// delivered after it included. Another instance of the application, with
-    /// its own `Limiter` on the same shared store, may still refuse the key
-    /// from its own refusal cache until the retry time of the refusal it
-    /// holds (at most the refusing policy's window, two windows for the
-    /// sliding window counter, and the escalation policy's for an escalated
-    /// refusal), and may still spend units of a lease in hand
-    /// ([`LeasedStore`](crate::lease::LeasedStore), at most `max_units − 1`)
-    /// until the window that counted them ends, and a lease's held refusal
-    /// until the retry time it told. To lift a limit across a
-    /// fleet at once, reset on every instance, or run rules without a
-    /// refusal cache ([`Rule::without_refusal_cache`]).
+    /// delivered after it included. Across a fleet, a store that hears
+    /// other instances ([`Store::invalidations`](crate::Store::invalidations):
+    /// Redis and Postgres do) announces the reset, and every instance's
+    /// refusal caches in front of it drop the key when they hear it. In
+    /// front of a store that does not, another instance may still refuse
+    /// the key from its own refusal cache until the retry time of the
+    /// refusal it holds (at most the refusing policy's window, two windows
+    /// for the sliding window counter). Either way another instance may
+    /// still spend units of a lease in hand
+    /// ([`LeasedStore`](crate::lease::LeasedStore), at most
+    /// `max_units − 1`) until the window that counted them ends, and a
+    /// lease's held refusal until the retry time it told.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -986,7 +987,7 @@ impl Admission {
     /// Gives the request back: every rule that counted it refunds it, as if
     /// it had never been admitted (or stricter, if the key's state has moved
     /// since: [`Store::refund`](crate::Store::refund)), and the refusal
-    /// caches of every limiter of the process stop answering for the key
+    /// caches of every limiter in front of the same stores stop answering for the key
     /// with a refusal made before the refund, so its next request gets what
     /// the stores would answer. Nothing for a
     /// refusal, which counted nothing. A refund that fails leaves the
@@ -1011,7 +1012,8 @@ impl Admission {
 }
 
 impl Admission {
-    /// Makes this process's cached refusals of the key stale.
+    /// Makes the cached refusals of the key in front of every rule that
+    /// counted it stale.
     pub(crate) fn forget_refusals(&self) {
         let mut buf = StorageKey::new();
         for (i, _) in self.kept.iter() {

@@ -16,8 +16,9 @@ use crate::schema::{SchemaPlan, prepare_schema, validate_schema};
 use crate::sweep::sweep_forever;
 use crate::url::parse_url;
 use crate::{
-    DEFAULT_ABUSE_RETENTION, DEFAULT_GC_SLACK, DEFAULT_SCHEMA, DEFAULT_SWEEP_BATCH,
-    DEFAULT_SWEEP_INTERVAL, DEFAULT_TIMEOUT, Inner, NAME, PostgresStore, Shared, micros,
+    DEFAULT_ABUSE_RETENTION, DEFAULT_GC_SLACK, DEFAULT_NOTICE_HEARTBEAT, DEFAULT_SCHEMA,
+    DEFAULT_SWEEP_BATCH, DEFAULT_SWEEP_INTERVAL, DEFAULT_TIMEOUT, Inner, NAME, PostgresStore,
+    Shared, micros,
 };
 
 /// The number of connections a store opens at most, unless told otherwise.
@@ -52,6 +53,8 @@ pub struct PostgresStoreBuilder {
     sweep_interval: Option<Duration>,
     pub(crate) sweep_batch: u32,
     pub(crate) sweep_clock: Arc<dyn Clock>,
+    pub(crate) notices: bool,
+    notice_heartbeat: Duration,
 }
 
 impl fmt::Debug for PostgresStoreBuilder {
@@ -220,6 +223,26 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// Whether the store listens for the resets other instances announce
+    /// (see [Notices](crate#notices)): on by default, at the cost of one
+    /// more connection per store. Off, a reset reaches only the refusal
+    /// caches of this process, and other instances' cached refusals stand
+    /// until their retry time. Every reset is announced either way.
+    pub fn notices(mut self, enabled: bool) -> Self {
+        self.notices = enabled;
+        self
+    }
+
+    /// How often the listener sends itself a notice to check that it still
+    /// hears (default [`DEFAULT_NOTICE_HEARTBEAT`]): a listener that hears
+    /// nothing for this plus the store's timeout counts its subscription
+    /// lost, and the refusal caches drop what they hold. From 10 ms to one
+    /// hour.
+    pub fn notice_heartbeat(mut self, every: Duration) -> Self {
+        self.notice_heartbeat = every;
+        self
+    }
+
     /// The interval of the background sweeper, or `None` for no sweeper
     /// (default [`DEFAULT_SWEEP_INTERVAL`]). Without one, call
     /// [`PostgresStore::maintenance`] or [`PostgresStore::sweep`] yourself.
@@ -270,6 +293,13 @@ impl PostgresStoreBuilder {
             }
         };
         validate_schema(&self.schema)?;
+        if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&self.notice_heartbeat)
+        {
+            return Err(invalid(format!(
+                "postgres notice_heartbeat must be from 10 ms to one hour, not {:?}",
+                self.notice_heartbeat
+            )));
+        }
         if self.pool_size == Some(0) {
             return Err(invalid("postgres pool size must be at least 1"));
         }
@@ -368,7 +398,7 @@ impl PostgresStoreBuilder {
                     let value = if on { "on" } else { "off" };
                     settings.push(("synchronous_commit", value.to_string()));
                 }
-                let session = options.options(settings);
+                let session = options.clone().options(settings);
                 let size = self.pool_size.unwrap_or(DEFAULT_POOL_SIZE) as usize;
                 let maintenance = PgPoolOptions::new()
                     .max_connections(1)
@@ -399,8 +429,40 @@ impl PostgresStoreBuilder {
                 Some(handle.spawn(sweep_forever(Arc::clone(&shared), every)))
             }
         };
+        let listener = match &shared.notices {
+            Some(notices) => {
+                let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+                    invalid(
+                        "the postgres notice listener needs a Tokio runtime; \
+                         disable it with notices(false)",
+                    )
+                })?;
+                // A connection of its own, held while it listens.
+                let pool = PgPoolOptions::new()
+                    .max_connections(1)
+                    .min_connections(0)
+                    .max_lifetime(None)
+                    .idle_timeout(None)
+                    .test_before_acquire(false)
+                    .connect_lazy_with(options.clone());
+                let task = crate::notices::Listener {
+                    notices: notices.clone(),
+                    pool,
+                    channel: shared.notice_channel.clone(),
+                    heartbeat: self.notice_heartbeat,
+                    timeout: self.timeout,
+                    subscriptions: shared.subscriptions.clone(),
+                };
+                Some(handle.spawn(task.run(Arc::downgrade(&shared))))
+            }
+            None => None,
+        };
         Ok(PostgresStore {
-            inner: Arc::new(Inner { shared, sweeper }),
+            inner: Arc::new(Inner {
+                shared,
+                sweeper,
+                listener,
+            }),
         })
     }
 }
@@ -462,6 +524,8 @@ impl PostgresStore {
             sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
             sweep_batch: DEFAULT_SWEEP_BATCH,
             sweep_clock: Arc::new(SystemClock),
+            notices: true,
+            notice_heartbeat: DEFAULT_NOTICE_HEARTBEAT,
         }
     }
 

@@ -51,6 +51,17 @@
 //!   `statement_timeout`, a bound on waiting for a connection, and a
 //!   client-side timer). A dead or slow database is a [`StoreError`] within
 //!   it, never a hang.
+//! * **Notices**<a id="notices"></a>: a reset deletes the key's row and
+//!   calls `pg_notify` on `{schema}.notices` in the same statement, and
+//!   every store (unless built with
+//!   [`notices(false)`](PostgresStoreBuilder::notices)) listens on that
+//!   channel on a connection of its own and tells the refusal caches in
+//!   front of it ([`Store::invalidations`]): an unban on one instance
+//!   reaches every instance of the fleet when the delete commits, with
+//!   nothing polled and nothing paid by decisions. While the listener is
+//!   not listening (its connection closed, or its own heartbeat notice
+//!   unheard for [`notice_heartbeat`](PostgresStoreBuilder::notice_heartbeat)
+//!   and the store's timeout), those caches hold nothing.
 //! * **TLS**: with the `tls` feature, `sslmode=require`, `verify-ca` and
 //!   `verify-full` URLs connect over TLS (rustls with the *ring* provider;
 //!   `sslrootcert` names the CA, otherwise the bundled webpki roots are
@@ -81,6 +92,7 @@
 mod builder;
 mod connections;
 mod error;
+mod notices;
 mod schema;
 mod sweep;
 mod url;
@@ -122,6 +134,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
 /// The default interval of the background sweeper.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How often a store's notice listener checks that it still hears by
+/// default ([`PostgresStoreBuilder::notice_heartbeat`]).
+pub const DEFAULT_NOTICE_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// The default number of rows one sweep statement deletes at most.
 pub const DEFAULT_SWEEP_BATCH: u32 = 1_000;
 
@@ -156,6 +172,13 @@ struct Shared {
     abuse_retention_us: i64,
     sweep_batch: u32,
     sweep_clock: Arc<dyn Clock>,
+    /// Told of the keys other instances reset (see the `notices`
+    /// module); `None` when built with `notices(false)`.
+    notices: Option<Arc<ratewarden_core::Invalidations>>,
+    /// The channel every reset is announced on: `{schema}.notices`.
+    notice_channel: String,
+    /// How many times the listener has subscribed.
+    subscriptions: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Shared {
@@ -184,10 +207,14 @@ impl Shared {
             )
         });
         // The state tables are named after their algorithms.
+        // The delete and its notice in one statement, sent when it commits.
         let reset_sql = Algorithm::ALL.map(|a| {
             format!(
-                "DELETE FROM {s}.{a} WHERE key_hash = sha256($1)",
-                a = a.as_str()
+                "WITH gone AS (DELETE FROM {s}.{a} WHERE key_hash = sha256($1)) \
+                 SELECT pg_notify($2, CASE WHEN octet_length($1) <= {named} \
+                 THEN encode($1, 'hex') ELSE '*' END)",
+                a = a.as_str(),
+                named = notices::NAMED
             )
         });
         Shared {
@@ -216,6 +243,14 @@ impl Shared {
             abuse_retention_us: micros(b.abuse_retention) as i64,
             sweep_batch: b.sweep_batch,
             sweep_clock: Arc::clone(&b.sweep_clock),
+            // Vouched from the start: a copy made before the listener is
+            // confirmed is dropped when it is, and a failed first attempt
+            // counts as a loss.
+            notices: b
+                .notices
+                .then(|| Arc::new(ratewarden_core::Invalidations::new())),
+            notice_channel: notices::channel(&b.schema),
+            subscriptions: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
@@ -243,11 +278,16 @@ impl Shared {
 struct Inner {
     shared: Arc<Shared>,
     sweeper: Option<JoinHandle<()>>,
+    /// Hears other instances' resets (see the `notices` module).
+    listener: Option<JoinHandle<()>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(task) = self.sweeper.take() {
+        for task in [self.sweeper.take(), self.listener.take()]
+            .into_iter()
+            .flatten()
+        {
             task.abort();
         }
     }
@@ -311,6 +351,14 @@ impl PostgresStore {
     /// The schema holding the store's tables.
     pub fn schema(&self) -> &str {
         &self.inner.shared.schema
+    }
+
+    /// How many times the store has started listening for the resets
+    /// other instances announce: 0 until its listener first does, one more
+    /// each time it listens again after losing its connection
+    /// ([Notices](crate#notices)).
+    pub fn subscriptions(&self) -> u64 {
+        *self.inner.shared.subscriptions.borrow()
     }
 
     /// A sqlx pool on the store's database, for inspection and tests: the
@@ -411,6 +459,13 @@ impl PostgresStore {
 
 #[async_trait]
 impl Store for PostgresStore {
+    /// Told of every key another instance of the fleet resets, through
+    /// `LISTEN`/`NOTIFY` (see [Notices](crate#notices)); `None` for a store
+    /// built with [`notices(false)`](PostgresStoreBuilder::notices).
+    fn invalidations(&self) -> Option<Arc<ratewarden_core::Invalidations>> {
+        self.inner.shared.notices.clone()
+    }
+
     fn name(&self) -> &'static str {
         NAME
     }
@@ -475,7 +530,9 @@ impl Store for PostgresStore {
     async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         let shared = &self.inner.shared;
         let index = algorithm_index(policy.algorithm());
-        let query = sqlx::query(&shared.reset_sql[index]).bind(key.as_bytes());
+        let query = sqlx::query(&shared.reset_sql[index])
+            .bind(key.as_bytes())
+            .bind(&shared.notice_channel);
         let mut lease = shared.lease("reset").await?;
         let answer = timeout_at(lease.deadline(), query.execute(lease.connection())).await;
         lease.finish("reset", answer)?;

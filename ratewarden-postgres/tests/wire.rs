@@ -55,6 +55,10 @@ async fn one_connection_store(url: &Url, prefix: &str) -> PostgresStore {
         .pool_size(1)
         .record_refusals(true)
         .sweep_interval(None)
+        // Its listener's heartbeats would be exchanges too: these tests
+        // count the store's statements (`tests/notices.rs` has the
+        // notices).
+        .notices(false)
         .timeout(Duration::from_secs(10))
         .build()
         .await
@@ -244,6 +248,7 @@ async fn a_store_on_an_existing_pool_decides_at_two_exchanges_each() {
         .connect_lazy(url.as_str())
         .unwrap();
     let store = PostgresStore::builder_with_pool(pool.clone())
+        .notices(false)
         .schema(fixture::unique_schema("wire_existing"))
         .sweep_interval(None)
         .timeout(Duration::from_secs(10))
@@ -299,7 +304,11 @@ async fn an_existing_pool_refuses_settings_of_the_stores_own_connections() {
         .max_connections(1)
         .connect_lazy(&fixture::server_url())
         .unwrap();
-    let base = || PostgresStore::builder_with_pool(pool.clone()).sweep_interval(None);
+    let base = || {
+        PostgresStore::builder_with_pool(pool.clone())
+            .sweep_interval(None)
+            .notices(false)
+    };
     for (builder, name) in [
         (base().pool_size(4), "pool_size"),
         (
@@ -326,6 +335,7 @@ async fn an_existing_pool_refuses_settings_of_the_stores_own_connections() {
 async fn a_refund_refused_in_server_clock_mode_sends_nothing() {
     let (counter, url) = proxied().await;
     let store = PostgresStore::builder(url.as_str())
+        .notices(false)
         .schema(fixture::unique_schema("wire_server_clock"))
         .server_clock(true)
         .sweep_interval(None)
@@ -353,6 +363,7 @@ async fn broken_and_abandoned_connections_are_replaced() {
     let name = fixture::unique_schema("wire_broken");
     url.query_pairs_mut().append_pair("application_name", &name);
     let store = PostgresStore::builder(url.as_str())
+        .notices(false)
         .schema(&name)
         .pool_size(1)
         // Healthy answers are asserted: only the decision stuck behind the

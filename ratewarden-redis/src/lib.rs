@@ -561,17 +561,32 @@ impl RedisStore {
 
     /// One `DEL` of `key`, on whichever connection the store holds.
     /// Deletes `key` and announces `reset` (the key as the caller named
-    /// it) to every instance that listens: one round trip.
+    /// it) to every instance that listens: one round trip (two on a
+    /// cluster).
     async fn delete(&self, key: Vec<u8>, reset: &[u8]) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
-        pipe.cmd("DEL").arg(key).ignore();
+        pipe.cmd("DEL").arg(&key).ignore();
         pipe.cmd("PUBLISH")
             .arg(&self.inner.notice_channel)
             .arg(reset)
             .ignore();
         let result = match self.conn().await? {
             Conn::Single(mut c) => pipe.query_async::<()>(&mut c).await,
-            Conn::Cluster(mut c) => pipe.query_async::<()>(&mut c).await,
+            // A cluster routes a pipeline to one node, which refuses a
+            // `PUBLISH` beside a key of another slot: two calls, the delete
+            // first, so that no instance hears of a reset not yet made.
+            Conn::Cluster(mut c) => {
+                let deleted = redis::cmd("DEL").arg(key).query_async::<i64>(&mut c).await;
+                match deleted {
+                    Ok(_) => redis::cmd("PUBLISH")
+                        .arg(&self.inner.notice_channel)
+                        .arg(reset)
+                        .query_async::<i64>(&mut c)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                }
+            }
             Conn::Master(generation, mut c) => {
                 self.watched(generation, pipe.query_async::<()>(&mut c))
                     .await

@@ -33,6 +33,10 @@ const GENEROUS: Duration = Duration::from_secs(10);
 fn builder(url: &str, what: &str) -> RedisStoreBuilder {
     RedisStore::builder(url)
         .key_prefix(fixture::unique_prefix(what))
+        // MONITOR would see its notice subscription's heartbeats: these
+        // tests watch the store's own commands (`tests/notices.rs` has the
+        // notices).
+        .notices(false)
         .timeout(GENEROUS)
 }
 

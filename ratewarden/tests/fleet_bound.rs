@@ -44,6 +44,8 @@ fn redis_store(url: &str) -> Arc<dyn Store> {
     Arc::new(
         RedisStore::builder(url)
             .key_prefix(redis_fixture::unique_prefix("fleet"))
+            // Counted on the wire: decisions only, not notice heartbeats.
+            .notices(false)
             .timeout(TIMEOUT)
             .build()
             .unwrap(),

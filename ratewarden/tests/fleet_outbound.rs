@@ -171,6 +171,8 @@ async fn run(shared_url: &str, wire: &WireCounter, quota: u64, leases: bool) -> 
         let redis: Arc<dyn Store> = Arc::new(
             RedisStore::builder(shared_url)
                 .key_prefix(prefix.clone())
+                // Counted on the wire: calls only, not notice heartbeats.
+                .notices(false)
                 .timeout(TIMEOUT)
                 .build()
                 .unwrap(),

@@ -431,8 +431,8 @@ impl Rule {
         self.given_back(storage_key);
     }
 
-    /// Tells this process's local copies of the key (refusal caches) that
-    /// the store has units back, once the store has them.
+    /// Tells the local copies of the key (refusal caches) in front of the
+    /// store that the store has units back, once the store has them.
     fn given_back(&self, storage_key: &[u8]) {
         self.forget(storage_key);
     }
