@@ -246,10 +246,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// The notices by which this store tells the refusal caches in front of
     /// it that a key's state changed elsewhere: a store shared by a fleet
-    /// returns one, calls [`Invalidations::invalidate`] for every key
+    /// returns one, calls [`Invalidations::invalidate`](crate::Invalidations::invalidate) for every key
     /// another instance [`reset`](Store::reset) (announced by its own
     /// `reset`, through the server's own mechanism: Redis pub/sub, Postgres
-    /// `LISTEN`/`NOTIFY`), and [`Invalidations::lost`] while it may miss
+    /// `LISTEN`/`NOTIFY`), and [`Invalidations::lost`](crate::Invalidations::lost) while it may miss
     /// such notices. It must return the same table on every call: rules
     /// read it once, when they are built. `None` (the default): a reset
     /// reaches the refusal caches of this process only, and another
