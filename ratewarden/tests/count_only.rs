@@ -162,6 +162,7 @@ async fn a_login_counts_its_failures_exactly_on_redis() {
 /// requests in flight count, so some are refused; once all are answered
 /// nothing is counted, and the next login must be admitted, not refused by
 /// a refusal cached while the others were in flight.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 async fn a_burst_of_right_passwords_leaves_no_lockout(store: Arc<dyn Store>) {
     assert!(
         store.capabilities().shared,
