@@ -33,7 +33,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-/// How many stripes of epochs a table keeps: 128 KiB. With a thousand
+/// How many stripes of epochs a table keeps: 128 KiB for each kind. With a thousand
 /// give-backs a second spread over it, a given stripe is bumped about once
 /// every 16 s, so an offender's cached refusal rarely costs an extra call.
 const STRIPES: usize = 16_384;
@@ -63,7 +63,11 @@ const STRIPES: usize = 16_384;
 /// ```
 pub struct Invalidations {
     hasher: std::collections::hash_map::RandomState,
+    /// Bumped by every give-back and reset: what a cached refusal checks.
     epochs: Box<[AtomicU64]>,
+    /// Bumped by resets only: what leased units check, since a give-back
+    /// returns units to the store and takes none from a lease.
+    resets: Box<[AtomicU64]>,
     /// Bumped on every [`lost`](Self::lost) and
     /// [`restored`](Self::restored): every copy made before is stale.
     generation: AtomicU64,
@@ -97,6 +101,7 @@ impl Invalidations {
         Invalidations {
             hasher: std::collections::hash_map::RandomState::new(),
             epochs: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            resets: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             generation: AtomicU64::new(0),
             vouched: AtomicBool::new(true),
             stamped: AtomicBool::new(false),
@@ -137,6 +142,17 @@ impl Invalidations {
         }
     }
 
+    /// The storage key `key` was reset: every copy of its state made before
+    /// now is stale, cached refusals and leased units alike
+    /// ([`LeasedStore`](crate::lease::LeasedStore) drops a batch bought
+    /// before the reset). What a store calls for each reset another
+    /// instance announces.
+    pub fn reset(&self, key: &[u8]) {
+        let stripe = self.stripe(key);
+        self.resets[stripe].fetch_add(1, Ordering::SeqCst);
+        self.epochs[stripe].fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Makes every copy made before now stale, whatever its key: for a
     /// notice that cannot name its key (one too long for the channel).
     pub fn invalidate_all(&self) {
@@ -162,11 +178,29 @@ impl Invalidations {
         self.vouched.load(Ordering::Acquire)
     }
 
-    fn epoch(&self, stripe: usize) -> u64 {
+    fn epoch(&self, epochs: &[AtomicU64], stripe: usize) -> u64 {
         // Both only grow, so their sum changes whenever either does.
-        self.epochs[stripe]
+        epochs[stripe]
             .load(Ordering::Acquire)
             .wrapping_add(self.generation.load(Ordering::Acquire))
+    }
+
+    /// A ticket for leased units of the storage key `key`, bought from now
+    /// on: stale after a reset of the key, not after a give-back.
+    pub(crate) fn lease_ticket(&self, key: &[u8]) -> Ticket {
+        let stripe = self.stripe(key);
+        Ticket {
+            stripe: stripe as u32,
+            epoch: self.epoch(&self.resets, stripe),
+        }
+    }
+
+    /// Whether no reset of the lease ticket's key has happened since it
+    /// was taken, and notices are heard.
+    pub(crate) fn lease_current(&self, ticket: Ticket) -> bool {
+        ticket != Ticket::NONE
+            && self.is_vouched()
+            && self.epoch(&self.resets, ticket.stripe as usize) == ticket.epoch
     }
 
     /// A ticket for the storage key `key`, taken now.
@@ -177,7 +211,7 @@ impl Invalidations {
         let stripe = self.stripe(key);
         Ticket {
             stripe: stripe as u32,
-            epoch: self.epoch(stripe),
+            epoch: self.epoch(&self.epochs, stripe),
         }
     }
 
@@ -186,7 +220,7 @@ impl Invalidations {
     pub(crate) fn current(&self, ticket: Ticket) -> bool {
         ticket != Ticket::NONE
             && self.is_vouched()
-            && self.epoch(ticket.stripe as usize) == ticket.epoch
+            && self.epoch(&self.epochs, ticket.stripe as usize) == ticket.epoch
     }
 }
 
@@ -227,6 +261,28 @@ mod tests {
             "a ticket taken after the give-back is fresh"
         );
         assert!(!table.current(Ticket::NONE));
+    }
+
+    #[test]
+    fn a_give_back_leaves_leased_units_and_a_reset_does_not() {
+        let table = Invalidations::new();
+        let lease = table.lease_ticket(b"login:alice");
+        table.invalidate(b"login:alice");
+        assert!(
+            table.lease_current(lease),
+            "a give-back takes no leased unit"
+        );
+        table.reset(b"login:alice");
+        assert!(
+            !table.lease_current(lease),
+            "units bought before a reset are stale"
+        );
+        let refusal = table.ticket(b"login:bob");
+        table.reset(b"login:bob");
+        assert!(
+            !table.current(refusal),
+            "a reset makes a cached refusal stale too"
+        );
     }
 
     #[test]

@@ -129,6 +129,7 @@ use async_trait::async_trait;
 use crate::counter::{bump, load};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
+use crate::invalidation::{Invalidations, Ticket};
 use crate::policy::{Algorithm, Policy};
 use crate::store::{Capabilities, Key, Refund, Request, Store};
 use crate::time::Timestamp;
@@ -210,6 +211,10 @@ type LeaseKey = (Algorithm, Vec<u8>);
 #[derive(Debug, Clone, Copy)]
 struct Lease {
     policy: Policy,
+    /// Taken before the call that bought the batch (or made the refusal
+    /// held): a reset of the key since then, on any instance the shared
+    /// store tells of, makes the lease stale ([`LeasedStore::fresh`]).
+    ticket: Ticket,
     /// Units in hand.
     units: u32,
     /// The last batch's size, which the next one in the same window doubles.
@@ -277,9 +282,10 @@ impl Hold {
 impl Lease {
     /// A lease of `policy` with nothing to spend, the shared store having
     /// `shared_remaining` units left at `now`.
-    fn empty(policy: Policy, shared_remaining: u32, now: u64) -> Self {
+    fn empty(policy: Policy, shared_remaining: u32, now: u64, ticket: Ticket) -> Self {
         Lease {
             policy,
+            ticket,
             units: 0,
             size: 0,
             spent: 0,
@@ -333,6 +339,9 @@ impl Lease {
 /// [module docs](self).
 pub struct LeasedStore {
     shared: Arc<dyn Store>,
+    /// The shared store's notices of resets made elsewhere, if it gives
+    /// them.
+    notices: Option<Arc<Invalidations>>,
     config: LeaseConfig,
     /// Per (algorithm, key). Bounded by the keys that have a live lease: an
     /// expired lease is replaced by the key's next one and dropped by
@@ -371,6 +380,7 @@ impl LeasedStore {
     /// Leases from `shared`, in batches configured by `config`.
     pub fn new(shared: Arc<dyn Store>, config: LeaseConfig) -> Self {
         LeasedStore {
+            notices: shared.invalidations(),
             shared,
             config,
             leases: Mutex::default(),
@@ -401,8 +411,8 @@ impl LeasedStore {
     /// Units in hand for `key` under `policy` at `now`: leased, unspent, and
     /// still spendable.
     pub fn units_in_hand(&self, key: &[u8], policy: &Policy, now: Timestamp) -> u32 {
-        self.lock()
-            .get(&(policy.algorithm(), key.to_vec()))
+        let mut leases = self.lock();
+        self.entry(&mut leases, &(policy.algorithm(), key.to_vec()))
             .filter(|l| l.live(policy, now.as_micros()))
             .map_or(0, |l| l.units)
     }
@@ -415,7 +425,10 @@ impl LeasedStore {
         let leases: Vec<((Algorithm, Vec<u8>), Lease)> = self.lock().drain().collect();
         let mut released = 0;
         for ((_, key), lease) in leases {
-            if lease.units == 0 || !lease.live(&lease.policy, now.as_micros()) {
+            if lease.units == 0
+                || !lease.live(&lease.policy, now.as_micros())
+                || !self.fresh(&lease)
+            {
                 continue;
             }
             // The grant as the shared store answered it: what locates the
@@ -434,6 +447,36 @@ impl LeasedStore {
         }
         self.released.fetch_add(released, Ordering::Relaxed);
         released
+    }
+
+    /// A ticket for a batch of `key` bought from now on.
+    fn ticket(&self, key: &[u8]) -> Ticket {
+        self.notices
+            .as_ref()
+            .map_or(Ticket::NONE, |n| n.lease_ticket(key))
+    }
+
+    /// Whether no reset of the lease's key has been heard since it was
+    /// bought, and resets are being heard: units bought before a reset
+    /// were forgotten by the shared store with it, and spent after it
+    /// would admit more than the limit.
+    fn fresh(&self, lease: &Lease) -> bool {
+        self.notices
+            .as_ref()
+            .is_none_or(|n| n.lease_current(lease.ticket))
+    }
+
+    /// The key's lease in `leases`, dropped first if a reset made it
+    /// stale.
+    fn entry<'l>(
+        &self,
+        leases: &'l mut HashMap<(Algorithm, Vec<u8>), Lease>,
+        map_key: &(Algorithm, Vec<u8>),
+    ) -> Option<&'l mut Lease> {
+        if leases.get(map_key).is_some_and(|l| !self.fresh(l)) {
+            leases.remove(map_key);
+        }
+        leases.get_mut(map_key)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<(Algorithm, Vec<u8>), Lease>> {
@@ -470,7 +513,7 @@ impl LeasedStore {
     /// shared store's standing refusal ([`Hold`]).
     fn spend(&self, key: &[u8], policy: &Policy, cost: u32, now: u64) -> Option<Decision> {
         let mut leases = self.lock();
-        let lease = leases.get_mut(&(policy.algorithm(), key.to_vec()))?;
+        let lease = self.entry(&mut leases, &(policy.algorithm(), key.to_vec()))?;
         if !lease.live(policy, now) || lease.units < cost {
             let refusal = lease.held(policy, cost, now, self.shared.name())?;
             bump(&self.held);
@@ -502,7 +545,7 @@ impl LeasedStore {
                 return cost;
             }
         }
-        let size = match leases.get(&map_key) {
+        let size = match self.entry(&mut leases, &map_key) {
             Some(l) if l.policy == *policy && now < l.hold.until => cost,
             // The batch the client was told it could have when its hold
             // ended, else a full one.
@@ -524,6 +567,8 @@ impl LeasedStore {
 
     /// Records a grant of `size` units of which `cost` are spent now, in
     /// the store's counters and in the key's lease.
+    // The call's arguments and what it was bought under, side by side.
+    #[allow(clippy::too_many_arguments)]
     fn granted(
         &self,
         key: &[u8],
@@ -532,6 +577,7 @@ impl LeasedStore {
         cost: u32,
         now: u64,
         grant: &Decision,
+        ticket: Ticket,
     ) {
         bump(&self.batches);
         self.leased.fetch_add(u64::from(size), Ordering::Relaxed);
@@ -546,7 +592,10 @@ impl LeasedStore {
         let map_key = (policy.algorithm(), key.to_vec());
         // Units still in hand from an earlier batch of the same window stay
         // spendable; they were counted in the window this one ends with.
-        let previous = leases.get(&map_key).filter(|l| l.policy == *policy);
+        let previous = self
+            .entry(&mut leases, &map_key)
+            .map(|l| *l)
+            .filter(|l| l.policy == *policy);
         let (carried, spent) = previous
             .filter(|l| l.live(policy, now) && l.until == until)
             .map_or((0, 0), |l| (l.units, l.spent));
@@ -573,6 +622,7 @@ impl LeasedStore {
             map_key,
             Lease {
                 policy: *policy,
+                ticket,
                 units: size - cost + carried,
                 size,
                 spent: spent.saturating_add(cost),
@@ -588,6 +638,8 @@ impl LeasedStore {
     /// Holds the shared store's `refusal` of a request of `cost` ([`Hold`]),
     /// and returns it as this instance will repeat it: refused until the
     /// hold ends.
+    // The call's arguments and what it was bought under, side by side.
+    #[allow(clippy::too_many_arguments)]
     fn refused(
         &self,
         key: &[u8],
@@ -596,6 +648,7 @@ impl LeasedStore {
         cost: u32,
         now: u64,
         refusal: Decision,
+        ticket: Ticket,
     ) -> Decision {
         let retry = u64::try_from(refusal.retry_after.as_micros())
             .unwrap_or(u64::MAX)
@@ -606,15 +659,21 @@ impl LeasedStore {
             // No room: the next request asks the shared store again.
             return refusal;
         }
+        if self.entry(&mut leases, &map_key).is_none() {
+            leases.insert(
+                map_key.clone(),
+                Lease::empty(*policy, refusal.remaining, now, ticket),
+            );
+        }
         let lease = leases
-            .entry(map_key)
-            .or_insert_with(|| Lease::empty(*policy, refusal.remaining, now));
+            .get_mut(&map_key)
+            .expect("inserted above if it was missing");
         if lease.policy != *policy {
             if now < lease.until && lease.units > 0 {
                 // Units of another policy in hand: kept, not held over.
                 return refusal;
             }
-            *lease = Lease::empty(*policy, refusal.remaining, now);
+            *lease = Lease::empty(*policy, refusal.remaining, now, ticket);
         }
         if now < lease.hold.until {
             // A cheaper request than the held one, refused too: the hold the
@@ -687,6 +746,7 @@ impl LeasedStore {
         &self,
         request: Request<'_>,
         units: u32,
+        ticket: Ticket,
     ) -> Result<Result<Decision, Decision>, StoreError> {
         let (key, policy, cost, now) = (
             request.key(),
@@ -702,7 +762,7 @@ impl LeasedStore {
         if !reply.allowed {
             return Ok(Err(reply));
         }
-        self.granted(key, policy, units, cost, now.as_micros(), &reply);
+        self.granted(key, policy, units, cost, now.as_micros(), &reply, ticket);
         let mut admitted = reply;
         admitted.remaining = admitted.remaining.saturating_add(units - cost);
         Ok(Ok(admitted))
@@ -724,6 +784,7 @@ impl LeasedStore {
         request: Request<'_>,
         size: u32,
         refusal: Decision,
+        ticket: Ticket,
     ) -> Result<Decision, StoreError> {
         let (key, policy, cost, now) = (
             request.key(),
@@ -748,7 +809,7 @@ impl LeasedStore {
         // The size the refusal that stands was for: its retry time is that
         // many units'.
         let (size, refusal) = match ask {
-            Some(units) => match self.buy(request, units).await? {
+            Some(units) => match self.buy(request, units, ticket).await? {
                 Ok(admitted) => return Ok(admitted),
                 Err(refusal) => (units, refusal),
             },
@@ -758,7 +819,7 @@ impl LeasedStore {
         Ok(if exact {
             refusal
         } else {
-            self.refused(key, policy, size, cost, t, refusal)
+            self.refused(key, policy, size, cost, t, refusal, ticket)
         })
     }
 }
@@ -865,10 +926,12 @@ impl Store for LeasedStore {
         if let Some(d) = self.spend(key, policy, cost, t) {
             return Ok(d);
         }
+        // Before the call: a reset heard after it makes what it buys stale.
+        let ticket = self.ticket(key);
         let size = self.next_size(key, policy, cost, t);
-        match self.buy(request, size).await? {
+        match self.buy(request, size, ticket).await? {
             Ok(admitted) => Ok(admitted),
-            Err(refusal) => self.after_refusal(request, size, refusal).await,
+            Err(refusal) => self.after_refusal(request, size, refusal, ticket).await,
         }
     }
 
@@ -882,7 +945,7 @@ impl Store for LeasedStore {
         let reset_after = u64::try_from(refund.admitted().reset_after.as_micros()).ok()?;
         let anchor = t.saturating_add(reset_after);
         let mut leases = self.lock();
-        let lease = leases.get_mut(&(policy.algorithm(), key.to_vec()))?;
+        let lease = self.entry(&mut leases, &(policy.algorithm(), key.to_vec()))?;
         if !lease.live(policy, t) || lease.granted_at + lease.reset_after != anchor {
             return None;
         }
@@ -917,9 +980,8 @@ impl Store for LeasedStore {
         self.check(policy)?;
         let t = request.now().as_micros();
         let known = self
-            .lock()
-            .get(&(policy.algorithm(), key.to_vec()))
-            .copied();
+            .entry(&mut self.lock(), &(policy.algorithm(), key.to_vec()))
+            .map(|l| *l);
         let in_hand = known.filter(|l| l.live(policy, t));
         if let Some(lease) = in_hand.filter(|l| l.units >= cost) {
             let mut d = lease.admitted(t, self.shared.name());

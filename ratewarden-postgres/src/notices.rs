@@ -145,7 +145,7 @@ impl Listener {
             "" => {}
             "*" => self.notices.invalidate_all(),
             hex => match unhex(hex) {
-                Some(key) => self.notices.invalidate(&key),
+                Some(key) => self.notices.reset(&key),
                 // Not a notice this store sends: whatever it meant, drop
                 // everything rather than miss a reset.
                 None => self.notices.invalidate_all(),

@@ -116,7 +116,7 @@ impl Listener {
         loop {
             tokio::select! {
                 message = stream.next() => match message {
-                    Some(message) => self.notices.invalidate(message.get_payload_bytes()),
+                    Some(message) => self.notices.reset(message.get_payload_bytes()),
                     None => return "the connection closed",
                 },
                 _ = heartbeat.tick() => {

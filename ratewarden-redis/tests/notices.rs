@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratewarden_core::{Limiter, ManualClock, Policy, Rule, Store};
+use ratewarden_core::{Clock, Limiter, ManualClock, Policy, Rule, Store};
 use ratewarden_redis::RedisStore;
 use ratewarden_test_support::redis as fixture;
 
@@ -175,8 +175,17 @@ async fn a_cut_subscription_leaves_no_stale_refusal_and_comes_back() {
     fleet.subscribed(1).await;
     fleet.lock_out(b"alice").await;
 
-    // Every subscription dropped, then the key reset at once: the notice
-    // is published while nobody listens.
+    // Every subscription dropped, and kept from coming back (a password
+    // the stores do not have: connections already open are not asked for
+    // it), then the key reset: the notice is published while nobody
+    // listens, and nobody will hear it.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("kept-out")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -193,8 +202,20 @@ async fn a_cut_subscription_leaves_no_stale_refusal_and_comes_back() {
     );
     assert_eq!(fleet.admitted(b"alice", 4 * INSTANCES).await, LIMIT);
 
-    // The subscriptions come back by themselves, and with them the caches
-    // and the notices.
+    assert!(
+        fleet.stores.iter().all(|s| s.subscriptions() == 1),
+        "no subscription came back while the password kept them out"
+    );
+
+    // Let them in again: the subscriptions come back by themselves, and
+    // with them the caches and the notices.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     fleet.subscribed(2).await;
     fleet.lock_out(b"bob").await;
     let since = Instant::now();
@@ -204,4 +225,76 @@ async fn a_cut_subscription_leaves_no_stale_refusal_and_comes_back() {
         fleet.heard(b"bob", 1, since).await,
     );
     assert_eq!(fleet.admitted(b"bob", 4 * INSTANCES).await, LIMIT);
+}
+
+/// Four instances leasing batches of up to 4 units from one fixed window
+/// of 20: units bought before a reset on one instance must not be spent on
+/// the others after it, where the shared store has forgotten them, or the
+/// fleet admits more than the limit after the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_drops_the_units_other_instances_leased_before_it() {
+    use ratewarden_core::lease::{LeaseConfig, LeasedStore};
+    const LEASED_LIMIT: u32 = 20;
+    let url = fixture::shared_url();
+    let clock = ManualClock::new();
+    let prefix = fixture::unique_prefix("leased");
+    let policy = Policy::fixed_window(LEASED_LIMIT, Duration::from_secs(900)).unwrap();
+    let mut leases = Vec::new();
+    let mut limiters = Vec::new();
+    for _ in 0..INSTANCES {
+        let store = RedisStore::builder(url)
+            .key_prefix(prefix.clone())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        store.connect().await.unwrap();
+        let leased = Arc::new(LeasedStore::new(
+            Arc::new(store),
+            LeaseConfig::new(4).unwrap(),
+        ));
+        let shared: Arc<dyn Store> = leased.clone();
+        limiters.push(
+            Limiter::builder()
+                .clock(clock.clone())
+                .rule(Rule::new("login", shared, policy).unwrap())
+                .build()
+                .unwrap(),
+        );
+        leases.push(leased);
+    }
+    // Each instance buys batches of 1 and 2 for its first two requests:
+    // one unit left in hand on each.
+    for limiter in &limiters {
+        for _ in 0..2 {
+            assert!(limiter.check(b"partner").await.allowed);
+        }
+    }
+    let in_hand = |i: usize| leases[i].units_in_hand(b"login:partner", &policy, clock.now());
+    let before: Vec<u32> = (0..INSTANCES).map(in_hand).collect();
+    assert!(
+        before[1..].iter().all(|&u| u > 0),
+        "every instance must hold leased units, or the test proves nothing: {before:?}"
+    );
+    limiters[0].reset(b"partner").await.unwrap();
+    let since = Instant::now();
+    for i in 1..INSTANCES {
+        while in_hand(i) > 0 {
+            assert!(
+                since.elapsed() < NEVER,
+                "instance {i} still holds units leased before the reset"
+            );
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+    }
+    let mut admitted = 0;
+    for limiter in limiters.iter().cycle().take(10 * LEASED_LIMIT as usize) {
+        admitted += u32::from(limiter.check(b"partner").await.allowed);
+    }
+    println!(
+        "after the reset the fleet admitted {admitted} of {LEASED_LIMIT} (units in hand before it: {before:?})"
+    );
+    assert!(
+        admitted <= LEASED_LIMIT,
+        "after the reset the fleet admitted {admitted}, over the limit of {LEASED_LIMIT}: units leased before it were spent"
+    );
 }

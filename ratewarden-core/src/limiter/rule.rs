@@ -565,6 +565,12 @@ impl Rule {
         self.notices.invalidate(storage_key);
     }
 
+    /// Tells every refusal cache and lease in front of this rule's store
+    /// that `storage_key` was reset: what they hold of it is stale.
+    pub(crate) fn forgot(&self, storage_key: &[u8]) {
+        self.notices.reset(storage_key);
+    }
+
     /// Writes the abuse events held back in memory; how many were written.
     pub(crate) async fn flush_abuse(&self, mono: u64) -> u64 {
         let Some(recorder) = self.escalation.as_ref().and_then(|e| e.abuse.as_ref()) else {

@@ -377,6 +377,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).max_key_len()
     }
 
+    fn invalidations(&self) -> Option<Arc<crate::Invalidations>> {
+        (**self).invalidations()
+    }
+
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         (**self).decide(request).await
     }

@@ -843,7 +843,7 @@ impl Rule {
         // After the stores: a refusal cached by a request decided while
         // they were being reset is forgotten too, in every limiter of the
         // process.
-        self.forget(&storage_key);
+        self.forgot(&storage_key);
         if let Some(cache) = &self.refusals {
             cache.remove(key);
         }
