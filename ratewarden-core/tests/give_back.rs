@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ratewarden_conformance::broken::ReferenceStore;
 use ratewarden_core::{
-    Capabilities, ConfigError, Decision, Key, Limiter, ManualClock, Policy, Refund, Request, Rule,
-    Store, StoreError,
+    Capabilities, Clock, ConfigError, Decision, Key, Limiter, ManualClock, Policy, Refund, Request,
+    Rule, Store, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -250,5 +250,146 @@ async fn a_refusal_made_before_a_give_back_and_arriving_after_it_is_not_cached()
     assert!(
         limiter.check(b"api").await.allowed,
         "a refusal made before the give-back must not be cached after it"
+    );
+}
+
+/// A shared store that hears other instances, standing for Redis or
+/// Postgres: the test tells it what the fleet announced.
+#[derive(Debug)]
+struct Heard {
+    inner: Arc<dyn Store>,
+    notices: Arc<ratewarden_core::Invalidations>,
+}
+
+#[async_trait]
+impl Store for Heard {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
+        self.inner.check_policy(policy)
+    }
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len()
+    }
+    fn invalidations(&self) -> Option<Arc<ratewarden_core::Invalidations>> {
+        Some(self.notices.clone())
+    }
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.inner.decide(request).await
+    }
+    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+        self.inner.refund(refund).await
+    }
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.inner.peek(request).await
+    }
+    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
+        self.inner.reset(key, policy).await
+    }
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.inner.penalize(request).await
+    }
+}
+
+fn heard() -> (Arc<Heard>, Arc<ratewarden_core::Invalidations>) {
+    let notices = Arc::new(ratewarden_core::Invalidations::new());
+    let store = Arc::new(Heard {
+        inner: shared(),
+        notices: notices.clone(),
+    });
+    (store, notices)
+}
+
+#[tokio::test]
+async fn a_reset_heard_from_another_instance_lifts_the_cached_refusal() {
+    let clock = ManualClock::new();
+    let (store, notices) = heard();
+    let limiter = limiter(store, &clock);
+    assert_eq!(admitted(&limiter, b"alice", 7).await, 5);
+    assert!(
+        !limiter.peek(b"alice").await.allowed,
+        "refused from the cache"
+    );
+    // Another instance reset the key in the shared store, which announced
+    // it; here, the store's state is reset by hand to match.
+    limiter.rules()[0]
+        .store()
+        .reset(Key::new(&*shared(), b"login:alice").unwrap(), &login())
+        .await
+        .unwrap();
+    assert!(
+        !limiter.peek(b"alice").await.allowed,
+        "until the notice is heard, the cached refusal stands"
+    );
+    notices.reset(b"login:alice");
+    assert!(
+        limiter.peek(b"alice").await.allowed,
+        "a reset heard from the fleet lifts the cached refusal"
+    );
+    assert_eq!(admitted(&limiter, b"alice", 7).await, 5);
+}
+
+#[tokio::test]
+async fn while_notices_may_be_missed_no_refusal_is_answered_from_the_cache() {
+    let clock = ManualClock::new();
+    let (store, notices) = heard();
+    let limiter = limiter(store, &clock);
+    assert_eq!(admitted(&limiter, b"alice", 6).await, 5);
+    let cached = limiter.stats()[0].refusals_cached;
+    assert!(!limiter.check(b"alice").await.allowed);
+    assert_eq!(
+        limiter.stats()[0].refusals_cached,
+        cached + 1,
+        "cached while heard"
+    );
+    notices.lost();
+    assert!(
+        !limiter.check(b"alice").await.allowed,
+        "the store still refuses"
+    );
+    assert_eq!(
+        limiter.stats()[0].refusals_cached,
+        cached + 1,
+        "with the subscription lost, the store is asked"
+    );
+    notices.restored();
+    assert!(!limiter.check(b"alice").await.allowed);
+    assert!(!limiter.check(b"alice").await.allowed);
+    assert_eq!(
+        limiter.stats()[0].refusals_cached,
+        cached + 2,
+        "cached again once heard"
+    );
+}
+
+#[tokio::test]
+async fn units_leased_before_a_reset_heard_from_elsewhere_are_not_spent() {
+    use ratewarden_core::lease::{LeaseConfig, LeasedStore};
+    let clock = ManualClock::new();
+    let (store, notices) = heard();
+    let leased = Arc::new(LeasedStore::new(store, LeaseConfig::new(4).unwrap()));
+    let policy = Policy::fixed_window(20, Duration::from_secs(900)).unwrap();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(Rule::new("partner", leased.clone(), policy).unwrap())
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        assert!(limiter.check(b"api").await.allowed);
+    }
+    let in_hand = || leased.units_in_hand(b"partner:api", &policy, clock.now());
+    assert_eq!(in_hand(), 1, "batches of 1 and 2: one unit left");
+    // A give-back takes no leased unit.
+    notices.invalidate(b"partner:api");
+    assert_eq!(in_hand(), 1);
+    notices.reset(b"partner:api");
+    assert_eq!(
+        in_hand(),
+        0,
+        "a unit bought before the reset was forgotten with it"
     );
 }
