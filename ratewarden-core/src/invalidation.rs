@@ -166,11 +166,15 @@ impl Invalidations {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Notices are heard again: every copy made before is stale (a notice
-    /// may have been missed), and copies made from now on are kept.
+    /// Notices are heard again: after a [`lost`](Self::lost), every copy
+    /// made before is stale (a notice may have been missed), and copies
+    /// made from now on are kept. On a table that was never lost (a store's
+    /// first subscription, which its calls wait for) nothing changes.
     pub fn restored(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        self.vouched.store(true, Ordering::Release);
+        if !self.vouched.load(Ordering::Acquire) {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            self.vouched.store(true, Ordering::Release);
+        }
     }
 
     /// Whether notices are being heard now.

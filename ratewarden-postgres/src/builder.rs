@@ -429,6 +429,7 @@ impl PostgresStoreBuilder {
                 Some(handle.spawn(sweep_forever(Arc::clone(&shared), every)))
             }
         };
+        let attempts = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let listener = match &shared.notices {
             Some(notices) => {
                 let handle = tokio::runtime::Handle::try_current().map_err(|_| {
@@ -452,8 +453,16 @@ impl PostgresStoreBuilder {
                     heartbeat: self.notice_heartbeat,
                     timeout: self.timeout,
                     subscriptions: shared.subscriptions.clone(),
+                    attempts: attempts.clone(),
                 };
-                Some(handle.spawn(task.run(Arc::downgrade(&shared))))
+                let listener = handle.spawn(task.run(Arc::downgrade(&shared)));
+                // Nothing is decided (and so cached or leased in front of
+                // the store) before resets can be heard: the first attempt
+                // to listen is waited for, at most the store's timeout (a
+                // failed one has marked the notices lost).
+                let mut attempted = attempts.subscribe();
+                let _ = tokio::time::timeout(self.timeout, attempted.wait_for(|n| *n > 0)).await;
+                Some(listener)
             }
             None => None,
         };

@@ -243,9 +243,8 @@ impl Shared {
             abuse_retention_us: micros(b.abuse_retention) as i64,
             sweep_batch: b.sweep_batch,
             sweep_clock: Arc::clone(&b.sweep_clock),
-            // Vouched from the start: a copy made before the listener is
-            // confirmed is dropped when it is, and a failed first attempt
-            // counts as a loss.
+            // Vouched from the start: the build waits for the listener's
+            // first attempt, and a failed one counts as a loss.
             notices: b
                 .notices
                 .then(|| Arc::new(ratewarden_core::Invalidations::new())),

@@ -43,6 +43,9 @@ pub(crate) struct Listener {
     pub(crate) heartbeat: Duration,
     pub(crate) timeout: Duration,
     pub(crate) subscriptions: Arc<tokio::sync::watch::Sender<u64>>,
+    /// How many times it has tried to listen, successfully or not: the
+    /// store's build waits for the first.
+    pub(crate) attempts: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Listener {
@@ -56,6 +59,7 @@ impl Listener {
                 Ok(Ok(listener)) => {
                     self.notices.restored();
                     self.subscriptions.send_modify(|n| *n += 1);
+                    self.attempts.send_modify(|n| *n += 1);
                     retry = MIN_RETRY;
                     let why = self.hear(listener, &store).await;
                     self.notices.lost();
@@ -67,10 +71,12 @@ impl Listener {
                 }
                 Ok(Err(e)) => {
                     self.notices.lost();
+                    self.attempts.send_modify(|n| *n += 1);
                     tracing::debug!(error = %e, "postgres LISTEN failed");
                 }
                 Err(_) => {
                     self.notices.lost();
+                    self.attempts.send_modify(|n| *n += 1);
                     tracing::debug!("postgres LISTEN timed out");
                 }
             }

@@ -260,14 +260,14 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 target,
-                // Vouched from the start: a copy made before the subscription is
-                // confirmed is dropped when it is (`restored`), and a failed
-                // first attempt counts as a loss.
+                // Vouched from the start: calls wait for the first attempt
+                // to subscribe, and a failed one counts as a loss.
                 notices: subscribes.then(|| Arc::new(ratewarden_core::Invalidations::new())),
                 notice_nodes,
                 notice_channel,
                 notice_heartbeat: self.notice_heartbeat,
                 subscriptions: Arc::new(tokio::sync::watch::Sender::new(0)),
+                attempts: Arc::new(tokio::sync::watch::Sender::new(0)),
                 listener: std::sync::Mutex::new(None),
                 conn: OnceCell::new(),
                 prefix: self.prefix.into_boxed_slice(),

@@ -279,6 +279,8 @@ struct Inner {
     notice_heartbeat: Duration,
     /// How many times the listener has subscribed.
     subscriptions: Arc<tokio::sync::watch::Sender<u64>>,
+    /// How many times it has tried, successfully or not.
+    attempts: Arc<tokio::sync::watch::Sender<u64>>,
     /// The listener's task, started by the first call and ended with the
     /// store.
     listener: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
@@ -451,6 +453,7 @@ impl RedisStore {
     /// for a master found through the sentinels, on every call.
     async fn open(&self) -> Result<Conn, StoreError> {
         self.listen();
+        self.subscribed().await;
         let cell = &self.inner.conn;
         match &self.inner.target {
             // Opened once, by the first call, then shared.
@@ -486,6 +489,19 @@ impl RedisStore {
         }
     }
 
+    /// Waits, at most the store's timeout, until the listener has made its
+    /// first attempt to subscribe: nothing is decided (and so cached or
+    /// leased in front of the store) before resets can be heard. A failed
+    /// attempt has marked the notices lost, so nothing is vouched for
+    /// either way.
+    async fn subscribed(&self) {
+        if self.inner.notices.is_none() {
+            return;
+        }
+        let mut attempts = self.inner.attempts.subscribe();
+        let _ = tokio::time::timeout(self.inner.timeout, attempts.wait_for(|n| *n > 0)).await;
+    }
+
     /// Starts the listener of other instances' resets, once.
     fn listen(&self) {
         let Some(notices) = &self.inner.notices else {
@@ -505,6 +521,7 @@ impl RedisStore {
             heartbeat: self.inner.notice_heartbeat,
             timeout: self.inner.timeout,
             subscriptions: self.inner.subscriptions.clone(),
+            attempts: self.inner.attempts.clone(),
         };
         // Holds the store weakly: the task ends once the store is dropped
         // (and is aborted by `Inner`'s drop while it waits).

@@ -13,8 +13,9 @@
 //! broken or cannot be made (the connection closed, or a `PING` on it
 //! unanswered within the store's timeout, sent every
 //! [heartbeat](crate::RedisStoreBuilder::notice_heartbeat)) until it is
-//! back, every cached refusal is dropped and none is kept; and every copy
-//! made before a subscription is confirmed is dropped when it is. Each instance
+//! back, every cached refusal is dropped and none is kept. A store's first
+//! call waits for its first attempt to subscribe, so nothing is decided
+//! before resets can be heard. Each instance
 //! then asks the server on every request, which is exact, at the cost of
 //! the round trips the refusal cache saves.
 //!
@@ -44,6 +45,7 @@ pub(crate) struct Listener {
     pub(crate) heartbeat: Duration,
     pub(crate) timeout: Duration,
     pub(crate) subscriptions: Arc<tokio::sync::watch::Sender<u64>>,
+    pub(crate) attempts: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Listener {
@@ -57,10 +59,14 @@ impl Listener {
                 let Some(inner) = store.upgrade() else { return };
                 tokio::time::timeout(self.timeout, self.subscribe(&inner, node)).await
             };
+            // Marked before `hear` runs, with the notices' state set for
+            // this attempt's outcome.
+            let attempted = || self.attempts.send_modify(|n| *n += 1);
             match subscribed {
                 Ok(Ok((sink, stream))) => {
                     self.notices.restored();
                     self.subscriptions.send_modify(|n| *n += 1);
+                    attempted();
                     retry = MIN_RETRY;
                     let why = self.hear(sink, stream).await;
                     self.notices.lost();
@@ -69,10 +75,12 @@ impl Listener {
                 }
                 Ok(Err(e)) => {
                     self.notices.lost();
+                    attempted();
                     tracing::debug!(error = %e, "redis notice subscription failed");
                 }
                 Err(_) => {
                     self.notices.lost();
+                    attempted();
                     tracing::debug!("redis notice subscription timed out");
                 }
             }
