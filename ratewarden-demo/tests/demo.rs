@@ -654,3 +654,76 @@ async fn a_lease_needs_a_shared_store() {
     let err = config.stores().await.unwrap_err().to_string();
     assert!(err.contains("--lease"), "{err}");
 }
+
+/// Two demo servers on one Redis, as two instances of a deployment: a
+/// client locked out on both (each refusing from its own refusal cache) is
+/// reset through one server's admin endpoint, and the other server admits
+/// it as soon as the store's notice reaches it; the two then admit exactly
+/// the limit between them.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_reset_on_one_server_reaches_another_on_the_same_redis() {
+    use ratewarden::redis::RedisStore;
+    use ratewarden_test_support::redis as fixture;
+    let clock = ManualClock::new();
+    let prefix = fixture::unique_prefix("demo-fleet");
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::builder(fixture::shared_url())
+            .key_prefix(prefix.clone())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        store.connect().await.unwrap();
+        let mut s = settings(&clock);
+        s.stores.primary = Arc::new(store);
+        s.admin_token = Some(ratewarden_demo::admin::AdminToken::new(TOKEN).unwrap());
+        servers.push(start(&s).await);
+    }
+    let client = |i: usize| TestClient::new(servers[i], Some("127.0.0.2".parse().unwrap()));
+    let (a, b) = (client(0), client(1));
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += u32::from(post(&a, "/api/feedback").await.status == StatusCode::OK);
+        admitted += u32::from(post(&b, "/api/feedback").await.status == StatusCode::OK);
+    }
+    assert_eq!(admitted, 5, "the two servers share one limit of 5");
+    for server in [&a, &b] {
+        for _ in 0..2 {
+            let refused = post(server, "/api/feedback").await;
+            assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        }
+    }
+    let operator = TestClient::new(servers[0], Some("127.0.0.3".parse().unwrap()));
+    let bearer = format!("Bearer {TOKEN}");
+    let done = operator
+        .send(
+            Method::POST,
+            "/admin/reset?client=127.0.0.2&route=feedback",
+            &[("authorization", bearer.as_str())],
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    // The other server stops refusing once the notice arrives; a refused
+    // post counts nothing, so asking again costs nothing.
+    let since = std::time::Instant::now();
+    let mut first = post(&b, "/api/feedback").await;
+    while first.status == StatusCode::TOO_MANY_REQUESTS {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the other server still refuses the client 10 s after the reset"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        first = post(&b, "/api/feedback").await;
+    }
+    assert_eq!(first.status, StatusCode::OK);
+    let mut admitted = 1;
+    for _ in 0..5 {
+        admitted += u32::from(post(&a, "/api/feedback").await.status == StatusCode::OK);
+        admitted += u32::from(post(&b, "/api/feedback").await.status == StatusCode::OK);
+    }
+    assert_eq!(
+        admitted, 5,
+        "after the reset the two servers admit exactly the limit"
+    );
+}
