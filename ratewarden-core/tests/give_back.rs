@@ -393,3 +393,39 @@ async fn units_leased_before_a_reset_heard_from_elsewhere_are_not_spent() {
         "a unit bought before the reset was forgotten with it"
     );
 }
+
+/// A customer's plan changes while a refusal is cached under the old one:
+/// a give-back made under the new plan (counting the same usage) lifts the
+/// old plan's cached refusal, so a change back finds what the store would
+/// answer.
+#[tokio::test]
+async fn a_give_back_under_one_plan_reaches_another_plans_cached_refusal() {
+    let clock = ManualClock::new();
+    let plans = ratewarden_core::Plans::builder("api", shared())
+        .shared_clock(Arc::new(clock.clone()))
+        .plan("free", "fixed_window 2/15m")
+        .plan("pro", "fixed_window 4/15m")
+        .build()
+        .unwrap();
+    let (free, pro) = (plans.choose(Some("free")), plans.choose(Some("pro")));
+    // On pro, two requests in flight: the usage free allows.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let a = pro.check_admission(b"acme", 1).await.unwrap();
+        assert!(a.decision().allowed);
+        held.push(a);
+    }
+    // Downgraded meanwhile: free refuses, and caches the refusal.
+    assert!(!free.check(b"acme").await.allowed);
+    assert!(
+        !free.peek(b"acme").await.allowed,
+        "refused from free's cache"
+    );
+    // One of pro's requests is given back: one unit of free's two is free.
+    held.pop().unwrap().refund().await;
+    assert!(
+        free.check(b"acme").await.allowed,
+        "a give-back under pro must lift free's cached refusal"
+    );
+    assert!(!free.check(b"acme").await.allowed);
+}
