@@ -4,16 +4,15 @@
 //! (whose rules keep a refusal cache by default), with a manual clock.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_conformance::broken::ReferenceStore;
+use ratewarden_conformance::composition::Late;
 use ratewarden_core::{
     Capabilities, Clock, ConfigError, Decision, Key, Limiter, ManualClock, Policy, Refund, Request,
     Rule, Store, StoreError,
 };
-use tokio::sync::Notify;
 
 /// A store that others share, so that its rule keeps a refusal cache.
 fn shared() -> Arc<dyn Store> {
@@ -164,61 +163,10 @@ async fn a_give_back_to_one_rule_keeps_another_rules_cached_refusal() {
     );
 }
 
-/// A store whose decisions can be held after the store has made them, as a
-/// slow network holds a reply: the refusal is decided, then arrives late.
-#[derive(Debug)]
-struct Delayed {
-    inner: Arc<dyn Store>,
-    hold: AtomicBool,
-    held: Notify,
-    release: Notify,
-}
-
-#[async_trait]
-impl Store for Delayed {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
-        self.inner.check_policy(policy)
-    }
-    fn max_key_len(&self) -> usize {
-        self.inner.max_key_len()
-    }
-    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
-        let d = self.inner.decide(request).await;
-        if self.hold.swap(false, Ordering::SeqCst) {
-            self.held.notify_one();
-            self.release.notified().await;
-        }
-        d
-    }
-    async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
-        self.inner.refund(refund).await
-    }
-    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
-        self.inner.peek(request).await
-    }
-    async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
-        self.inner.reset(key, policy).await
-    }
-    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
-        self.inner.penalize(request).await
-    }
-}
-
 #[tokio::test]
 async fn a_refusal_made_before_a_give_back_and_arriving_after_it_is_not_cached() {
     let clock = ManualClock::new();
-    let store = Arc::new(Delayed {
-        inner: shared(),
-        hold: AtomicBool::new(false),
-        held: Notify::new(),
-        release: Notify::new(),
-    });
+    let store = Late::new(shared());
     let limiter = Limiter::builder()
         .clock(clock.clone())
         .rule(
@@ -234,15 +182,15 @@ async fn a_refusal_made_before_a_give_back_and_arriving_after_it_is_not_cached()
     let admission = limiter.check_admission(b"api", 1).await.unwrap();
     assert!(admission.decision().allowed);
     // A second request is refused by the store, and its reply is late.
-    store.hold.store(true, Ordering::SeqCst);
+    store.hold_next();
     let late = tokio::spawn({
         let limiter = limiter.clone();
         async move { limiter.check(b"api").await }
     });
-    store.held.notified().await;
+    store.decided().await;
     // Meanwhile the first is given back: the store has the unit again.
     admission.refund().await;
-    store.release.notify_one();
+    store.release();
     assert!(
         !late.await.unwrap().allowed,
         "the late reply is the store's refusal"

@@ -11,14 +11,11 @@ use std::time::{Duration, Instant};
 
 use ratewarden_core::{Clock, Limiter, ManualClock, Policy, Rule, Store};
 use ratewarden_redis::RedisStore;
+use ratewarden_test_support::fleet::{self, NEVER};
 use ratewarden_test_support::redis as fixture;
 
 const INSTANCES: usize = 4;
 const LIMIT: u32 = 5;
-
-/// Far longer than a notice takes on any machine: reached, the test fails
-/// as a notice that never came.
-const NEVER: Duration = Duration::from_secs(10);
 
 struct Fleet {
     stores: Vec<RedisStore>,
@@ -55,49 +52,6 @@ fn fleet(url: &str, prefix: &str, clock: &ManualClock) -> Fleet {
 }
 
 impl Fleet {
-    /// Spends the key's limit and has every instance refuse it from its
-    /// refusal cache.
-    async fn lock_out(&self, key: &[u8]) {
-        let mut admitted = 0;
-        for limiter in self.limiters.iter().cycle().take(4 * INSTANCES) {
-            admitted += u32::from(limiter.check(key).await.allowed);
-        }
-        assert_eq!(admitted, LIMIT, "the fleet admits the limit");
-        for (i, limiter) in self.limiters.iter().enumerate() {
-            let cached = limiter.stats()[0].refusals_cached;
-            assert!(!limiter.check(key).await.allowed);
-            assert_eq!(
-                limiter.stats()[0].refusals_cached,
-                cached + 1,
-                "instance {i} must refuse from its refusal cache, or the test proves nothing"
-            );
-        }
-    }
-
-    /// How long after `since` each instance other than `from` stopped
-    /// refusing `key` (a peek answers from the refusal cache while it holds
-    /// a refusal, and spends nothing).
-    async fn heard(&self, key: &[u8], from: usize, since: Instant) -> Vec<Duration> {
-        let mut delays = Vec::new();
-        for (i, limiter) in self.limiters.iter().enumerate() {
-            if i == from {
-                continue;
-            }
-            loop {
-                if limiter.peek(key).await.allowed {
-                    delays.push(since.elapsed());
-                    break;
-                }
-                assert!(
-                    since.elapsed() < NEVER,
-                    "instance {i} still refuses the key {NEVER:?} after a reset on instance {from}"
-                );
-                tokio::time::sleep(Duration::from_micros(200)).await;
-            }
-        }
-        delays
-    }
-
     /// Every instance subscribed at least `times` times.
     async fn subscribed(&self, times: u64) {
         let started = Instant::now();
@@ -109,30 +63,6 @@ impl Fleet {
             assert!(store.invalidations().unwrap().is_vouched());
         }
     }
-
-    /// How many of `n` requests, round robin, the fleet admits.
-    async fn admitted(&self, key: &[u8], n: usize) -> u32 {
-        let mut admitted = 0;
-        for limiter in self.limiters.iter().cycle().take(n) {
-            admitted += u32::from(limiter.check(key).await.allowed);
-        }
-        admitted
-    }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn report(what: &str, mut delays: Vec<Duration>) {
-    delays.sort();
-    println!(
-        "{what}: {} notices, p50 {:?}, p99 {:?}, max {:?}",
-        delays.len(),
-        percentile(&delays, 0.50),
-        percentile(&delays, 0.99),
-        delays[delays.len() - 1]
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,18 +78,18 @@ async fn a_reset_on_one_instance_reaches_every_instance() {
     let mut delays = Vec::new();
     for round in 0..25 {
         let key = format!("customer-{round}");
-        fleet.lock_out(key.as_bytes()).await;
+        fleet::lock_out(&fleet.limiters, key.as_bytes(), LIMIT).await;
         let from = round % INSTANCES;
         let since = Instant::now();
         fleet.limiters[from].reset(key.as_bytes()).await.unwrap();
-        delays.extend(fleet.heard(key.as_bytes(), from, since).await);
+        delays.extend(fleet::heard(&fleet.limiters, key.as_bytes(), from, since).await);
         assert_eq!(
-            fleet.admitted(key.as_bytes(), 4 * INSTANCES).await,
+            fleet::admitted(&fleet.limiters, key.as_bytes(), 4 * INSTANCES).await,
             LIMIT,
             "round {round}: after the reset the fleet admits exactly the limit"
         );
     }
-    report("reset reached another instance", delays);
+    fleet::report("reset reached another instance", delays);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +103,7 @@ async fn a_cut_subscription_leaves_no_stale_refusal_and_comes_back() {
         store.connect().await.unwrap();
     }
     fleet.subscribed(1).await;
-    fleet.lock_out(b"alice").await;
+    fleet::lock_out(&fleet.limiters, b"alice", LIMIT).await;
 
     // Every subscription dropped, and kept from coming back (a password
     // the stores do not have: connections already open are not asked for
@@ -196,11 +126,14 @@ async fn a_cut_subscription_leaves_no_stale_refusal_and_comes_back() {
     assert_eq!(killed, INSTANCES as i64, "one subscription per instance");
     let since = Instant::now();
     fleet.limiters[0].reset(b"alice").await.unwrap();
-    report(
+    fleet::report(
         "reset with every subscription cut",
-        fleet.heard(b"alice", 0, since).await,
+        fleet::heard(&fleet.limiters, b"alice", 0, since).await,
     );
-    assert_eq!(fleet.admitted(b"alice", 4 * INSTANCES).await, LIMIT);
+    assert_eq!(
+        fleet::admitted(&fleet.limiters, b"alice", 4 * INSTANCES).await,
+        LIMIT
+    );
 
     assert!(
         fleet.stores.iter().all(|s| s.subscriptions() == 1),
@@ -217,14 +150,17 @@ async fn a_cut_subscription_leaves_no_stale_refusal_and_comes_back() {
         .await
         .unwrap();
     fleet.subscribed(2).await;
-    fleet.lock_out(b"bob").await;
+    fleet::lock_out(&fleet.limiters, b"bob", LIMIT).await;
     let since = Instant::now();
     fleet.limiters[1].reset(b"bob").await.unwrap();
-    report(
+    fleet::report(
         "reset after the subscriptions came back",
-        fleet.heard(b"bob", 1, since).await,
+        fleet::heard(&fleet.limiters, b"bob", 1, since).await,
     );
-    assert_eq!(fleet.admitted(b"bob", 4 * INSTANCES).await, LIMIT);
+    assert_eq!(
+        fleet::admitted(&fleet.limiters, b"bob", 4 * INSTANCES).await,
+        LIMIT
+    );
 }
 
 /// Four instances leasing batches of up to 4 units from one fixed window

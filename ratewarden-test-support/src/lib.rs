@@ -20,6 +20,7 @@ mod wire;
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub mod containers;
+pub mod fleet;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod memory;
