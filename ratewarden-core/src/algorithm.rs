@@ -9,8 +9,10 @@
 //!   moves the moment access returns.
 //! * **Expiry is fixed when a window opens**, never moved by later hits.
 //! * **Time that goes backwards is clamped**, per key, to the latest time the
-//!   key has seen, so a skewed clock can make a decision stricter but never
-//!   admit more than the limit.
+//!   key has seen, so a clock stepped back can make a decision stricter but
+//!   never admit more than the limit. A clock stepped forward is believed:
+//!   the windows it skips are over, so a host whose wall clock jumps ahead
+//!   admits up to one more window's limit in real time.
 //!
 //! Backends written in another language (Lua, SQL) transcribe these
 //! functions; products are bounded by [`MAX_EXACT`](crate::policy::MAX_EXACT)
