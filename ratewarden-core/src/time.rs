@@ -100,11 +100,6 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// that follows real time. A clock that drives time by hand overrides
     /// it: [`ManualClock`] moves itself forward to the earliest end of its
     /// pauses, taking no real time.
-    ///
-    /// # Migration
-    ///
-    /// Added with a default: an existing clock keeps compiling and sleeps
-    /// in real time.
     fn sleep(&self, d: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(tokio::time::sleep(d))
     }

@@ -234,11 +234,6 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// held for one key's update, and must answer exactly as `decide` would
     /// (the conformance suite sends every other request of its scenarios
     /// here, so a difference fails them).
-    ///
-    /// # Migration
-    ///
-    /// Added after the first release with a default of `None`: an existing
-    /// store keeps compiling and keeps being awaited.
     fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
         let _ = request;
         None
@@ -273,13 +268,6 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// application passing attacker-chosen bytes must not be able to grow a
     /// store by making keys longer. [`DEFAULT_MAX_KEY_LEN`] is a good
     /// default; the conformance suite checks bounds up to 1 MiB.
-    ///
-    /// # Migration
-    ///
-    /// Required, and a `usize`: it was an `Option<usize>` with a default of
-    /// `None` (no bound), which compiled and then failed the conformance
-    /// scenario `key_length_bound`. A store that declared `Some(n)` now
-    /// returns `n`.
     fn max_key_len(&self) -> usize;
 
     /// Undoes one admission that [`decide`](Store::decide) made: the
@@ -302,11 +290,6 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// (stricter, counted in
     /// [`RuleStats::refund_failures`](crate::RuleStats::refund_failures)),
     /// and the conformance scenario `refund_exactness` fails.
-    ///
-    /// # Migration
-    ///
-    /// Required: its default answered `Unsupported`, which compiled and then
-    /// failed `refund_exactness`.
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError>;
 
     /// The decision [`decide`](Store::decide) would return for the same
@@ -320,11 +303,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// own transaction, or from a copy of the state, at a little more cost
     /// than a decision.
     ///
-    /// # Migration
-    ///
-    /// Added after the first listing, required (the conformance scenario
-    /// `peek_never_records` needs it, and a default could only guess): a
-    /// store whose state lives in one structure can copy it and call
+    /// A store whose state lives in one structure can copy it and call
     /// [`algorithm::peek`](crate::algorithm::peek).
     async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError>;
 
@@ -337,11 +316,6 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// test account). Only the state for that algorithm is forgotten: a
     /// [`Limiter`](crate::Limiter) namespaces each rule's keys, and
     /// [`Limiter::reset`](crate::Limiter::reset) resets every rule's.
-    ///
-    /// # Migration
-    ///
-    /// Added after the first listing, required (the conformance scenario
-    /// `reset_is_exact` needs it): remove the key's entry, row or hash.
     async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError>;
 
     /// Records the request's cost for its key at its time whether or not they fit, as
@@ -350,12 +324,12 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// the key's wait even when it is already over its limit. Atomic, like
     /// `decide`; bounded as `algorithm::penalize` bounds it.
     ///
-    /// # Migration
-    ///
-    /// Added after the first listing, required (the conformance scenario
-    /// `penalty_is_counted` needs it): apply `algorithm::penalize` to the
-    /// key's state where `decide` applies `algorithm::apply`; a wrapper
-    /// forwards it.
+    /// A store applies [`algorithm::penalize`](crate::algorithm::penalize)
+    /// to the key's state where `decide` applies
+    /// [`algorithm::apply`](crate::algorithm::apply). A wrapper forwards
+    /// this, as it forwards every provided method: one that does not
+    /// forward [`invalidations`](Store::invalidations), say, hides its
+    /// store's notices from the rules in front of it.
     async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError>;
 }
 
