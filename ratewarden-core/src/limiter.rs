@@ -1018,7 +1018,7 @@ impl Admission {
         let mut buf = StorageKey::new();
         for (i, _) in self.kept.iter() {
             let rule = &self.limiter.rules[*i];
-            rule.forget(rule.fill_storage_key(&mut buf, &self.key));
+            rule.given_back(rule.fill_storage_key(&mut buf, &self.key));
         }
     }
 }

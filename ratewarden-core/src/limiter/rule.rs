@@ -560,14 +560,15 @@ impl Rule {
     }
 
     /// Tells every refusal cache in front of this rule's store that
-    /// `storage_key`'s state changed: what they hold of it is stale.
-    pub(crate) fn forget(&self, storage_key: &[u8]) {
+    /// `storage_key` has units back: what they hold of it is stale. Called
+    /// once the store has them, and also before where that is not awaited.
+    pub(crate) fn given_back(&self, storage_key: &[u8]) {
         self.notices.invalidate(storage_key);
     }
 
     /// Tells every refusal cache and lease in front of this rule's store
     /// that `storage_key` was reset: what they hold of it is stale.
-    pub(crate) fn forgot(&self, storage_key: &[u8]) {
+    pub(crate) fn was_reset(&self, storage_key: &[u8]) {
         self.notices.reset(storage_key);
     }
 

@@ -431,12 +431,6 @@ impl Rule {
         self.given_back(storage_key);
     }
 
-    /// Tells the local copies of the key (refusal caches) in front of the
-    /// store that the store has units back, once the store has them.
-    fn given_back(&self, storage_key: &[u8]) {
-        self.forget(storage_key);
-    }
-
     /// Refunds `charge` now if that needs no waiting; `false`, having done
     /// nothing, when it must be awaited ([`refund`](Self::refund)).
     pub(crate) fn refund_charge_now(
@@ -843,7 +837,7 @@ impl Rule {
         // After the stores: a refusal cached by a request decided while
         // they were being reset is forgotten too, in every limiter of the
         // process.
-        self.forgot(&storage_key);
+        self.was_reset(&storage_key);
         if let Some(cache) = &self.refusals {
             cache.remove(key);
         }
