@@ -88,9 +88,14 @@ teeth! {
     ],
     give_back_reaches_local_state: [
         GiveBackNotTold => ["after five give-backs", "a peek must admit"],
+        FallbackForgotten => ["with a fallback counting during an outage", "after five give-backs"],
+        EscalationForgotten => ["with an escalation store", "after five give-backs"],
     ],
     reset_reaches_local_state: [
         ResetNotTold => ["after a reset", "a peek must admit"],
+        FallbackForgotten => ["with a fallback counting during an outage", "after a reset"],
+        EscalationForgotten => ["with an escalation store", "after a reset"],
+        ResetSkippedWhileOpen => ["with an open breaker", "success without a call to the store"],
     ],
     refusal_racing_a_give_back_not_cached: [
         RefusalCachedAfterGiveBack => ["after A's give-back", "stale"],

@@ -1,6 +1,6 @@
-//! The whole conformance suite against a three-master Redis Cluster, nodes
-//! on loopback ports with host networking, joined by `redis-cli --cluster
-//! create`.
+//! The whole conformance suite, store and composition scenarios, against a
+//! three-master Redis Cluster, nodes on loopback ports with host networking,
+//! joined by `redis-cli --cluster create`.
 
 mod common;
 
@@ -25,31 +25,9 @@ async fn store() -> Arc<dyn Store> {
 
 ratewarden_conformance::conformance_tests!(store);
 
-/// The composition scenarios that attack local state in front of a shared
-/// store (refusal caches, leases) after a give-back or a reset, with the
-/// cluster as the shared tier; the whole composition suite runs on one
-/// server in `conformance.rs`.
+/// The composition scenarios with the cluster as the shared tier.
 mod composition {
     use super::*;
 
-    #[test]
-    fn give_back_reaches_local_state() {
-        ratewarden_conformance::__private::run_composition_test(
-            "give_back_reaches_local_state",
-            store,
-        );
-    }
-
-    #[test]
-    fn reset_reaches_local_state() {
-        ratewarden_conformance::__private::run_composition_test("reset_reaches_local_state", store);
-    }
-
-    #[test]
-    fn refusal_racing_a_give_back_not_cached() {
-        ratewarden_conformance::__private::run_composition_test(
-            "refusal_racing_a_give_back_not_cached",
-            store,
-        );
-    }
+    ratewarden_conformance::composition_tests!(store);
 }

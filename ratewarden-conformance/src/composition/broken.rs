@@ -80,11 +80,22 @@ pub enum CompositionDefect {
     /// refusal whenever it arrives, even one decided before the give-back
     /// (`refusal_racing_a_give_back_not_cached`).
     RefusalCachedAfterGiveBack,
+    /// A give-back or a reset that undoes only what the authoritative store
+    /// counted, never what the fallback counted during an outage
+    /// (`give_back_reaches_local_state`, `reset_reaches_local_state`).
+    FallbackForgotten,
+    /// A give-back or a reset that never reaches the escalation store,
+    /// which counted every sampled admission
+    /// (`give_back_reaches_local_state`, `reset_reaches_local_state`).
+    EscalationForgotten,
+    /// A reset skipped, reporting success, while a rule's breaker is open
+    /// (`reset_reaches_local_state`).
+    ResetSkippedWhileOpen,
 }
 
 impl CompositionDefect {
     /// Every defect.
-    pub const ALL: [CompositionDefect; 16] = [
+    pub const ALL: [CompositionDefect; 19] = [
         CompositionDefect::NoRefunds,
         CompositionDefect::BothConsulted,
         CompositionDefect::PacedSampling,
@@ -101,6 +112,9 @@ impl CompositionDefect {
         CompositionDefect::GiveBackNotTold,
         CompositionDefect::ResetNotTold,
         CompositionDefect::RefusalCachedAfterGiveBack,
+        CompositionDefect::FallbackForgotten,
+        CompositionDefect::EscalationForgotten,
+        CompositionDefect::ResetSkippedWhileOpen,
     ];
 }
 
@@ -124,6 +138,23 @@ impl Composer for BrokenComposer {
                     }
                 }
                 LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::FallbackForgotten => {
+                for t in &mut tiers {
+                    t.fallback = t.fallback.take().map(Forgets::wrap);
+                }
+                LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::EscalationForgotten => {
+                for t in &mut tiers {
+                    if let Some(e) = &mut t.escalation {
+                        e.store = Forgets::wrap(e.store.clone());
+                    }
+                }
+                LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::ResetSkippedWhileOpen => {
+                Ok(Box::new(SkipsResetWhileOpen(limiter(&tiers, &clock)?)))
             }
             CompositionDefect::BothConsulted => {
                 let mut out = Vec::new();
@@ -534,6 +565,77 @@ impl Store for NoRefund {
 
     async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
         self.0.penalize(request).await
+    }
+}
+
+/// A store that keeps every count: refunds and resets do nothing, as if
+/// the composition never sent them there.
+#[derive(Debug)]
+struct Forgets(Arc<dyn Store>);
+
+impl Forgets {
+    fn wrap(store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(Forgets(store))
+    }
+}
+
+#[async_trait]
+impl Store for Forgets {
+    forward_identity!(0);
+
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.0.decide(request).await
+    }
+
+    async fn refund(&self, _: Refund<'_>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.0.peek(request).await
+    }
+
+    async fn reset(&self, _: Key<'_>, _: &Policy) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+        self.0.penalize(request).await
+    }
+}
+
+/// A limiter whose reset, while a rule's breaker is open, does nothing and
+/// reports success: the store "is down", so why call it.
+struct SkipsResetWhileOpen(Limiter);
+
+#[async_trait]
+impl Composition for SkipsResetWhileOpen {
+    async fn check(&self, key: &[u8]) -> Decision {
+        self.0.check(key).await
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        self.0.flush_abuse_events().await
+    }
+
+    async fn check_admission(&self, key: &[u8]) -> Option<ratewarden_core::Admission> {
+        self.0.check_admission(key, 1).await.ok()
+    }
+
+    async fn peek(&self, key: &[u8]) -> Option<Decision> {
+        Some(self.0.peek(key).await)
+    }
+
+    async fn reset(&self, key: &[u8]) -> Option<Result<(), StoreError>> {
+        let open = self
+            .0
+            .stats()
+            .iter()
+            .any(|s| s.breaker == ratewarden_core::BreakerState::Open);
+        if open {
+            return Some(Ok(()));
+        }
+        Some(self.0.reset(key).await)
     }
 }
 

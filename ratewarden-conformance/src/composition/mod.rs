@@ -427,15 +427,22 @@ composition_list! {
     /// Catches a composition that asks the store on every refused request.
     refused_offender_costs_no_round_trip => "a refused client hammering costing a shared-store round trip per request",
     /// For each local layer in front of a shared tier (5 per 15 min) — a
-    /// refusal cache; a local tier before it; a lease — five requests held,
-    /// a sixth refused and a seventh refused from local state without a
-    /// store call; the five given back. A peek must then admit and exactly
-    /// 5 of 8 requests be admitted. Catches local state not told of a
-    /// give-back (a response-decided one, a released permit).
+    /// refusal cache; a local tier before it; a lease; a fallback counting
+    /// during an outage; an escalation store sampling every admission —
+    /// five requests held, a sixth refused and a seventh refused from local
+    /// state without a store call; the five given back. A peek must then
+    /// admit and exactly 5 of 8 requests be admitted. Catches local state
+    /// not told of a give-back (a response-decided one, a released permit)
+    /// and a give-back that misses a store that counted the request.
     give_back_reaches_local_state => "a refusal held locally after a give-back, refusing units the store has back",
     /// The same layers, the limit spent and refused from local state, then
-    /// the key reset: a peek admits and exactly 5 of 8 are admitted.
-    /// Catches local state not told of a reset.
+    /// the key reset: a peek admits and exactly 5 of 8 are admitted; during
+    /// the outage the reset reports the failing store's error and still
+    /// resets the fallback. Then with the rule's breaker open and the store
+    /// back, a reset reaches the store, and after the cool-down 5 of 8 are
+    /// admitted. Catches local state not told of a reset, a reset that
+    /// misses a store that counted the key, and one skipped while the
+    /// breaker is open.
     reset_reaches_local_state => "a refusal held locally after a reset, refusing a key the store has forgotten",
     /// One unit per 10 s, held by A; B refused by the store with its reply
     /// held up; A given back; B's reply arrives. The next request must be

@@ -997,27 +997,65 @@ pub(super) async fn leased_dead_store_follows_failure_policy(s: &Setup<'_>) -> S
     ])
 }
 
-/// The local layers a give-back or a reset must reach, each in front of a
-/// shared tier "login" (5 per 15 min, fixed window) on `store`, with a
-/// refusal cache: alone, behind a local tier, and leased in batches.
-fn local_layers(store: &Arc<dyn Store>) -> Result<Vec<(&'static str, Vec<TierSpec>)>, Failure> {
-    let login = |lease: Option<u32>| -> Result<TierSpec, Failure> {
+/// A local layer a give-back or a reset must reach, in front of a shared
+/// tier "login" (5 per 15 min, fixed window) with a refusal cache.
+struct Layer {
+    name: &'static str,
+    tiers: Vec<TierSpec>,
+    /// The shared store fails while the layer is attacked, so that its
+    /// fallback counts the key.
+    outage: bool,
+}
+
+/// The local layers of the give-back and reset scenarios: a refusal cache
+/// alone, behind a local tier, leased in batches, with a fallback that
+/// counts the key while the shared store is down (a breaker of one failure
+/// keeps the dead store out of it), and escalating every admitted request
+/// to a durable store (5 per hour) that counts it too.
+fn local_layers(store: &Arc<dyn Store>) -> Result<Vec<Layer>, Failure> {
+    let login = || -> Result<TierSpec, Failure> {
         let mut t = TierSpec::new(
             "login",
             store.clone(),
             policy(Algorithm::FixedWindow, 5, 900 * S)?,
         );
         t.refusal_cache = Some(100);
-        t.lease = lease;
         Ok(t)
     };
+    let layer = |name, tiers| Layer {
+        name,
+        tiers,
+        outage: false,
+    };
+    let mut leased = login()?;
+    leased.lease = Some(4);
+    let mut fallback = login()?;
+    fallback.fallback = Some(local());
+    fallback.breaker = BreakerConfig::new(1, 3_600 * Duration::from_secs(1))
+        .map_err(|e| Failure(format!("scenario bug: {e}")))?;
+    let mut escalating = login()?;
+    escalating.escalation = Some(EscalationSpec {
+        store: local(),
+        policy: policy(Algorithm::FixedWindow, 5, 3_600 * S)?,
+        every: 1,
+        sink: None,
+    });
     Ok(vec![
-        ("a refusal cache", vec![login(None)?]),
-        (
+        layer("a refusal cache", vec![login()?]),
+        layer(
             "a local tier and a refusal cache",
-            vec![TierSpec::new("burst", local(), log(100, 60)?), login(None)?],
+            vec![TierSpec::new("burst", local(), log(100, 60)?), login()?],
         ),
-        ("a lease and a refusal cache", vec![login(Some(4))?]),
+        layer("a lease and a refusal cache", vec![leased]),
+        Layer {
+            name: "a fallback counting during an outage, and a refusal cache",
+            tiers: vec![fallback],
+            outage: true,
+        },
+        layer(
+            "an escalation store sampling every admission, and a refusal cache",
+            vec![escalating],
+        ),
     ])
 }
 
@@ -1082,8 +1120,14 @@ pub(super) async fn give_back_reaches_local_state(s: &Setup<'_>) -> ScenarioResu
     let shared: Arc<dyn Store> = store.clone();
     let layers = local_layers(&shared)?;
     s.at(0);
-    for (i, (layer, tiers)) in layers.iter().enumerate() {
-        let c = s.compose(tiers.clone())?;
+    for (i, l) in layers.iter().enumerate() {
+        let layer = l.name;
+        let c = s.compose(l.tiers.clone())?;
+        store.set(if l.outage {
+            Health::Failing
+        } else {
+            Health::Up
+        });
         let key = format!("login-{i}");
         let key = key.as_bytes();
         let mut held = Vec::new();
@@ -1111,6 +1155,7 @@ pub(super) async fn give_back_reaches_local_state(s: &Setup<'_>) -> ScenarioResu
         }
         whole_limit_back(&*c, key, layer, "five give-backs").await?;
     }
+    store.set(Health::Up);
     evidence(vec![
         format!(
             "{} local layers: after 5 give-backs a peek admits and 5 of 8 are admitted",
@@ -1124,29 +1169,107 @@ pub(super) async fn reset_reaches_local_state(s: &Setup<'_>) -> ScenarioResult {
     // The limit spent and a refusal held locally; support lifts it.
     let store = Switch::<dyn Store>::new(s.shared().await?);
     let shared: Arc<dyn Store> = store.clone();
-    let layers = local_layers(&shared)?;
     s.at(0);
-    for (i, (layer, tiers)) in layers.iter().enumerate() {
-        let c = s.compose(tiers.clone())?;
+    // A breaker open when support resets the key: the store answers again,
+    // but the rule has not asked it since it failed. The reset must still
+    // reach the store (a reset is rare and deliberate; one skipped while
+    // reporting success leaves the customer locked out), so that once the
+    // breaker closes the key has its whole limit.
+    let layer = "an open breaker and a refusal cache";
+    let mut tier = TierSpec::new(
+        "login",
+        shared.clone(),
+        policy(Algorithm::FixedWindow, 5, 900 * S)?,
+    );
+    tier.refusal_cache = Some(100);
+    tier.breaker = BreakerConfig::new(1, 10 * Duration::from_secs(1))
+        .map_err(|e| Failure(format!("scenario bug: {e}")))?;
+    let c = s.compose(vec![tier])?;
+    spend_and_refuse(&*c, &store, b"reset-breaker", layer).await?;
+    store.set(Health::Failing);
+    let d = c.check(b"another-client").await;
+    store.set(Health::Up);
+    if !d.source.degraded {
+        return fail(format!(
+            "scenario bug: a request while the store fails must be answered by the failure \
+             policy; got {}",
+            show(&d)
+        ));
+    }
+    let before = store.resets();
+    match c.reset(b"reset-breaker").await {
+        Some(Ok(())) if store.resets() > before => {}
+        Some(Ok(())) => {
+            return fail(format!(
+                "with {layer}: the reset reported success without a call to the store"
+            ));
+        }
+        Some(Err(e)) => return fail(format!("with {layer}: the reset failed: {e}")),
+        None => return fail(format!("with {layer}: the composition cannot reset")),
+    }
+    s.at(11 * S);
+    whole_limit_back(
+        &*c,
+        b"reset-breaker",
+        layer,
+        "a reset and the breaker's cool-down",
+    )
+    .await?;
+
+    // Every other layer, the key's limit spent and refused locally.
+    let layers = local_layers(&shared)?;
+    for (i, l) in layers.iter().enumerate() {
+        let layer = l.name;
+        let c = s.compose(l.tiers.clone())?;
+        store.set(if l.outage {
+            Health::Failing
+        } else {
+            Health::Up
+        });
         let key = format!("reset-{i}");
         let key = key.as_bytes();
-        admit_each(&*c, key, 5, |n| format!("with {layer}: request {n}")).await?;
-        let d = c.check(key).await;
-        if d.allowed {
-            return fail(format!("with {layer}: the sixth request must be refused"));
-        }
-        refused_locally(&*c, &store, key, layer).await?;
-        match c.reset(key).await {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return fail(format!("with {layer}: the reset failed: {e}")),
-            None => return fail(format!("with {layer}: the composition cannot reset")),
+        spend_and_refuse(&*c, &store, key, layer).await?;
+        match (c.reset(key).await, l.outage) {
+            (Some(Ok(())), false) | (Some(Err(_)), true) => {}
+            (Some(Ok(())), true) => {
+                return fail(format!(
+                    "with {layer}: a reset while the shared store fails must report its error \
+                     (the key is only partly reset), not success"
+                ));
+            }
+            (Some(Err(e)), false) => {
+                return fail(format!("with {layer}: the reset failed: {e}"));
+            }
+            (None, _) => return fail(format!("with {layer}: the composition cannot reset")),
         }
         whole_limit_back(&*c, key, layer, "a reset").await?;
     }
-    evidence(vec![format!(
-        "{} local layers: after a reset a peek admits and 5 of 8 are admitted",
-        layers.len()
-    )])
+    store.set(Health::Up);
+
+    evidence(vec![
+        format!(
+            "{} local layers: after a reset a peek admits and 5 of 8 are admitted",
+            layers.len()
+        ),
+        "a reset while the shared store failed reported the error and reset the fallback".into(),
+        "a reset while the breaker was open reached the store".into(),
+    ])
+}
+
+/// Spends the limit of `key` (5) and has it refused, the last time from
+/// local state.
+async fn spend_and_refuse(
+    c: &dyn Composition,
+    store: &Switch<dyn Store>,
+    key: &[u8],
+    layer: &str,
+) -> Result<(), Failure> {
+    admit_each(c, key, 5, |n| format!("with {layer}: request {n}")).await?;
+    let d = c.check(key).await;
+    if d.allowed {
+        return fail(format!("with {layer}: the sixth request must be refused"));
+    }
+    refused_locally(c, store, key, layer).await
 }
 
 pub(super) async fn refusal_racing_a_give_back_not_cached(s: &Setup<'_>) -> ScenarioResult {

@@ -36,6 +36,7 @@ pub struct Switch<T: ?Sized> {
     calls: AtomicU64,
     inline_asks: AtomicU64,
     refunds: AtomicU64,
+    resets: AtomicU64,
     refusals: AtomicU64,
 }
 
@@ -57,6 +58,7 @@ impl<T: ?Sized> Switch<T> {
             calls: AtomicU64::new(0),
             inline_asks: AtomicU64::new(0),
             refunds: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
         })
     }
@@ -85,6 +87,11 @@ impl<T: ?Sized> Switch<T> {
     /// Refund calls that reached it (a store only).
     pub fn refunds(&self) -> u64 {
         self.refunds.load(Ordering::SeqCst)
+    }
+
+    /// Reset calls that reached it (a store only).
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::SeqCst)
     }
 
     /// For a sink: the refusals the events it stored stand for.
@@ -139,6 +146,7 @@ impl Store for Switch<dyn Store> {
     }
 
     async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
+        self.resets.fetch_add(1, Ordering::SeqCst);
         self.gate(self.inner.name()).await?;
         self.inner.reset(key, policy).await
     }
