@@ -97,6 +97,9 @@ teeth! {
         EscalationForgotten => ["with an escalation store", "after a reset"],
         ResetSkippedWhileOpen => ["with an open breaker", "success without a call to the store"],
     ],
+    penalty_reaches_local_state: [
+        PenaltyMissesLease => ["with a lease", "after the penalty must be refused"],
+    ],
     refusal_racing_a_give_back_not_cached: [
         RefusalCachedAfterGiveBack => ["after A's give-back", "stale"],
     ],

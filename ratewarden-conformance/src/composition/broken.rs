@@ -91,11 +91,14 @@ pub enum CompositionDefect {
     /// A reset skipped, reporting success, while a rule's breaker is open
     /// (`reset_reaches_local_state`).
     ResetSkippedWhileOpen,
+    /// A penalty charged to the shared stores behind the leases, which go on
+    /// spending the units in hand (`penalty_reaches_local_state`).
+    PenaltyMissesLease,
 }
 
 impl CompositionDefect {
     /// Every defect.
-    pub const ALL: [CompositionDefect; 19] = [
+    pub const ALL: [CompositionDefect; 20] = [
         CompositionDefect::NoRefunds,
         CompositionDefect::BothConsulted,
         CompositionDefect::PacedSampling,
@@ -115,6 +118,7 @@ impl CompositionDefect {
         CompositionDefect::FallbackForgotten,
         CompositionDefect::EscalationForgotten,
         CompositionDefect::ResetSkippedWhileOpen,
+        CompositionDefect::PenaltyMissesLease,
     ];
 }
 
@@ -152,6 +156,17 @@ impl Composer for BrokenComposer {
                     }
                 }
                 LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::PenaltyMissesLease => {
+                let shared = tiers
+                    .iter()
+                    .map(|t| (t.name, t.store.clone(), t.policy))
+                    .collect();
+                Ok(Box::new(PenaltyBehindLeases {
+                    inner: LimiterComposer.compose(tiers, clock.clone())?,
+                    shared,
+                    clock,
+                }))
             }
             CompositionDefect::ResetSkippedWhileOpen => {
                 Ok(Box::new(SkipsResetWhileOpen(limiter(&tiers, &clock)?)))
@@ -636,6 +651,36 @@ impl Composition for SkipsResetWhileOpen {
             return Some(Ok(()));
         }
         Some(self.0.reset(key).await)
+    }
+}
+
+/// A composition whose penalties go straight to each tier's shared store,
+/// as an application holding that store might send them, past the leases.
+struct PenaltyBehindLeases {
+    inner: Box<dyn Composition>,
+    shared: Vec<(&'static str, Arc<dyn Store>, Policy)>,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl Composition for PenaltyBehindLeases {
+    async fn check(&self, key: &[u8]) -> Decision {
+        self.inner.check(key).await
+    }
+
+    async fn flush_abuse_events(&self) -> u64 {
+        self.inner.flush_abuse_events().await
+    }
+
+    async fn penalize(&self, key: &[u8], weight: u32) -> Option<Result<(), StoreError>> {
+        let now = self.clock.now();
+        for (rule, store, policy) in &self.shared {
+            let key = storage_key(rule, key);
+            if let Err(e) = call::penalize(store.as_ref(), &key, policy, weight, now).await {
+                return Some(Err(e));
+            }
+        }
+        Some(Ok(()))
     }
 }
 

@@ -202,6 +202,11 @@ pub trait Composition: Send + Sync {
     async fn reset(&self, _key: &[u8]) -> Option<Result<(), StoreError>> {
         None
     }
+    /// Charges `key` `weight` units in every tier, admitted or not. `None`
+    /// from a composition that cannot, which the penalty scenario fails.
+    async fn penalize(&self, _key: &[u8], _weight: u32) -> Option<Result<(), StoreError>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -224,6 +229,10 @@ impl Composition for Limiter {
 
     async fn reset(&self, key: &[u8]) -> Option<Result<(), StoreError>> {
         Some(Limiter::reset(self, key).await)
+    }
+
+    async fn penalize(&self, key: &[u8], weight: u32) -> Option<Result<(), StoreError>> {
+        Some(Limiter::penalize(self, key, weight).await)
     }
 }
 
@@ -301,6 +310,10 @@ impl Composition for Leasing {
 
     async fn reset(&self, key: &[u8]) -> Option<Result<(), StoreError>> {
         Some(self.limiter.reset(key).await)
+    }
+
+    async fn penalize(&self, key: &[u8], weight: u32) -> Option<Result<(), StoreError>> {
+        Some(self.limiter.penalize(key, weight).await)
     }
 
     async fn release_leases(&self) -> u64 {
@@ -444,6 +457,11 @@ composition_list! {
     /// misses a store that counted the key, and one skipped while the
     /// breaker is open.
     reset_reaches_local_state => "a refusal held locally after a reset, refusing a key the store has forgotten",
+    /// The same layers but the fallback: 2 requests admitted, then the key
+    /// charged a penalty of 3, which spends the shared tier's 5: the next 3
+    /// requests must all be refused. Catches local state that goes on
+    /// admitting a penalized key, as a lease spending units in hand would.
+    penalty_reaches_local_state => "a penalized key admitted from local state, as units in hand",
     /// One unit per 10 s, held by A; B refused by the store with its reply
     /// held up; A given back; B's reply arrives. The next request must be
     /// admitted. Catches a cache that forgets the key on a give-back but

@@ -1272,6 +1272,44 @@ async fn spend_and_refuse(
     refused_locally(c, store, key, layer).await
 }
 
+pub(super) async fn penalty_reaches_local_state(s: &Setup<'_>) -> ScenarioResult {
+    // A payment fails after two admitted requests and costs 3 more: the
+    // shared tier has counted its 5, and the instance must not admit the
+    // key from what it holds locally. The fallback is left out: a penalty
+    // charges the rule's own store only.
+    let store = Switch::<dyn Store>::new(s.shared().await?);
+    let shared: Arc<dyn Store> = store.clone();
+    let layers = local_layers(&shared)?;
+    s.at(0);
+    let mut tested = 0;
+    for (i, l) in layers.iter().enumerate().filter(|(_, l)| !l.outage) {
+        let layer = l.name;
+        let c = s.compose(l.tiers.clone())?;
+        let key = format!("penalty-{i}");
+        let key = key.as_bytes();
+        admit_each(&*c, key, 2, |n| format!("with {layer}: request {n}")).await?;
+        match c.penalize(key, 3).await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return fail(format!("with {layer}: the penalty failed: {e}")),
+            None => return fail(format!("with {layer}: the composition cannot penalize")),
+        }
+        for n in 1..=3 {
+            let d = c.check(key).await;
+            if d.allowed {
+                return fail(format!(
+                    "with {layer}: after 2 admitted and a penalty of 3 the limit of 5 is spent; \
+                     request {n} after the penalty must be refused, got {}",
+                    show(&d)
+                ));
+            }
+        }
+        tested += 1;
+    }
+    evidence(vec![format!(
+        "{tested} local layers: after 2 admitted and a penalty of 3, 3 of 3 requests refused"
+    )])
+}
+
 pub(super) async fn refusal_racing_a_give_back_not_cached(s: &Setup<'_>) -> ScenarioResult {
     // One unit per 10 s. A holds it; B is refused by the store, and its
     // reply is held up; A is given back; B's reply arrives. The refusal
