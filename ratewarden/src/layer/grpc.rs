@@ -55,7 +55,11 @@ mod tests {
     use crate::HeaderMode;
 
     fn status_of(response: &Response<Bytes>) -> Status {
-        assert_eq!(response.status(), StatusCode::OK, "a gRPC answer is HTTP 200");
+        assert_eq!(
+            response.status(),
+            StatusCode::OK,
+            "a gRPC answer is HTTP 200"
+        );
         Status::from_header_map(response.headers()).expect("a grpc-status header")
     }
 
