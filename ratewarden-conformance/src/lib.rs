@@ -24,8 +24,10 @@
 //! # fn main() {}
 //! ```
 //!
-//! The macro generates one test per scenario, named after it, each on its own
-//! multi-thread runtime with two workers (what
+//! The macro generates one test per scenario, named after it, and in a
+//! module `composition` one per [composition scenario](composition) with the
+//! store as the shared tier of a [`Limiter`](ratewarden_core::Limiter). Each
+//! runs on its own multi-thread runtime with two workers (what
 //! `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` would
 //! build); the backend crate needs no tokio dependency of its own for it. A
 //! failing scenario panics with its [`Failure`] message, a passing one prints
@@ -202,7 +204,11 @@ macro_rules! scenarios {
 
         /// Generates one test per scenario, named after it, from a store
         /// factory (an `async fn() -> Arc<dyn Store>`, a closure returning an
-        /// `async` block, or any [`StoreFactory`] value).
+        /// `async` block, or any [`StoreFactory`] value), and in a module
+        /// `composition` one test per
+        /// [composition scenario](crate::composition::COMPOSITION_SCENARIOS)
+        /// with the store as the shared tier of a real limiter: the whole
+        /// suite, in two lines.
         ///
         /// ```
         /// use std::sync::Arc;
@@ -230,6 +236,15 @@ macro_rules! scenarios {
         macro_rules! conformance_tests {
             ($d factory:expr $d(,)?) => {
                 $d crate::__conformance_tests_for! { $d factory; $($name)* }
+
+                /// The composition scenarios with this store as the shared
+                /// tier.
+                mod composition {
+                    #[allow(unused_imports)]
+                    use super::*;
+
+                    $d crate::composition_tests!($d factory);
+                }
             };
         }
     };

@@ -24,10 +24,3 @@ mod two_algorithms {
         )) as Arc<dyn Store>
     });
 }
-
-/// The composition scenarios with the reference store as the shared tier.
-mod composition {
-    use super::*;
-
-    ratewarden_conformance::composition_tests!(store);
-}

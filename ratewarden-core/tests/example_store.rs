@@ -12,10 +12,3 @@ async fn store() -> Arc<dyn Store> {
     Arc::new(MapStore::default())
 }
 ratewarden_conformance::conformance_tests!(store);
-
-/// The composition scenarios with the example store as the shared tier.
-mod composition {
-    use super::*;
-
-    ratewarden_conformance::composition_tests!(store);
-}

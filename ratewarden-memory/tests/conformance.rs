@@ -9,10 +9,3 @@ async fn store() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new(1_000))
 }
 ratewarden_conformance::conformance_tests!(store);
-
-/// The composition scenarios with a memory store as the shared tier.
-mod composition {
-    use super::*;
-
-    ratewarden_conformance::composition_tests!(store);
-}

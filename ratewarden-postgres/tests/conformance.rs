@@ -11,10 +11,3 @@ async fn store() -> Arc<dyn Store> {
 }
 
 ratewarden_conformance::conformance_tests!(store);
-
-/// The composition scenarios with this store as the shared tier.
-mod composition {
-    use super::*;
-
-    ratewarden_conformance::composition_tests!(store);
-}

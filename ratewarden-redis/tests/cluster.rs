@@ -24,10 +24,3 @@ async fn store() -> Arc<dyn Store> {
 }
 
 ratewarden_conformance::conformance_tests!(store);
-
-/// The composition scenarios with the cluster as the shared tier.
-mod composition {
-    use super::*;
-
-    ratewarden_conformance::composition_tests!(store);
-}

@@ -54,6 +54,15 @@ impl<'a> Setup<'a> {
                 store.name()
             ));
         }
+        let supported = store.capabilities().algorithms;
+        if !supported.contains(&Algorithm::FixedWindow) {
+            return fail(format!(
+                "the composition scenarios need a shared store that supports the fixed window, \
+                 the algorithm their hand-derived numbers are written for; the {} store \
+                 supports {supported:?}",
+                store.name()
+            ));
+        }
         Ok(store)
     }
 
@@ -71,9 +80,10 @@ impl<'a> Setup<'a> {
     /// one admitted request in 10,000 into a shared tier of 10,000 per hour,
     /// which never refuses here.
     async fn reporting_to(&self, sink: Arc<dyn AbuseSink>) -> Result<EscalationSpec, Failure> {
+        let store = self.shared().await?;
         Ok(EscalationSpec {
-            store: self.shared().await?,
-            policy: log(10_000, 3_600)?,
+            policy: windowed(&*store, 10_000, 3_600)?,
+            store,
             every: 10_000,
             sink: Some(sink),
         })
@@ -102,6 +112,23 @@ impl<'a> Setup<'a> {
 
 fn log(limit: u32, window_s: u64) -> Result<Policy, Failure> {
     policy(Algorithm::SlidingLog, limit, window_s * S)
+}
+
+/// `limit` per `window_s` seconds on the shared `store`: a sliding log,
+/// else a fixed window (which [`Setup::shared`] requires). Every
+/// composition scenario's numbers hold for both: its shared tiers are spent
+/// within one window that starts at `T0`, a whole minute, hour and day.
+fn windowed(store: &dyn Store, limit: u32, window_s: u64) -> Result<Policy, Failure> {
+    let algorithm = if store
+        .capabilities()
+        .algorithms
+        .contains(&Algorithm::SlidingLog)
+    {
+        Algorithm::SlidingLog
+    } else {
+        Algorithm::FixedWindow
+    };
+    policy(algorithm, limit, window_s * S)
 }
 
 fn show(d: &Decision) -> String {
@@ -145,9 +172,11 @@ pub(super) async fn later_tier_refusal_not_charged(s: &Setup<'_>) -> ScenarioRes
     // refuses 100; if those refusals stayed counted in "day" (10 + 2 before
     // "day" itself refused), the client would be locked out for a day.
     let day = policy(Algorithm::FixedWindow, 12, 86_400 * S)?;
+    let shared = s.shared().await?;
+    let minute = windowed(&*shared, 10, 60)?;
     let c = s.compose(vec![
         TierSpec::new("day", local(), day),
-        TierSpec::new("minute", s.shared().await?, log(10, 60)?),
+        TierSpec::new("minute", shared, minute),
     ])?;
     s.at(0);
     let mut admitted = 0;
@@ -211,7 +240,7 @@ pub(super) async fn shared_retry_after_honoured(s: &Setup<'_>) -> ScenarioResult
     let tiers = |store: &Arc<dyn Store>| -> Result<Vec<TierSpec>, Failure> {
         Ok(vec![
             TierSpec::new("local", local(), log(10, 60)?),
-            TierSpec::new("shared", store.clone(), log(5, 60)?),
+            TierSpec::new("shared", store.clone(), windowed(&**store, 5, 60)?),
         ])
     };
     let a = s.compose(tiers(&store)?)?;
@@ -255,7 +284,7 @@ pub(super) async fn fallback_never_double_counts(s: &Setup<'_>) -> ScenarioResul
     // rule's refusal cache, until its retry time, outage or not.)
     let store = Switch::<dyn Store>::new(s.shared().await?);
     let shared_name = store.name();
-    let mut tier = TierSpec::new("search", store.clone(), log(5, 60)?);
+    let mut tier = TierSpec::new("search", store.clone(), windowed(&*store, 5, 60)?);
     tier.fallback = Some(local());
     tier.on_failure = FailurePolicy::Closed;
     let c = s.compose(vec![tier])?;
@@ -300,8 +329,8 @@ pub(super) async fn escalation_rate_independent_of_pace(s: &Setup<'_>) -> Scenar
     let tier = |durable: Arc<dyn Store>| -> Result<TierSpec, Failure> {
         let mut t = TierSpec::new("search", local(), log(60, 60)?);
         t.escalation = Some(EscalationSpec {
+            policy: windowed(&*durable, 10_000, 3_600)?,
             store: durable,
-            policy: log(10_000, 3_600)?,
             every: 10,
             sink: None,
         });
@@ -433,7 +462,7 @@ pub(super) async fn abuse_writes_bounded(s: &Setup<'_>) -> ScenarioResult {
 pub(super) async fn dead_store_costs_one_timeout(s: &Setup<'_>) -> ScenarioResult {
     let store = Switch::<dyn Store>::new(s.shared().await?);
     store.set(Health::Hanging);
-    let mut tier = TierSpec::new("search", store.clone(), log(10, 60)?);
+    let mut tier = TierSpec::new("search", store.clone(), windowed(&*store, 10, 60)?);
     tier.timeout = DEAD;
     tier.breaker = breaker(1, 30)?;
     let c = s.compose(vec![tier])?;
@@ -520,7 +549,7 @@ pub(super) async fn breaker_recovery(s: &Setup<'_>) -> ScenarioResult {
     // store, and the probe is cancelled by dropping it, not by a timer, so
     // nothing here depends on how fast the machine is.
     let tier = |name: &'static str| -> Result<TierSpec, Failure> {
-        let mut t = TierSpec::new(name, store.clone(), log(10, 60)?);
+        let mut t = TierSpec::new(name, store.clone(), windowed(&*store, 10, 60)?);
         t.timeout = Duration::from_secs(60);
         t.breaker = breaker(1, 10)?;
         Ok(t)
@@ -645,7 +674,7 @@ pub(super) async fn refused_offender_costs_no_round_trip(s: &Setup<'_>) -> Scena
     // tier admits-and-refunds once, not 100 times.
     let store = Switch::<dyn Store>::new(s.shared().await?);
     let local = Switch::<dyn Store>::new(local());
-    let mut shared_tier = TierSpec::new("shared", store.clone(), log(5, 60)?);
+    let mut shared_tier = TierSpec::new("shared", store.clone(), windowed(&*store, 5, 60)?);
     shared_tier.refusal_cache = Some(1_000);
     let c = s.compose(vec![
         TierSpec::new("local", local.clone(), log(100, 60)?),
