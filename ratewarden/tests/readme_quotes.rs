@@ -101,7 +101,7 @@ fn the_readme_quotes_the_outbound_example_verbatim() {
 
 #[test]
 fn the_readme_quotes_the_grpc_example_verbatim() {
-    assert_quoted("### gRPC (tonic)", "\n### ", "grpc.rs", 2);
+    assert_quoted("### gRPC (tonic)", "\n### ", "grpc.rs", 1);
 }
 
 #[test]
