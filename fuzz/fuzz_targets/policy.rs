@@ -59,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
         let verdict = algorithm::apply(&mut state, &policy, cost, now);
         match model.decide(b"k", &policy, cost, Timestamp::from_micros(now)) {
             Err(_) => {
-                assert!(policy.check_cost(cost).is_err());
+                assert!(policy.validate_cost(cost).is_err());
                 assert!(!verdict.allowed);
             }
             Ok(expected) => {

@@ -4,7 +4,7 @@
 //! [`RateLimitLayer`] built exactly as for tower: the same key extractors
 //! (client address, header, plan), the same rate-limit headers, the same
 //! `429` with its JSON body and `Retry-After`, the same answers of its own
-//! (no key, no address, a weight no rule admits) and the same store-failure
+//! (no key, no address, a cost no rule admits) and the same store-failure
 //! behaviour, because every decision is the layer's own
 //! ([`RateLimitLayer::gate`]); this crate only carries the request's head
 //! and the response across to actix-web's types. A test serves both

@@ -164,7 +164,7 @@ impl Model {
         cost: u32,
         now: Timestamp,
     ) -> Result<Expected, ConfigError> {
-        policy.check_cost(cost)?;
+        policy.validate_cost(cost)?;
         let now = now.as_micros();
         let c = u64::from(cost);
         let history = self.keys.entry((*policy, key.to_vec())).or_default();
@@ -522,7 +522,7 @@ pub async fn replay_tiers(
     let mut builder = Limiter::builder().clock(clock.clone());
     for (i, (store, &(policy, cost))) in stores.iter().zip(tiers).enumerate() {
         let rule = Rule::new(format!("t{i}"), store.clone(), policy)
-            .and_then(|r| r.with_cost(cost))
+            .and_then(|r| r.with_units_per_request(cost))
             .and_then(|r| r.with_timeout(Duration::from_secs(30)))
             .map_err(|e| fail(format!("tier {i}: {e}")))?;
         builder = builder.rule(rule);

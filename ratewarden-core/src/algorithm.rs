@@ -113,7 +113,7 @@ pub fn peek(state: &Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> V
 /// Applies `policy` to one key's `state` for a request of `cost` units at
 /// `now` (µs). `None` means the key holds nothing; state of another
 /// algorithm is discarded. The caller must have checked `cost` with
-/// [`Policy::check_cost`]; an invalid cost is refused here rather than
+/// [`Policy::validate_cost`]; an invalid cost is refused here rather than
 /// panicking.
 pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> Verdict {
     if !policy.admits_cost(cost) {
@@ -159,7 +159,7 @@ pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64)
 /// A penalty never makes a key more permissive: each bound keeps what was
 /// already there when that is more (a clock behind the key's time). An
 /// invalid cost changes nothing; the caller checks it with
-/// [`Policy::check_cost`] and answers an error.
+/// [`Policy::validate_cost`] and answers an error.
 pub fn penalize(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) {
     if !policy.admits_cost(cost) {
         return;

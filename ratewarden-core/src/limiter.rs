@@ -142,7 +142,7 @@ pub(crate) struct Progress {
     /// Taken before the current rule's store is asked: its refusal is
     /// cached only if that rule's key was not given back since.
     ticket: Ticket,
-    weight: u32,
+    cost: u32,
     next: Next,
     /// Each admission a later refusal must undo, with its rule's index, in
     /// rule order. The storage key is built again on the refusal path
@@ -321,20 +321,21 @@ impl Limiter {
         }
     }
 
-    /// [`check`](Self::check) for a request that weighs `weight` units: each
-    /// rule charges `weight` times its own cost ([`Rule::with_cost`]), and
+    /// [`check`](Self::check) for a request that costs `cost` units: each
+    /// rule charges `cost` times its own units per request
+    /// ([`Rule::with_units_per_request`]), and
     /// refunds as much if a later rule refuses.
     ///
     /// Refuses with [`ConfigError::InvalidCost`], before any store is asked
-    /// and charging nothing, a weight that some rule could never admit: zero,
+    /// and charging nothing, a cost that some rule could never admit: zero,
     /// or a charge above the rule's limit (or its escalation policy's).
     /// Such a request is not refused *for now*: no wait would ever admit it,
     /// so it gets no decision and no retry time.
-    pub async fn check_cost(&self, key: &[u8], weight: u32) -> Result<Decision, ConfigError> {
+    pub async fn check_cost(&self, key: &[u8], cost: u32) -> Result<Decision, ConfigError> {
         for rule in self.rules.iter() {
-            rule.check_weight(weight)?;
+            rule.check_cost(cost)?;
         }
-        let progress = match self.begin(key, weight) {
+        let progress = match self.begin(key, cost) {
             Begun::Decided(decision) => return Ok(decision),
             Begun::Waiting(progress) => progress,
         };
@@ -373,11 +374,11 @@ impl Limiter {
     /// assert_eq!(limiter.peek(b"alice").await.remaining, 1); // one failure counted
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
-    pub async fn check_admission(&self, key: &[u8], weight: u32) -> Result<Admission, ConfigError> {
+    pub async fn check_admission(&self, key: &[u8], cost: u32) -> Result<Admission, ConfigError> {
         for rule in self.rules.iter() {
-            rule.check_weight(weight)?;
+            rule.check_cost(cost)?;
         }
-        let mut progress = self.start(weight);
+        let mut progress = self.start(cost);
         progress.keep_all = true;
         let now = progress.now;
         let (decision, kept) = match self.advance(key, &mut progress) {
@@ -390,7 +391,7 @@ impl Limiter {
             limiter: self.clone(),
             key: SmallVec::from_slice(key),
             now,
-            weight,
+            cost,
             kept,
         })
     }
@@ -426,25 +427,25 @@ impl Limiter {
     /// # Ok::<(), ratewarden_core::ConfigError>(()) }).unwrap();
     /// ```
     pub async fn peek(&self, key: &[u8]) -> Decision {
-        self.peek_weighed(key, 1).await
+        self.peek_checked(key, 1).await
     }
 
-    /// [`peek`](Self::peek) for a request that weighs `weight` units, as
+    /// [`peek`](Self::peek) for a request that costs `cost` units, as
     /// [`check_cost`](Self::check_cost) would decide it; refuses what
     /// `check_cost` refuses, with the same error.
-    pub async fn peek_cost(&self, key: &[u8], weight: u32) -> Result<Decision, ConfigError> {
+    pub async fn peek_cost(&self, key: &[u8], cost: u32) -> Result<Decision, ConfigError> {
         for rule in self.rules.iter() {
-            rule.check_weight(weight)?;
+            rule.check_cost(cost)?;
         }
-        Ok(self.peek_weighed(key, weight).await)
+        Ok(self.peek_checked(key, cost).await)
     }
 
-    async fn peek_weighed(&self, key: &[u8], weight: u32) -> Decision {
+    async fn peek_checked(&self, key: &[u8], cost: u32) -> Decision {
         let clock = self.clock.as_ref();
         let now = clock.now();
         let mut tightest: Option<Decision> = None;
         for rule in self.rules.iter() {
-            let d = rule.peek_at(key, rule.charge(weight), now, clock).await;
+            let d = rule.peek_at(key, rule.units(cost), now, clock).await;
             if !d.allowed {
                 return d;
             }
@@ -501,7 +502,7 @@ impl Limiter {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Charges `key` `weight` units in every rule now, whether or not they
+    /// Charges `key` `cost` units in every rule now, whether or not they
     /// fit ([`Rule::penalize`], [`Store::penalize`](crate::Store::penalize)):
     /// for a cost the application learns after the request was decided (a
     /// failed payment costs 5), so that the key waits longer even when it is
@@ -510,7 +511,7 @@ impl Limiter {
     /// more than about one window of each rule
     /// ([`algorithm::penalize`](crate::algorithm::penalize)). Every
     /// rule is charged even when one fails; the first error is returned. A
-    /// weight some rule could never admit is an
+    /// cost some rule could never admit is an
     /// [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error, and
     /// charges no rule.
     ///
@@ -529,14 +530,14 @@ impl Limiter {
     /// assert_eq!(limiter.peek(b"card:42").await.remaining, 3);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
-    pub async fn penalize(&self, key: &[u8], weight: u32) -> Result<(), StoreError> {
+    pub async fn penalize(&self, key: &[u8], cost: u32) -> Result<(), StoreError> {
         for rule in self.rules.iter() {
-            rule.check_weight(weight)
+            rule.check_cost(cost)
                 .map_err(|e| StoreError::invalid_request(rule.store().name(), e))?;
         }
         let mut first_error = None;
         for rule in self.rules.iter() {
-            if let Err(e) = rule.penalize(key, weight, &*self.clock).await {
+            if let Err(e) = rule.penalize(key, cost, &*self.clock).await {
                 first_error.get_or_insert(e);
             }
         }
@@ -544,14 +545,14 @@ impl Limiter {
     }
 
     /// The decision if no store had to be awaited, else the progress left
-    /// to [`finish`](Self::finish). `weight` was checked against every rule.
+    /// to [`finish`](Self::finish). `cost` was checked against every rule.
     #[inline]
-    fn begin(&self, key: &[u8], weight: u32) -> Begun {
+    fn begin(&self, key: &[u8], cost: u32) -> Begun {
         if self.tiers {
-            return self.begin_tiers(key, weight);
+            return self.begin_tiers(key, cost);
         }
         if !self.single {
-            let mut progress = self.start(weight);
+            let mut progress = self.start(cost);
             return match self.advance(key, &mut progress) {
                 Some(decision) => Begun::Decided(decision),
                 None => Begun::Waiting(progress),
@@ -564,8 +565,8 @@ impl Limiter {
         let now = self.clock.now();
         let mut buf = StorageKey::new();
         let storage_key = rule.fill_storage_key(&mut buf, key);
-        let cost = rule.charge(weight);
-        let answer = rule.ask_inline(storage_key, cost, now);
+        let units = rule.units(cost);
+        let answer = rule.ask_inline(storage_key, units, now);
         // The store's answer, read in place: the path of nearly every
         // request on a memory store.
         if let Some(Ok(stored)) = &answer {
@@ -573,7 +574,7 @@ impl Limiter {
             rule.finish(&mut decision);
             return Begun::Decided(decision);
         }
-        match rule.local_after(answer, storage_key, cost, now, self.clock.as_ref()) {
+        match rule.local_after(answer, storage_key, units, now, self.clock.as_ref()) {
             Local::Now(decision, _) => {
                 let mut decision = decision;
                 rule.finish(&mut decision);
@@ -583,7 +584,7 @@ impl Limiter {
                 now,
                 // No refusal cache on this path.
                 ticket: Ticket::NONE,
-                weight,
+                cost,
                 next: Next::Resume(0, tried),
                 pending: SmallVec::new(),
                 tightest: None,
@@ -602,7 +603,7 @@ impl Limiter {
     /// The first answer that is not an inline decision hands the request,
     /// as far as it has gone, to [`advance`](Self::advance), without asking
     /// that store again.
-    fn begin_tiers(&self, key: &[u8], weight: u32) -> Begun {
+    fn begin_tiers(&self, key: &[u8], cost: u32) -> Begun {
         let now = self.clock.now();
         let mut buf = StorageKey::new();
         let last = self.rules.len() - 1;
@@ -610,8 +611,8 @@ impl Limiter {
         let mut tightest: Option<(usize, Decision)> = None;
         for (i, rule) in self.rules.iter().enumerate() {
             let storage_key = rule.fill_storage_key(&mut buf, key);
-            let cost = rule.charge(weight);
-            let answer = rule.ask_inline(storage_key, cost, now);
+            let units = rule.units(cost);
+            let answer = rule.ask_inline(storage_key, units, now);
             if let Some(Ok(stored)) = &answer {
                 if stored.allowed {
                     rule.count(stored);
@@ -639,7 +640,7 @@ impl Limiter {
                 let mut progress = Progress {
                     now,
                     ticket: Ticket::NONE,
-                    weight,
+                    cost,
                     next: Next::Refund(refusal),
                     pending,
                     tightest: None,
@@ -654,7 +655,7 @@ impl Limiter {
                 now,
                 // No rule on this path has a refusal cache.
                 ticket: Ticket::NONE,
-                weight,
+                cost,
                 next: Next::Step(i),
                 pending,
                 tightest: tightest.map(|(j, mut d)| {
@@ -663,7 +664,7 @@ impl Limiter {
                 }),
                 keep_all: false,
             };
-            match rule.local_after(answer, storage_key, cost, now, self.clock.as_ref()) {
+            match rule.local_after(answer, storage_key, units, now, self.clock.as_ref()) {
                 Local::Now(decision, holder) => {
                     let charge =
                         rule.settle_one(key, (now, Ticket::NONE), &decision, holder, i < last);
@@ -688,13 +689,13 @@ impl Limiter {
         Begun::Decided(decision)
     }
 
-    /// A request's progress before any rule is asked. `weight` was checked
+    /// A request's progress before any rule is asked. `cost` was checked
     /// against every rule: their charges cannot overflow.
-    fn start(&self, weight: u32) -> Progress {
+    fn start(&self, cost: u32) -> Progress {
         Progress {
             now: self.clock.now(),
             ticket: Ticket::NONE,
-            weight,
+            cost,
             // A standing refusal from any rule's cache answers before any
             // store is asked, so a hammering offender costs no round trip
             // and no local tier's admit-then-refund either.
@@ -732,15 +733,15 @@ impl Limiter {
                 Next::Step(i) => {
                     let rule = &self.rules[i];
                     let storage_key = rule.fill_storage_key(&mut buf, key);
-                    let cost = rule.charge(p.weight);
+                    let units = rule.units(p.cost);
                     p.ticket = rule.ticket(storage_key);
-                    let answer = rule.ask_inline(storage_key, cost, p.now);
+                    let answer = rule.ask_inline(storage_key, units, p.now);
                     let (decision, holder) = match &answer {
                         // The store's answer, read in place: a memory tier.
                         Some(Ok(stored)) if !rule.escalates() => {
                             (copied(stored), Some(Holder::Authoritative))
                         }
-                        _ => match rule.local_after(answer, storage_key, cost, p.now, clock) {
+                        _ => match rule.local_after(answer, storage_key, units, p.now, clock) {
                             Local::Now(decision, holder) if !rule.escalates() => (decision, holder),
                             Local::Now(decision, holder) => {
                                 p.next = Next::Resume(i, Tried::Local(decision, holder));
@@ -765,8 +766,8 @@ impl Limiter {
                     for (i, charge) in p.pending.iter().rev() {
                         let rule = &self.rules[*i];
                         let storage_key = rule.fill_storage_key(&mut buf, key);
-                        let cost = rule.charge(p.weight);
-                        if !rule.refund_charge_now(storage_key, charge, cost, p.now) {
+                        let units = rule.units(p.cost);
+                        if !rule.refund_charge_now(storage_key, charge, units, p.now) {
                             left.insert(0, (*i, *charge));
                         }
                     }
@@ -803,12 +804,12 @@ impl Limiter {
                 Next::Resume(i, tried) => {
                     let rule = &self.rules[i];
                     let storage_key = rule.fill_storage_key(&mut buf, key);
-                    let cost = rule.charge(p.weight);
+                    let units = rule.units(p.cost);
                     let Applied { decision, charges } = rule
                         .resume(
                             key,
                             storage_key,
-                            cost,
+                            units,
                             (p.now, p.ticket),
                             clock,
                             i < last || p.keep_all,
@@ -823,8 +824,8 @@ impl Limiter {
                     for (i, charge) in p.pending.iter().rev() {
                         let rule = &self.rules[*i];
                         let storage_key = rule.fill_storage_key(&mut buf, key);
-                        let cost = rule.charge(p.weight);
-                        rule.refund(storage_key, std::slice::from_ref(charge), cost, p.now)
+                        let units = rule.units(p.cost);
+                        rule.refund(storage_key, std::slice::from_ref(charge), units, p.now)
                             .await;
                     }
                     return (decision, Kept::new());
@@ -964,7 +965,7 @@ pub struct Admission {
     limiter: Limiter,
     key: SmallVec<[u8; 64]>,
     now: Timestamp,
-    weight: u32,
+    cost: u32,
     /// What each rule's store counted, to refund; empty for a refusal.
     kept: Kept,
 }
@@ -1004,8 +1005,8 @@ impl Admission {
         for (i, charge) in self.kept.iter().rev() {
             let rule = &self.limiter.rules[*i];
             let storage_key = rule.fill_storage_key(&mut buf, &self.key);
-            let cost = rule.charge(self.weight);
-            rule.refund(storage_key, std::slice::from_ref(charge), cost, self.now)
+            let units = rule.units(self.cost);
+            rule.refund(storage_key, std::slice::from_ref(charge), units, self.now)
                 .await;
         }
     }

@@ -355,7 +355,7 @@ impl Policy {
     }
 
     /// Whether a request of `cost` units could ever be admitted, as
-    /// [`check_cost`](Self::check_cost) tells, without building its error:
+    /// [`validate_cost`](Self::validate_cost) tells, without building its error:
     /// for a caller that builds its own out of line.
     #[inline]
     pub(crate) fn admits_cost(&self, cost: u32) -> bool {
@@ -364,7 +364,7 @@ impl Policy {
 
     /// Checks that a request of `cost` units could ever be admitted: between
     /// 1 and the limit.
-    pub fn check_cost(&self, cost: u32) -> Result<(), ConfigError> {
+    pub fn validate_cost(&self, cost: u32) -> Result<(), ConfigError> {
         if !self.admits_cost(cost) {
             return Err(ConfigError::InvalidCost {
                 cost,
@@ -441,13 +441,13 @@ mod tests {
     #[test]
     fn cost_must_fit_the_limit() {
         let p = Policy::fixed_window(5, Duration::from_secs(1)).unwrap();
-        assert!(p.check_cost(1).is_ok());
-        assert!(p.check_cost(5).is_ok());
+        assert!(p.validate_cost(1).is_ok());
+        assert!(p.validate_cost(5).is_ok());
         assert_eq!(
-            p.check_cost(0),
+            p.validate_cost(0),
             Err(ConfigError::InvalidCost { cost: 0, limit: 5 })
         );
-        assert!(p.check_cost(6).is_err());
+        assert!(p.validate_cost(6).is_err());
     }
 
     #[test]

@@ -328,7 +328,7 @@ fn bad_compositions_are_refused_at_construction() {
     assert!(Rule::new("x".repeat(64), s.clone(), per_minute(1)).is_ok());
     assert!(Rule::new("api.search-v2_eu", s.clone(), per_minute(1)).is_ok());
     let rule = Rule::new("r", s.clone(), per_minute(3)).unwrap();
-    assert!(rule.clone().with_cost(4).is_err());
+    assert!(rule.clone().with_units_per_request(4).is_err());
     assert!(rule.clone().with_timeout(Duration::ZERO).is_err());
     assert!(
         rule.clone()

@@ -248,7 +248,7 @@ fn spawn_demo(store_url: &str, limits: &std::path::Path, tiered: bool) -> (Child
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    ratewarden_test_support::memory::status_kib(&pid.to_string(), "VmRSS:")
+    ratewarden_test_support::rss::status_kib(&pid.to_string(), "VmRSS:")
 }
 
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;

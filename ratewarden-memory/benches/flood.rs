@@ -41,7 +41,7 @@ fn env(name: &str, default: u64) -> u64 {
 
 /// Resident set size of this process in KiB.
 fn vm_rss_kib() -> u64 {
-    ratewarden_test_support::memory::status_kib("self", "VmRSS:")
+    ratewarden_test_support::rss::status_kib("self", "VmRSS:")
 }
 
 /// A client key as the ratewarden crate makes them: a purpose prefix and 32

@@ -290,7 +290,7 @@ fn measure<C: Contender>(contender: C, workload: Workload, threads: usize, keys:
 }
 
 fn status_kib(field: &str) -> u64 {
-    ratewarden_test_support::memory::status_kib("self", field)
+    ratewarden_test_support::rss::status_kib("self", field)
 }
 
 fn loadavg() -> String {

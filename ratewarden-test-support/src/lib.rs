@@ -4,8 +4,9 @@
 //! features a test needs, so a test binary compiles only what it uses:
 //!
 //! * [`WireCounter`]: round trips on the wire (always);
-//! * [`stores`]: an exact reference store and a wrapper that records the
-//!   calls reaching a store (always);
+//! * [`stores`]: an exact store that must be awaited ([`stores::AwaitedStore`])
+//!   and a wrapper that records the calls reaching a store (always);
+//! * [`rss`]: a process's resident memory, for benches (always);
 //! * [`Rng`]: a deterministic generator for schedules and keys (always);
 //! * [`policy`]: one policy of each algorithm (always);
 //! * `http`: a server on a free port and an HTTP client that reads whole
@@ -23,12 +24,12 @@ pub mod containers;
 pub mod fleet;
 #[cfg(feature = "http")]
 pub mod http;
-pub mod memory;
 pub mod policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod rss;
 pub mod stores;
 #[cfg(feature = "model")]
 pub mod strategy;

@@ -17,24 +17,24 @@ use ratewarden_core::{
 /// limiter tests built on it exercise the awaited path (boxed future,
 /// timeout, breaker) that a networked store takes.
 #[derive(Debug, Default)]
-pub struct MapStore {
+pub struct AwaitedStore {
     inner: ratewarden_core::example::MapStore,
     shared: bool,
 }
 
-impl MapStore {
+impl AwaitedStore {
     /// A map store that declares itself shared by other processes
     /// ([`Capabilities::shared`]), as Redis and Postgres do.
     pub fn shared() -> Self {
-        MapStore {
+        AwaitedStore {
             shared: true,
-            ..MapStore::default()
+            ..AwaitedStore::default()
         }
     }
 }
 
 #[async_trait]
-impl Store for MapStore {
+impl Store for AwaitedStore {
     fn name(&self) -> &'static str {
         self.inner.name()
     }

@@ -22,7 +22,7 @@ use ratewarden_test_support::http::TestClient;
 use ratewarden_test_support::http::serve;
 #[cfg(not(feature = "axum"))]
 use ratewarden_test_support::http::serve_with_socket_addr as serve;
-use ratewarden_test_support::stores::{MapStore, Recording};
+use ratewarden_test_support::stores::{AwaitedStore, Recording};
 
 const SECRET: &[u8; 32] = b"test secret, thirty-two bytes!!!";
 
@@ -53,7 +53,7 @@ fn limiter(
 fn exact(name: &str, policy: Policy, clock: &ManualClock) -> Limiter {
     limiter(
         name,
-        Arc::new(MapStore::default()),
+        Arc::new(AwaitedStore::default()),
         policy,
         clock,
         FailurePolicy::Open,
@@ -259,7 +259,7 @@ async fn a_failing_store_fails_open_or_closed_and_never_500() {
 #[tokio::test]
 async fn different_routes_have_different_limits() {
     let clock = ManualClock::new();
-    let store: Arc<dyn Store> = Arc::new(MapStore::default());
+    let store: Arc<dyn Store> = Arc::new(AwaitedStore::default());
     let per = |name: &str, limit, secs| {
         let policy = Policy::sliding_log(limit, Duration::from_secs(secs)).unwrap();
         RateLimitLayer::new(
@@ -337,7 +337,7 @@ async fn no_raw_address_ever_reaches_a_store() {
     #[cfg(feature = "memory")]
     let inner = ratewarden::memory::MemoryStore::new(10_000);
     #[cfg(not(feature = "memory"))]
-    let inner = MapStore::default();
+    let inner = AwaitedStore::default();
     let store = Arc::new(Recording::new(inner));
     let policy = Policy::gcra(1000, Duration::from_secs(60)).unwrap();
     let mk = |source: AddressSource| {
@@ -471,10 +471,10 @@ async fn a_durable_refusal_describes_the_durable_policy() {
     let search = Limiter::builder()
         .clock(clock.clone())
         .rule(
-            Rule::new("search", Arc::new(MapStore::default()), local)
+            Rule::new("search", Arc::new(AwaitedStore::default()), local)
                 .unwrap()
                 // Every admitted request is checked against the durable store.
-                .with_escalation(Arc::new(MapStore::default()), durable, 1, None)
+                .with_escalation(Arc::new(AwaitedStore::default()), durable, 1, None)
                 .unwrap(),
         )
         .build()

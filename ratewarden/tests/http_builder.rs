@@ -16,7 +16,7 @@ use ratewarden::key::{ExtensionKey, GlobalKey, HeaderKey, LimitKey};
 use ratewarden::layer::{HeaderMode, MissingKey, RateLimitHeaders, RateLimitLayerBuilder};
 use ratewarden::{ClientIdentity, Limiter, ManualClock, Policy, RateLimitLayer, Rule, Store};
 use ratewarden_test_support::http::Reply;
-use ratewarden_test_support::stores::{MapStore, Recording};
+use ratewarden_test_support::stores::{AwaitedStore, Recording};
 use tower::{Layer, Service};
 
 const SECRET: &[u8; 32] = b"test secret, thirty-two bytes!!!";
@@ -27,7 +27,7 @@ fn identity() -> ClientIdentity {
 
 /// A rule on an exact store of its own.
 fn exact_rule(name: &str, policy: Policy) -> Rule {
-    Rule::new(name, Arc::new(MapStore::default()), policy).unwrap()
+    Rule::new(name, Arc::new(AwaitedStore::default()), policy).unwrap()
 }
 
 fn one_rule(name: &str, store: Arc<dyn Store>, limit: u32) -> Limiter {
@@ -49,7 +49,7 @@ fn one_rule(name: &str, store: Arc<dyn Store>, limit: u32) -> Limiter {
 /// own.
 fn api_on_map(limit: u32, identity: ClientIdentity) -> RateLimitLayerBuilder {
     RateLimitLayer::builder(
-        one_rule("api", Arc::new(MapStore::default()), limit),
+        one_rule("api", Arc::new(AwaitedStore::default()), limit),
         identity,
     )
 }
@@ -140,7 +140,7 @@ fn harness(
 
 #[tokio::test]
 async fn each_api_key_has_its_own_quota_and_none_is_stored_raw() {
-    let store = Arc::new(Recording::new(MapStore::default()));
+    let store = Arc::new(Recording::new(AwaitedStore::default()));
     let layer = api_keyed(store.clone()).build().unwrap();
     let mut h = harness(layer);
     let alice = [("x-api-key", "alice-secret-key")];
@@ -164,7 +164,9 @@ async fn each_api_key_has_its_own_quota_and_none_is_stored_raw() {
 
 #[tokio::test]
 async fn a_request_without_a_key_falls_back_to_its_address_by_default() {
-    let layer = api_keyed(Arc::new(MapStore::default())).build().unwrap();
+    let layer = api_keyed(Arc::new(AwaitedStore::default()))
+        .build()
+        .unwrap();
     let mut h = harness(layer);
     assert_eq!(h.send("192.0.2.1", &[]).await.remaining(), 1);
     assert_eq!(
@@ -184,7 +186,7 @@ async fn a_request_without_a_key_falls_back_to_its_address_by_default() {
 
 #[tokio::test]
 async fn a_request_without_a_key_can_be_rejected_before_the_limiter() {
-    let store = Arc::new(Recording::new(MapStore::default()));
+    let store = Arc::new(Recording::new(AwaitedStore::default()));
     let layer = api_keyed(store.clone())
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
         .build()
@@ -257,7 +259,7 @@ async fn a_user_id_from_an_auth_layer_is_the_key() {
 async fn a_global_key_limits_everyone_together() {
     let id = identity();
     let layer = RateLimitLayer::builder(
-        one_rule("all", Arc::new(MapStore::default()), 2),
+        one_rule("all", Arc::new(AwaitedStore::default()), 2),
         id.clone(),
     )
     .key(GlobalKey::new(&id))
@@ -453,7 +455,7 @@ async fn the_policy_header_lists_every_rule_and_ratelimit_the_tightest() {
 /// the layer does.
 #[tokio::test]
 async fn the_exported_writer_matches_the_layer() {
-    let limiter = one_rule("api", Arc::new(MapStore::default()), 1);
+    let limiter = one_rule("api", Arc::new(AwaitedStore::default()), 1);
     let layer = RateLimitLayer::new(limiter.clone(), identity()).unwrap();
     let mut h = harness(layer);
     let by_layer = [
@@ -490,9 +492,9 @@ async fn the_longest_refusal_body_is_whole() {
     let limiter = Limiter::builder()
         .clock(ManualClock::new())
         .rule(
-            Rule::new(name.as_str(), Arc::new(MapStore::default()), local)
+            Rule::new(name.as_str(), Arc::new(AwaitedStore::default()), local)
                 .unwrap()
-                .with_escalation(Arc::new(MapStore::default()), durable, 1, None)
+                .with_escalation(Arc::new(AwaitedStore::default()), durable, 1, None)
                 .unwrap(),
         )
         .build()
@@ -529,7 +531,7 @@ async fn the_longest_refusal_body_is_whole() {
 /// as usual.
 #[tokio::test]
 async fn a_request_without_a_client_address_is_a_500_not_a_shared_key() {
-    let store = Arc::new(Recording::new(MapStore::default()));
+    let store = Arc::new(Recording::new(AwaitedStore::default()));
     let layer = RateLimitLayer::new(one_rule("api", store.clone(), 1), identity()).unwrap();
     let mut h = harness(layer);
     let no_peer = |request: &mut Request<Full<Bytes>>| {
@@ -565,7 +567,7 @@ async fn the_missing_address_error_covers_the_fallback_and_spares_requests_that_
     let no_peer = |request: &mut Request<Full<Bytes>>| {
         request.extensions_mut().remove::<SocketAddr>();
     };
-    let store = Arc::new(Recording::new(MapStore::default()));
+    let store = Arc::new(Recording::new(AwaitedStore::default()));
     let mut h = harness(api_keyed(store.clone()).build().unwrap());
     let reply = h.send_with("192.0.2.1", &[], no_peer).await;
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -618,7 +620,7 @@ async fn a_random_identity_serves_one_process_and_is_refused_before_a_shared_sto
 
     let mut h = harness(
         RateLimitLayer::new(
-            one_rule("api", Arc::new(MapStore::default()), 1),
+            one_rule("api", Arc::new(AwaitedStore::default()), 1),
             random.clone(),
         )
         .unwrap(),
@@ -639,7 +641,7 @@ async fn a_random_identity_serves_one_process_and_is_refused_before_a_shared_sto
             .rule(
                 Rule::new(
                     "fleet",
-                    Arc::new(MapStore::shared()),
+                    Arc::new(AwaitedStore::shared()),
                     Policy::fixed_window(100, Duration::from_secs(60)).unwrap(),
                 )
                 .unwrap(),

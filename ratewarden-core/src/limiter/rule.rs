@@ -109,7 +109,7 @@ pub struct Rule {
     policy: Policy,
     /// The same policy, interned, for [`Source::policy`](crate::Source::policy).
     policy_label: &'static Policy,
-    cost: u32,
+    units_per_request: u32,
     timeout: Duration,
     on_failure: FailurePolicy,
     fallback: Option<Arc<dyn Store>>,
@@ -130,7 +130,7 @@ impl fmt::Debug for Rule {
             .field("name", &self.name)
             .field("store", &self.store.name())
             .field("policy", &self.policy)
-            .field("cost", &self.cost)
+            .field("units_per_request", &self.units_per_request)
             .field("timeout", &self.timeout)
             .field("on_failure", &self.on_failure)
             .field("fallback", &self.fallback.as_ref().map(|s| s.name()))
@@ -284,7 +284,7 @@ impl Rule {
             store,
             policy_label: intern_policy(&policy),
             policy,
-            cost: 1,
+            units_per_request: 1,
             timeout: DEFAULT_TIMEOUT,
             on_failure: FailurePolicy::default(),
             fallback: None,
@@ -367,14 +367,15 @@ impl Rule {
         self
     }
 
-    /// Charges `cost` units per request instead of 1. Refuses a cost the
-    /// policy (or the escalation policy) could never admit.
-    pub fn with_cost(mut self, cost: u32) -> Result<Self, ConfigError> {
-        self.policy.check_cost(cost)?;
+    /// Charges `units` per request instead of 1 (a request of cost `c`,
+    /// `c × units`). Refuses a number the policy (or the escalation policy)
+    /// could never admit.
+    pub fn with_units_per_request(mut self, units: u32) -> Result<Self, ConfigError> {
+        self.policy.validate_cost(units)?;
         if let Some(e) = &self.escalation {
-            e.policy.check_cost(cost)?;
+            e.policy.validate_cost(units)?;
         }
-        self.cost = cost;
+        self.units_per_request = units;
         Ok(self)
     }
 
@@ -459,7 +460,7 @@ impl Rule {
             ));
         }
         durable.check_policy(&policy)?;
-        policy.check_cost(self.cost)?;
+        policy.validate_cost(self.units_per_request)?;
         let breaker = self.breaker.config();
         self.escalation = Some(Arc::new(Escalation {
             store: durable,
@@ -518,26 +519,26 @@ impl Rule {
         }
     }
 
-    /// The units this rule charges a request of `weight`, which
-    /// [`check_weight`](Self::check_weight) has accepted.
+    /// The units this rule charges a request of `cost`, which
+    /// [`check_cost`](Self::check_cost) has accepted.
     #[inline]
-    pub(crate) fn charge(&self, weight: u32) -> u32 {
-        self.cost * weight
+    pub(crate) fn units(&self, cost: u32) -> u32 {
+        self.units_per_request * cost
     }
 
-    /// Refuses a request weight this rule could never admit: zero, or a
-    /// charge above its limit (or its escalation policy's).
-    pub(crate) fn check_weight(&self, weight: u32) -> Result<(), ConfigError> {
-        let charge = self
-            .cost
-            .checked_mul(weight)
+    /// Refuses a request cost this rule could never admit: zero, or units
+    /// above its limit (or its escalation policy's).
+    pub(crate) fn check_cost(&self, cost: u32) -> Result<(), ConfigError> {
+        let units = self
+            .units_per_request
+            .checked_mul(cost)
             .ok_or(ConfigError::InvalidCost {
-                cost: weight,
+                cost,
                 limit: self.policy.limit(),
             })?;
-        self.policy.check_cost(charge)?;
+        self.policy.validate_cost(units)?;
         if let Some(e) = &self.escalation {
-            e.policy.check_cost(charge)?;
+            e.policy.validate_cost(units)?;
         }
         Ok(())
     }

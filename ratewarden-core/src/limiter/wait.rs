@@ -38,7 +38,7 @@ pub enum WaitError {
         /// The last refusal.
         last: Box<Decision>,
     },
-    /// The request can never be admitted, so no wait would help: a weight
+    /// The request can never be admitted, so no wait would help: a cost
     /// of zero or above a rule's limit
     /// ([`Limiter::check_cost`](crate::Limiter::check_cost)).
     #[error(transparent)]
@@ -99,15 +99,15 @@ impl Limiter {
     }
 
     /// [`until_ready`](Self::until_ready) for a request that weighs
-    /// `weight` units ([`check_cost`](Self::check_cost)); a weight no rule
+    /// `cost` units ([`check_cost`](Self::check_cost)); a cost no rule
     /// could ever admit is [`WaitError::Invalid`] at once.
     pub async fn until_ready_cost(
         &self,
         key: &[u8],
-        weight: u32,
+        cost: u32,
         max_wait: Duration,
     ) -> Result<Decision, WaitError> {
-        self.waiting(max_wait, || self.check_cost(key, weight), |d| d)
+        self.waiting(max_wait, || self.check_cost(key, cost), |d| d)
             .await
     }
 
@@ -142,17 +142,17 @@ impl Limiter {
         self.acquire_cost(key, 1, max_wait).await
     }
 
-    /// [`acquire`](Self::acquire) for a request that weighs `weight` units.
+    /// [`acquire`](Self::acquire) for a request that costs `cost` units.
     pub async fn acquire_cost(
         &self,
         key: &[u8],
-        weight: u32,
+        cost: u32,
         max_wait: Duration,
     ) -> Result<Permit, WaitError> {
         let admission = self
             .waiting(
                 max_wait,
-                || self.check_admission(key, weight),
+                || self.check_admission(key, cost),
                 Admission::decision,
             )
             .await?;

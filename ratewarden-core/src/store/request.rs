@@ -128,12 +128,12 @@ impl<'a> Request<'a> {
     }
 
     /// A request whose cost the caller has checked against `policy` (a
-    /// [`Limiter`](crate::Limiter) checks a request's weight once, for
+    /// [`Limiter`](crate::Limiter) checks a request's cost once, for
     /// every rule, before any store is asked) and whose key it has checked
     /// against the store's bound ([`Key::within`]).
     #[inline]
     pub(crate) fn checked(key: &'a [u8], policy: &'a Policy, cost: u32, now: Timestamp) -> Self {
-        debug_assert!(policy.check_cost(cost).is_ok());
+        debug_assert!(policy.validate_cost(cost).is_ok());
         Request {
             key: Key(key),
             policy,
@@ -146,7 +146,7 @@ impl<'a> Request<'a> {
     /// in batches asks its own store for more than one request's worth);
     /// refuses a cost the policy cannot admit.
     pub fn with_cost(self, cost: u32) -> Result<Self, ConfigError> {
-        self.policy.check_cost(cost)?;
+        self.policy.validate_cost(cost)?;
         Ok(Request { cost, ..self })
     }
 

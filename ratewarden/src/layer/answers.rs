@@ -11,7 +11,7 @@ pub(super) enum Own {
     MissingKey(StatusCode),
     /// Keyed by address, with none to be had: the server's mistake.
     NoAddress,
-    /// A weight above what a rule ever admits.
+    /// A cost above what a rule ever admits.
     Cost,
 }
 

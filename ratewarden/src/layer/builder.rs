@@ -56,7 +56,7 @@ impl RateLimitLayerBuilder {
     }
 
     /// Charges each request what `cost` says instead of 1, in every rule
-    /// (times the rule's own [`Rule::with_cost`](ratewarden_core::Rule::with_cost));
+    /// (times the rule's own [`Rule::with_units_per_request`](ratewarden_core::Rule::with_units_per_request));
     /// see [`Limiter::check_cost`]. A cost of 0 is charged as 1: a request
     /// is never free (skip it instead). A request costing more than some
     /// rule could ever admit is answered `413 Content Too Large`, charged

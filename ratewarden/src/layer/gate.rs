@@ -17,7 +17,7 @@ pub enum Gate {
     /// response.
     Admitted(Admitted),
     /// Send this response instead of calling the handler: a refusal, or an
-    /// error of the layer's own (no key, no client address, a weight no
+    /// error of the layer's own (no key, no client address, a cost no
     /// rule admits).
     Respond(Response<Bytes>),
 }

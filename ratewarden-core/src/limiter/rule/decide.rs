@@ -85,7 +85,7 @@ impl Rule {
     /// its escalation's): the key checked against what that store accepts
     /// (the rule's own store's bound was read once, when the rule was
     /// built); the cost was checked when the request entered the limiter
-    /// ([`check_weight`](Rule::check_weight)), once for every rule.
+    /// ([`check_cost`](Rule::check_cost)), once for every rule.
     #[inline]
     fn request<'a>(
         &self,
@@ -804,7 +804,8 @@ impl Rule {
     /// What a request for `key` would get from this rule now, changing
     /// nothing; see [`Limiter::peek`](crate::Limiter::peek).
     pub async fn peek(&self, key: &[u8], clock: &dyn Clock) -> Decision {
-        self.peek_at(key, self.cost, clock.now(), clock).await
+        self.peek_at(key, self.units_per_request, clock.now(), clock)
+            .await
     }
 
     /// Forgets `key` in every store of this rule (its store, its fallback
@@ -844,20 +845,20 @@ impl Rule {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Charges `key` this rule's share of `weight` units at the clock's
+    /// Charges `key` this rule's units for a cost of `cost` at the clock's
     /// current time, admitted or not ([`Store::penalize`]): a late charge
     /// that lengthens the key's wait. In the rule's store only (a fallback
     /// or escalation store holds nothing to lengthen), within the rule's
     /// timeout; a failure is returned, not answered by the failure policy,
-    /// since nothing is being decided. A weight the rule could never admit
+    /// since nothing is being decided. A cost the rule could never admit
     /// is an [`InvalidRequest`](crate::ErrorKind::InvalidRequest) error.
     pub async fn penalize(
         &self,
         key: &[u8],
-        weight: u32,
+        cost: u32,
         clock: &dyn Clock,
     ) -> Result<(), StoreError> {
-        self.check_weight(weight)
+        self.check_cost(cost)
             .map_err(|e| StoreError::invalid_request(self.store.name(), e))?;
         let storage_key = self.storage_key(key);
         let store = self.store.as_ref();
@@ -865,7 +866,7 @@ impl Rule {
             store,
             &storage_key,
             &self.policy,
-            self.charge(weight),
+            self.units(cost),
             clock.now(),
         ) {
             Ok(request) => {
@@ -892,7 +893,7 @@ impl Rule {
         let mut buf = StorageKey::new();
         let storage_key = self.fill_storage_key(&mut buf, key);
         let ticket = self.ticket(storage_key);
-        let tried = match self.local_now(storage_key, self.cost, now, clock) {
+        let tried = match self.local_now(storage_key, self.units_per_request, now, clock) {
             Local::Now(decision, holder) if self.escalation.is_none() => {
                 // No later rule can refuse: nothing to keep for a refund.
                 self.settle_one(key, (now, ticket), &decision, holder, false);
@@ -907,7 +908,7 @@ impl Rule {
             .resume(
                 key,
                 storage_key,
-                self.cost,
+                self.units_per_request,
                 (now, ticket),
                 clock,
                 false,
