@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hashlink::LruCache;
 
-use crate::breaker::{Breaker, BreakerConfig, Permit};
+use crate::breaker::{Attempt, Breaker, BreakerConfig};
 use crate::error::{ErrorKind, StoreError};
 use crate::time::Timestamp;
 
@@ -286,11 +286,11 @@ impl AbuseRecorder {
     /// One sink call behind the breaker and the timeout. An event that
     /// cannot be written is held back again, to ride on the key's next one.
     async fn write(&self, event: AbuseEvent, mono: u64, timeout: Duration) -> Writes {
-        let permit = self.breaker.permit(|| mono);
-        if permit == Permit::Skip {
+        let attempt = self.breaker.attempt(|| mono);
+        if attempt == Attempt::Skip {
             return self.hold_back(event, Writes::default());
         }
-        let guard = crate::breaker::ProbeGuard::new(&self.breaker, permit);
+        let guard = crate::breaker::ProbeGuard::new(&self.breaker, attempt);
         let result = match tokio::time::timeout(timeout, self.sink.record(event.clone())).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::timeout("abuse sink", timeout)),
@@ -306,7 +306,7 @@ impl AbuseRecorder {
             }
             Err(e) => {
                 if e.kind() == ErrorKind::InvalidRequest {
-                    self.breaker.release(permit);
+                    self.breaker.release(attempt);
                 } else {
                     self.breaker.failure(mono);
                 }

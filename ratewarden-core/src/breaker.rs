@@ -120,7 +120,7 @@ impl Inner {
 
 /// What the breaker lets a call do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Permit {
+pub(crate) enum Attempt {
     /// Call the store.
     Call,
     /// Call the store as the one probe after a cool-down.
@@ -174,10 +174,10 @@ impl Breaker {
         }
     }
 
-    /// Whether [`permit`](Self::permit) would now answer `Skip` without
+    /// Whether [`attempt`](Self::attempt) would now answer `Skip` without
     /// moving the breaker: open with its cool-down still running, or
     /// half-open with the probe out. Changes nothing, so a caller that goes
-    /// on to ask for a permit after a `false` takes nothing from the probe.
+    /// on to ask for a attempt after a `false` takes nothing from the probe.
     pub(crate) fn skips(&self, mono: impl FnOnce() -> u64) -> bool {
         match Inner::decode(self.load()) {
             Inner::Closed { .. } => false,
@@ -188,20 +188,20 @@ impl Breaker {
 
     /// `mono` reads the clock's monotonic time in µs; a closed breaker (the
     /// common case) never needs it, so it is read only when open.
-    pub(crate) fn permit(&self, mono: impl FnOnce() -> u64) -> Permit {
+    pub(crate) fn attempt(&self, mono: impl FnOnce() -> u64) -> Attempt {
         let seen = self.load();
         match Inner::decode(seen) {
-            Inner::Closed { .. } => Permit::Call,
+            Inner::Closed { .. } => Attempt::Call,
             Inner::Open { until } if mono() >= until => {
                 // Of the callers that see the deadline pass, the one that
                 // moves the word is the probe.
                 if self.replace(seen, Inner::HalfOpen { until }) {
-                    Permit::Probe
+                    Attempt::Probe
                 } else {
-                    Permit::Skip
+                    Attempt::Skip
                 }
             }
-            Inner::Open { .. } | Inner::HalfOpen { .. } => Permit::Skip,
+            Inner::Open { .. } | Inner::HalfOpen { .. } => Attempt::Skip,
         }
     }
 
@@ -246,8 +246,8 @@ impl Breaker {
     /// every cool-down deadline keep the breaker open (and a fail-open rule
     /// unlimited) for ever, and doing nothing would leave it half-open for
     /// ever.
-    pub(crate) fn release(&self, permit: Permit) {
-        if permit != Permit::Probe {
+    pub(crate) fn release(&self, attempt: Attempt) {
+        if attempt != Attempt::Probe {
             return;
         }
         let seen = self.load();
@@ -258,30 +258,30 @@ impl Breaker {
     }
 }
 
-/// Undoes a breaker permit whose call never finished: a dropped future
+/// Undoes a breaker attempt whose call never finished: a dropped future
 /// gives the probe slot back instead of leaving the breaker half-open.
 pub(crate) struct ProbeGuard<'a> {
     breaker: &'a Breaker,
-    permit: Option<Permit>,
+    attempt: Option<Attempt>,
 }
 
 impl<'a> ProbeGuard<'a> {
-    pub(crate) fn new(breaker: &'a Breaker, permit: Permit) -> Self {
+    pub(crate) fn new(breaker: &'a Breaker, attempt: Attempt) -> Self {
         ProbeGuard {
             breaker,
-            permit: Some(permit),
+            attempt: Some(attempt),
         }
     }
 
     pub(crate) fn disarm(mut self) {
-        self.permit = None;
+        self.attempt = None;
     }
 }
 
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
-        if let Some(permit) = self.permit {
-            self.breaker.release(permit);
+        if let Some(attempt) = self.attempt {
+            self.breaker.release(attempt);
         }
     }
 }
@@ -296,46 +296,50 @@ mod tests {
     fn opens_after_consecutive_failures_and_probes_after_cool_down() {
         let b = Breaker::new(BreakerConfig::new(2, Duration::from_secs(5)).unwrap());
         let t = S;
-        assert_eq!(b.permit(|| t), Permit::Call);
+        assert_eq!(b.attempt(|| t), Attempt::Call);
         assert_eq!(b.failure(t), Transition::None);
         assert_eq!(b.success(), Transition::None);
         assert_eq!(b.failure(t), Transition::None);
         assert_eq!(b.failure(t), Transition::Opened);
-        assert_eq!(b.permit(|| t), Permit::Skip);
-        assert_eq!(b.permit(|| t + 5 * S - 1), Permit::Skip);
+        assert_eq!(b.attempt(|| t), Attempt::Skip);
+        assert_eq!(b.attempt(|| t + 5 * S - 1), Attempt::Skip);
         let later = t + 5 * S;
-        assert_eq!(b.permit(|| later), Permit::Probe);
-        assert_eq!(b.permit(|| later), Permit::Skip, "only one probe at a time");
+        assert_eq!(b.attempt(|| later), Attempt::Probe);
+        assert_eq!(
+            b.attempt(|| later),
+            Attempt::Skip,
+            "only one probe at a time"
+        );
         assert_eq!(b.failure(later), Transition::Opened);
         assert_eq!(b.state(), BreakerState::Open);
         let again = later + 5 * S;
-        assert_eq!(b.permit(|| again), Permit::Probe);
+        assert_eq!(b.attempt(|| again), Attempt::Probe);
         assert_eq!(b.success(), Transition::Closed);
-        assert_eq!(b.permit(|| again), Permit::Call);
+        assert_eq!(b.attempt(|| again), Attempt::Call);
     }
 
     #[test]
     fn a_released_probe_lets_the_next_call_probe_at_once() {
         let b = Breaker::new(BreakerConfig::new(1, Duration::from_secs(1)).unwrap());
         b.failure(0);
-        assert_eq!(b.permit(|| S), Permit::Probe);
+        assert_eq!(b.attempt(|| S), Attempt::Probe);
         assert_eq!(b.state(), BreakerState::HalfOpen);
-        b.release(Permit::Probe);
+        b.release(Attempt::Probe);
         assert_eq!(b.state(), BreakerState::Open);
         // Not a new cool-down: the expired deadline stands.
-        assert_eq!(b.permit(|| S), Permit::Probe);
+        assert_eq!(b.attempt(|| S), Attempt::Probe);
         assert_eq!(b.success(), Transition::Closed);
     }
 
     #[test]
     fn releasing_an_ordinary_call_changes_nothing() {
         let b = Breaker::new(BreakerConfig::new(1, Duration::from_secs(1)).unwrap());
-        b.release(Permit::Call);
+        b.release(Attempt::Call);
         assert_eq!(b.state(), BreakerState::Closed);
         b.failure(0);
-        assert_eq!(b.permit(|| 0), Permit::Skip);
-        b.release(Permit::Skip);
-        assert_eq!(b.permit(|| 0), Permit::Skip, "still cooling down");
+        assert_eq!(b.attempt(|| 0), Attempt::Skip);
+        b.release(Attempt::Skip);
+        assert_eq!(b.attempt(|| 0), Attempt::Skip, "still cooling down");
     }
 
     #[test]
@@ -367,7 +371,7 @@ mod tests {
                 let b = b.clone();
                 std::thread::spawn(move || {
                     (0..1_000)
-                        .filter(|_| b.permit(|| 2 * S) == Permit::Probe)
+                        .filter(|_| b.attempt(|| 2 * S) == Attempt::Probe)
                         .count()
                 })
             })

@@ -136,7 +136,7 @@ impl fmt::Debug for Limiter {
 /// How far a request's decision has gone: the rules before `next` have
 /// decided, and what they admitted is kept until the request's fate is
 /// known. [`Limiter::advance`] takes it as far as it goes without waiting,
-/// [`Limiter::finish`] the rest.
+/// [`Limiter::run_awaited`] the rest.
 pub(crate) struct Progress {
     now: Timestamp,
     /// Taken before the current rule's store is asked: its refusal is
@@ -218,7 +218,7 @@ impl PendingCheck {
             key,
             progress,
         } = *self.0;
-        limiter.finish(&key, progress).await.0
+        limiter.run_awaited(&key, progress).await.0
     }
 }
 
@@ -277,7 +277,7 @@ impl Limiter {
         // Boxed: the awaited path is a round trip away, beside which one
         // allocation is nothing, and its state (timers, refunds, abuse
         // writes) would otherwise be part of every `check`'s future.
-        Box::pin(self.finish(key, progress)).await.0
+        Box::pin(self.run_awaited(key, progress)).await.0
     }
 
     /// [`check`](Self::check) without a future where none is needed: the
@@ -339,7 +339,7 @@ impl Limiter {
             Begun::Decided(decision) => return Ok(decision),
             Begun::Waiting(progress) => progress,
         };
-        Ok(Box::pin(self.finish(key, progress)).await.0)
+        Ok(Box::pin(self.run_awaited(key, progress)).await.0)
     }
 
     /// [`check_cost`](Self::check_cost) for a request whose fate is known
@@ -383,7 +383,7 @@ impl Limiter {
         let now = progress.now;
         let (decision, kept) = match self.advance(key, &mut progress) {
             Some(decision) => (decision, progress.pending),
-            None => Box::pin(self.finish(key, progress)).await,
+            None => Box::pin(self.run_awaited(key, progress)).await,
         };
         let kept = if decision.allowed { kept } else { Kept::new() };
         Ok(Admission {
@@ -545,7 +545,7 @@ impl Limiter {
     }
 
     /// The decision if no store had to be awaited, else the progress left
-    /// to [`finish`](Self::finish). `cost` was checked against every rule.
+    /// to [`run_awaited`](Self::run_awaited). `cost` was checked against every rule.
     #[inline]
     fn begin(&self, key: &[u8], cost: u32) -> Begun {
         if self.tiers {
@@ -571,13 +571,13 @@ impl Limiter {
         // request on a memory store.
         if let Some(Ok(stored)) = &answer {
             let mut decision = copied(stored);
-            rule.finish(&mut decision);
+            rule.stamp(&mut decision);
             return Begun::Decided(decision);
         }
         match rule.local_after(answer, storage_key, units, now, self.clock.as_ref()) {
             Local::Now(decision, _) => {
                 let mut decision = decision;
-                rule.finish(&mut decision);
+                rule.stamp(&mut decision);
                 Begun::Decided(decision)
             }
             Local::Wait(tried) => Begun::Waiting(Progress {
@@ -633,7 +633,7 @@ impl Limiter {
                     continue;
                 }
                 let mut refusal = copied(stored);
-                rule.finish(&mut refusal);
+                rule.stamp(&mut refusal);
                 if pending.is_empty() {
                     return Begun::Decided(refusal);
                 }
@@ -761,7 +761,7 @@ impl Limiter {
                 }
                 Next::Resume(..) => return None,
                 Next::Refund(_) => {
-                    // Newest first; what must be awaited is left to `finish`.
+                    // Newest first; what must be awaited is left to `run_awaited`.
                     let mut left = SmallVec::new();
                     for (i, charge) in p.pending.iter().rev() {
                         let rule = &self.rules[*i];
@@ -787,7 +787,7 @@ impl Limiter {
 
     /// Decides what [`advance`](Self::advance) left, awaiting each store
     /// that must be awaited and going on without waiting where it can.
-    async fn finish(&self, key: &[u8], mut p: Progress) -> (Decision, Kept) {
+    async fn run_awaited(&self, key: &[u8], mut p: Progress) -> (Decision, Kept) {
         let clock = self.clock.as_ref();
         let mut buf = StorageKey::new();
         let last = self.rules.len() - 1;
@@ -850,7 +850,7 @@ impl Limiter {
         charges: &[Charge],
     ) -> Absorbed {
         let rule = &self.rules[i];
-        rule.finish(&mut decision);
+        rule.stamp(&mut decision);
         let last = self.rules.len() - 1;
         // One rule, the common case: nothing to refund, no tightest to pick.
         if last == 0 && !p.keep_all {

@@ -46,7 +46,7 @@ use axum::routing::get;
 use http::StatusCode;
 use ratewarden::redis::RedisStore;
 use ratewarden::{ClientIdentity, FailurePolicy, Store, SystemClock};
-use ratewarden_demo::{Limits, Settings, Stores};
+use ratewarden_demo::{FlagLimits, Settings, Stores};
 use redis::AsyncCommands;
 use tower::ServiceExt;
 
@@ -165,7 +165,7 @@ async fn search() -> impl IntoResponse {
 
 fn demo(stores: Stores) -> Router {
     let settings = Settings {
-        limits: Limits::default(),
+        limits: FlagLimits::default(),
         stores,
         identity: ClientIdentity::new(b"headline-bench-secret-0123456789").expect("secret"),
         clock: Arc::new(SystemClock),

@@ -54,10 +54,10 @@ use ratewarden::{
 };
 
 /// The limits of the three endpoints: a count per window for each, as the
-/// flags give them, unless [`policies`](Limits::policies) gives the route a
+/// flags give them, unless [`policies`](FlagLimits::policies) gives the route a
 /// policy in full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct FlagLimits {
     /// `POST /api/feedback` requests per hour.
     pub feedback_per_hour: u32,
     /// `POST /api/contact` requests per day.
@@ -106,10 +106,10 @@ pub struct RoutePolicies {
     pub search: Option<Policy>,
 }
 
-impl Default for Limits {
+impl Default for FlagLimits {
     /// The built-in limits: 5 per hour, 10 per day, 60 per minute.
     fn default() -> Self {
-        Limits {
+        FlagLimits {
             feedback_per_hour: 5,
             contact_per_day: 10,
             search_per_minute: 60,
@@ -139,7 +139,7 @@ pub const LOGIN_FAILURES: u32 = 5;
 const DAY: Duration = Duration::from_secs(86_400);
 const MINUTE: Duration = Duration::from_secs(60);
 
-impl Limits {
+impl FlagLimits {
     /// The three endpoints with these limits: a route's own policy, else a
     /// sliding-window log of its count (exact: no burst at a window's edge).
     /// Refuses a count the log cannot represent (zero, or above its
@@ -205,7 +205,7 @@ impl Stores {
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Per-endpoint limits.
-    pub limits: Limits,
+    pub limits: FlagLimits,
     /// The stores.
     pub stores: Stores,
     /// How clients are identified.
@@ -289,7 +289,7 @@ pub fn check_names(limits: &FileLimits, path: &std::path::Path) -> Result<(), Co
 /// The demo's router: the three endpoints, each with its own rate limit
 /// (one [`RateLimitLayer`] per route), and an unlimited `GET /health`.
 ///
-/// Policies are [`Limits::endpoints`]'. Refuses limits they cannot
+/// Policies are [`FlagLimits::endpoints`]'. Refuses limits they cannot
 /// represent.
 pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
     let mut router = Router::new().route("/health", get(|| async { "ok\n" }));
@@ -461,11 +461,11 @@ fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigEr
 /// The command line. Every flag can also come from the environment
 /// variable named in its help.
 ///
-/// Limits come, for each route, from the first of: its flag on the command
+/// FlagLimits come, for each route, from the first of: its flag on the command
 /// line, its environment variable, the `--config` file, the built-in
 /// default.
 pub fn cli() -> Command {
-    let defaults = Limits::default();
+    let defaults = FlagLimits::default();
     Command::new("ratewarden-demo")
         .about("Three rate-limited endpoints: POST /api/feedback, POST /api/contact, GET /api/search")
         .arg(
@@ -631,7 +631,7 @@ pub struct Config {
     /// What a failing store answers.
     pub on_failure: FailurePolicy,
     /// The limits.
-    pub limits: Limits,
+    pub limits: FlagLimits,
     /// The limits file ([`load_limits`]), if one was given.
     pub config_file: Option<PathBuf>,
     /// The admin token, if one was given.
@@ -646,7 +646,7 @@ impl Config {
     /// offending line).
     pub fn from_matches(m: &ArgMatches) -> Result<Self, ConfigError> {
         let get = |name: &str| m.get_one::<String>(name).cloned();
-        let defaults = Limits::default();
+        let defaults = FlagLimits::default();
         let limit = |name: &str, default: u32| m.get_one::<u32>(name).copied().unwrap_or(default);
         let config_file = m.get_one::<PathBuf>("config").cloned();
         // A count given as a flag or in the environment overrides the file.
@@ -674,7 +674,7 @@ impl Config {
             } else {
                 FailurePolicy::Open
             },
-            limits: Limits {
+            limits: FlagLimits {
                 feedback_per_hour: limit("feedback-per-hour", defaults.feedback_per_hour),
                 contact_per_day: limit("contact-per-day", defaults.contact_per_day),
                 search_per_minute: limit("search-per-minute", defaults.search_per_minute),

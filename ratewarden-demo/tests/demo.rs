@@ -8,14 +8,14 @@ use http::{Method, StatusCode};
 use ratewarden::memory::MemoryStore;
 use ratewarden::{AddressSource, ClientIdentity, FailurePolicy, ManualClock, Store};
 use ratewarden_conformance::broken::Unavailable as Failing;
-use ratewarden_demo::{Config, Limits, Settings, Stores, app, cli};
+use ratewarden_demo::{Config, FlagLimits, Settings, Stores, app, cli};
 use ratewarden_test_support::http::{Reply, TestClient, serve};
 
 const SECRET: &str = "demo test secret of 32+ bytes!!!";
 
 fn settings(clock: &ManualClock) -> Settings {
     Settings {
-        limits: Limits::default(),
+        limits: FlagLimits::default(),
         stores: Stores {
             primary: Arc::new(MemoryStore::new(1_000)),
             local_tier: None,
@@ -219,7 +219,7 @@ fn command_line_defaults_and_overrides() {
     assert_eq!(config.listen.to_string(), "127.0.0.1:3000");
     assert_eq!(config.store, "memory://");
     assert!(!config.tiered);
-    assert_eq!(config.limits, Limits::default());
+    assert_eq!(config.limits, FlagLimits::default());
     assert_eq!(config.on_failure, FailurePolicy::Open);
 
     let config = Config::from_matches(

@@ -13,7 +13,7 @@ use ratewarden::{
 };
 use ratewarden_conformance::broken::Unavailable as Failing;
 use ratewarden_demo::prometheus::Metrics;
-use ratewarden_demo::{Limits, Settings, Stores, app};
+use ratewarden_demo::{FlagLimits, Settings, Stores, app};
 use ratewarden_test_support::http::{TestClient, serve};
 
 const SECRET: &str = "metrics test secret of 32+ bytes";
@@ -49,9 +49,9 @@ fn value(samples: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -
 
 fn settings(clock: &ManualClock, stores: Stores, search_per_minute: u32) -> Settings {
     Settings {
-        limits: Limits {
+        limits: FlagLimits {
             search_per_minute,
-            ..Limits::default()
+            ..FlagLimits::default()
         },
         stores,
         identity: ClientIdentity::new(SECRET)

@@ -7,7 +7,7 @@
 //! `test_before_acquire` says, so each decision through a `PgPool` costs two
 //! exchanges on the wire instead of one. The ping exists because a
 //! connection whose statement was abandoned half-way may be returned in an
-//! unknown state; here the lease knows that: a connection goes back only
+//! unknown state; here the checkout knows that: a connection goes back only
 //! after its statement finished, or failed with an error the server
 //! answered, and is dropped otherwise (timeout, cancelled caller, I/O or
 //! protocol error), so the next caller opens a fresh one. Nothing is sent
@@ -99,12 +99,12 @@ impl Drop for OwnConnections {
 impl Connections {
     /// A connection for one statement, waiting for a free one and opening
     /// it if needed, until `deadline`; `timeout` names the bound in errors.
-    pub(crate) async fn lease(
+    pub(crate) async fn checkout(
         &self,
         what: &str,
         timeout: Duration,
         deadline: Instant,
-    ) -> Result<Lease<'_>, StoreError> {
+    ) -> Result<Checkout<'_>, StoreError> {
         let held = match self {
             Connections::Own(own) => {
                 let own: &OwnConnections = own;
@@ -146,7 +146,7 @@ impl Connections {
                 Held::Pool(connection)
             }
         };
-        Ok(Lease {
+        Ok(Checkout {
             held,
             deadline,
             timeout,
@@ -155,9 +155,9 @@ impl Connections {
 }
 
 /// One connection, lent for one statement. Dropped without
-/// [`finish`](Lease::finish) seeing the statement end, its connection is
+/// [`end`](Checkout::end) seeing the statement end, its connection is
 /// closed, never reused: the statement may still be on the wire.
-pub(crate) struct Lease<'a> {
+pub(crate) struct Checkout<'a> {
     held: Held<'a>,
     deadline: Instant,
     timeout: Duration,
@@ -175,7 +175,7 @@ enum Held<'a> {
     Pool(PoolConnection<Postgres>),
 }
 
-impl Lease<'_> {
+impl Checkout<'_> {
     /// When the statement must have been answered.
     pub(crate) fn deadline(&self) -> Instant {
         self.deadline
@@ -186,15 +186,15 @@ impl Lease<'_> {
         match &mut self.held {
             Held::Own { connection, .. } => connection
                 .as_mut()
-                .expect("a lease holds its connection until it is finished"),
+                .expect("a checkout holds its connection until it is ended"),
             Held::Pool(connection) => connection,
         }
     }
 
-    /// Ends the lease with the statement's outcome (`Err` if the deadline
+    /// Ends the checkout with the statement's outcome (`Err` if the deadline
     /// passed): keeps the connection if the session is sound, closes it
     /// otherwise, and maps a failure to a [`StoreError`] of `what`.
-    pub(crate) fn finish<T>(
+    pub(crate) fn end<T>(
         mut self,
         what: &str,
         outcome: Result<Result<T, sqlx::Error>, Elapsed>,

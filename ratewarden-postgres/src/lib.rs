@@ -117,7 +117,7 @@ pub use schema::SCHEMA_VERSION;
 pub use sweep::SweepReport;
 pub use url::URL_SCHEMES;
 
-use connections::{Connections, Lease};
+use connections::{Checkout, Connections};
 use error::{store_error, timed_out};
 
 /// The name this store reports in decisions and errors.
@@ -254,10 +254,12 @@ impl Shared {
     }
 
     /// A connection for one statement of `what`, and the store's timeout
-    /// started: the statement must be answered by the lease's deadline.
-    async fn lease(&self, what: &str) -> Result<Lease<'_>, StoreError> {
+    /// started: the statement must be answered by the checkout's deadline.
+    async fn checkout(&self, what: &str) -> Result<Checkout<'_>, StoreError> {
         let deadline = Instant::now() + self.timeout;
-        self.connections.lease(what, self.timeout, deadline).await
+        self.connections
+            .checkout(what, self.timeout, deadline)
+            .await
     }
 
     /// Runs `fut`, on the maintenance pool, under the store's timeout.
@@ -442,9 +444,9 @@ impl PostgresStore {
         if asked == Asked::Decide {
             query = query.bind(shared.record_refusals.then_some(shared.abuse_retention_us));
         }
-        let mut lease = shared.lease(what).await?;
-        let answer = timeout_at(lease.deadline(), query.fetch_one(lease.connection())).await;
-        let (allowed, remaining, reset_after, retry_after) = lease.finish(what, answer)?;
+        let mut checkout = shared.checkout(what).await?;
+        let answer = timeout_at(checkout.deadline(), query.fetch_one(checkout.connection())).await;
+        let (allowed, remaining, reset_after, retry_after) = checkout.end(what, answer)?;
         Ok(Decision::new(
             allowed,
             policy,
@@ -518,9 +520,9 @@ impl Store for PostgresStore {
             .bind(i64::from(cost))
             .bind(now)
             .bind(shared.gc_slack_us);
-        let mut lease = shared.lease("penalty").await?;
-        let answer = timeout_at(lease.deadline(), query.execute(lease.connection())).await;
-        lease.finish("penalty", answer)?;
+        let mut checkout = shared.checkout("penalty").await?;
+        let answer = timeout_at(checkout.deadline(), query.execute(checkout.connection())).await;
+        checkout.end("penalty", answer)?;
         Ok(())
     }
 
@@ -532,9 +534,9 @@ impl Store for PostgresStore {
         let query = sqlx::query(&shared.reset_sql[index])
             .bind(key.as_bytes())
             .bind(&shared.notice_channel);
-        let mut lease = shared.lease("reset").await?;
-        let answer = timeout_at(lease.deadline(), query.execute(lease.connection())).await;
-        lease.finish("reset", answer)?;
+        let mut checkout = shared.checkout("reset").await?;
+        let answer = timeout_at(checkout.deadline(), query.execute(checkout.connection())).await;
+        checkout.end("reset", answer)?;
         Ok(())
     }
 
@@ -573,9 +575,9 @@ impl Store for PostgresStore {
             .bind(policy.window_micros() as i64)
             .bind(i64::from(cost))
             .bind(anchor);
-        let mut lease = shared.lease("refund").await?;
-        let answer = timeout_at(lease.deadline(), query.fetch_one(lease.connection())).await;
-        lease.finish("refund", answer)?;
+        let mut checkout = shared.checkout("refund").await?;
+        let answer = timeout_at(checkout.deadline(), query.fetch_one(checkout.connection())).await;
+        checkout.end("refund", answer)?;
         Ok(())
     }
 }
@@ -596,9 +598,9 @@ impl AbuseSink for PostgresStore {
             .bind(i64::try_from(event.refusals).unwrap_or(i64::MAX))
             .bind(shared.abuse_retention_us);
         let what = "recording an abuse event";
-        let mut lease = shared.lease(what).await?;
-        let answer = timeout_at(lease.deadline(), query.execute(lease.connection())).await;
-        lease.finish(what, answer)?;
+        let mut checkout = shared.checkout(what).await?;
+        let answer = timeout_at(checkout.deadline(), query.execute(checkout.connection())).await;
+        checkout.end(what, answer)?;
         Ok(())
     }
 }

@@ -256,10 +256,10 @@ impl RateLimitLayerBuilder {
                  not {status}"
             )));
         }
-        Ok(self.finish())
+        Ok(self.assemble())
     }
 
-    fn finish(self) -> RateLimitLayer {
+    fn assemble(self) -> RateLimitLayer {
         let limiters = self
             .plans
             .iter()

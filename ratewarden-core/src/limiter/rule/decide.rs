@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use crate::abuse::Writes;
-use crate::breaker::{Breaker, BreakerState, Permit, Transition};
+use crate::breaker::{Attempt, Breaker, BreakerState, Transition};
 use crate::counter::bump;
 use crate::decision::Decision;
 use crate::error::{ErrorKind, StoreError};
@@ -164,18 +164,18 @@ impl Rule {
         request: Request<'_>,
         clock: &dyn Clock,
     ) -> Called {
-        let permit = breaker.permit(|| micros(clock.monotonic()));
-        if permit == Permit::Skip {
+        let attempt = breaker.attempt(|| micros(clock.monotonic()));
+        if attempt == Attempt::Skip {
             return Called::Skipped;
         }
-        let guard = ProbeGuard::new(breaker, permit);
+        let guard = ProbeGuard::new(breaker, attempt);
         let result = self.awaited(store, request).await;
         guard.disarm();
         let transition = match &result {
             Ok(_) => breaker.success(),
             // The caller's mistake says nothing about the store's health.
             Err(e) if e.kind() == ErrorKind::InvalidRequest => {
-                breaker.release(permit);
+                breaker.release(attempt);
                 Transition::None
             }
             Err(_) => breaker.failure(micros(clock.monotonic())),
@@ -553,7 +553,7 @@ impl Rule {
         let mut d = self.refusals.as_ref()?.get(key, now)?;
         bump(&self.counters.refusals_cached);
         self.record_abuse(key, &d, now, clock).await;
-        self.finish(&mut d);
+        self.stamp(&mut d);
         Some(d)
     }
 
@@ -563,7 +563,7 @@ impl Rule {
         debug_assert!(!self.records_abuse());
         let mut d = self.refusals.as_ref()?.get(key, now)?;
         bump(&self.counters.refusals_cached);
-        self.finish(&mut d);
+        self.stamp(&mut d);
         Some(d)
     }
 
@@ -708,8 +708,10 @@ impl Rule {
         }
     }
 
+    /// Labels `decision` with this rule and counts it: the last touch of
+    /// every decision the rule hands back.
     #[inline]
-    pub(crate) fn finish(&self, decision: &mut Decision) {
+    pub(crate) fn stamp(&self, decision: &mut Decision) {
         self.label(decision);
         self.count(decision);
     }
@@ -898,7 +900,7 @@ impl Rule {
                 // No later rule can refuse: nothing to keep for a refund.
                 self.settle_one(key, (now, ticket), &decision, holder, false);
                 let mut decision = decision;
-                self.finish(&mut decision);
+                self.stamp(&mut decision);
                 return decision;
             }
             Local::Now(decision, holder) => Tried::Local(decision, holder),
@@ -916,7 +918,7 @@ impl Rule {
             )
             .await
             .decision;
-        self.finish(&mut decision);
+        self.stamp(&mut decision);
         decision
     }
 }
