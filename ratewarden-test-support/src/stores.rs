@@ -105,17 +105,7 @@ impl<S> Recording<S> {
 
 #[async_trait]
 impl<S: Store> Store for Recording<S> {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn max_key_len(&self) -> usize {
-        self.inner.max_key_len()
-    }
+    ratewarden_core::forward_store_identity!(inner);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         let key = request.key();

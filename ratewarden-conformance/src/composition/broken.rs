@@ -392,7 +392,7 @@ impl BrokenLease {
 
 #[async_trait]
 impl Store for BrokenLease {
-    forward_identity!(shared);
+    ratewarden_core::forward_store_identity!(shared);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         let (key, policy, cost, now) = (
@@ -500,7 +500,7 @@ impl InvalidAsFailure {
 
 #[async_trait]
 impl Store for InvalidAsFailure {
-    forward_identity!(0);
+    ratewarden_core::forward_store_identity!(0);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         self.0.decide(request).await.map_err(Self::flatten)
@@ -560,7 +560,7 @@ impl NoRefund {
 
 #[async_trait]
 impl Store for NoRefund {
-    forward_identity!(0);
+    ratewarden_core::forward_store_identity!(0);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         self.0.decide(request).await
@@ -596,7 +596,7 @@ impl Forgets {
 
 #[async_trait]
 impl Store for Forgets {
-    forward_identity!(0);
+    ratewarden_core::forward_store_identity!(0);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         self.0.decide(request).await

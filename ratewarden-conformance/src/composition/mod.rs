@@ -41,37 +41,6 @@ use ratewarden_core::{
 
 use crate::{ScenarioResult, StoreFactory};
 
-/// The [`Store`] methods of a wrapper that says what the store it wraps,
-/// `self.$inner`, says: its name, capabilities, key-length bound and policy
-/// check. A wrapper stands for its store in a composition and differs only
-/// in what it decides.
-macro_rules! forward_identity {
-    ($inner:tt) => {
-        fn name(&self) -> &'static str {
-            self.$inner.name()
-        }
-
-        fn capabilities(&self) -> ratewarden_core::Capabilities {
-            self.$inner.capabilities()
-        }
-
-        fn max_key_len(&self) -> usize {
-            self.$inner.max_key_len()
-        }
-
-        fn invalidations(&self) -> Option<std::sync::Arc<ratewarden_core::Invalidations>> {
-            self.$inner.invalidations()
-        }
-
-        fn check_policy(
-            &self,
-            policy: &ratewarden_core::Policy,
-        ) -> Result<(), ratewarden_core::ConfigError> {
-            self.$inner.check_policy(policy)
-        }
-    };
-}
-
 pub mod broken;
 mod scenarios;
 mod support;

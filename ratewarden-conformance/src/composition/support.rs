@@ -119,7 +119,7 @@ impl<T: ?Sized> Switch<T> {
 
 #[async_trait]
 impl Store for Switch<dyn Store> {
-    forward_identity!(inner);
+    ratewarden_core::forward_store_identity!(inner);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
@@ -245,7 +245,7 @@ impl Ledger {
 
 #[async_trait]
 impl Store for Ledger {
-    forward_identity!(inner);
+    ratewarden_core::forward_store_identity!(inner);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         let (cost, now) = (request.cost(), request.now());
@@ -324,7 +324,7 @@ impl Late {
 
 #[async_trait]
 impl Store for Late {
-    forward_identity!(inner);
+    ratewarden_core::forward_store_identity!(inner);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         let decision = self.inner.decide(request).await;

@@ -327,10 +327,93 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// A store applies [`algorithm::penalize`](crate::algorithm::penalize)
     /// to the key's state where `decide` applies
     /// [`algorithm::apply`](crate::algorithm::apply). A wrapper forwards
-    /// this, as it forwards every provided method: one that does not
-    /// forward [`invalidations`](Store::invalidations), say, hides its
-    /// store's notices from the rules in front of it.
+    /// this, as it forwards every provided method
+    /// ([`forward_store_identity!`](crate::forward_store_identity) forwards
+    /// those that say what the store is): one that does not forward
+    /// [`invalidations`](Store::invalidations), say, hides its store's
+    /// notices from the rules in front of it.
     async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError>;
+}
+
+/// Forwards the [`Store`] methods that say what a store is to the store a
+/// wrapper holds in `self.$field`: [`name`](Store::name),
+/// [`capabilities`](Store::capabilities), [`max_key_len`](Store::max_key_len),
+/// [`check_policy`](Store::check_policy) and
+/// [`invalidations`](Store::invalidations), inside the wrapper's `impl
+/// Store`.
+///
+/// Written by hand, these are easy to forget, and the compiler does not
+/// ask for the provided ones: a wrapper that does not forward
+/// `check_policy` accepts a policy its store refuses, and one that does not
+/// forward `invalidations` hides its store's notices from the refusal caches
+/// in front of it. The decision methods stay the wrapper's own, since they
+/// are what it changes (and `async_trait` methods cannot come from a
+/// macro); forward `decide_inline` and `refund_inline` too unless the
+/// wrapper must see every call.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use ratewarden_core::{Decision, Key, Policy, Refund, Request, Store, StoreError, async_trait};
+///
+/// /// Counts the decisions that reach the store it wraps.
+/// #[derive(Debug)]
+/// struct Counting<S> {
+///     inner: S,
+///     decisions: AtomicU64,
+/// }
+///
+/// #[async_trait]
+/// impl<S: Store> Store for Counting<S> {
+///     ratewarden_core::forward_store_identity!(inner);
+///
+///     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+///         self.decisions.fetch_add(1, Ordering::Relaxed);
+///         self.inner.decide(request).await
+///     }
+///
+///     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
+///         self.inner.refund(refund).await
+///     }
+///
+///     async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+///         self.inner.peek(request).await
+///     }
+///
+///     async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
+///         self.inner.reset(key, policy).await
+///     }
+///
+///     async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
+///         self.inner.penalize(request).await
+///     }
+/// }
+///
+/// let store = Counting { inner: ratewarden_core::example::MapStore::default(), decisions: AtomicU64::new(0) };
+/// assert_eq!(store.name(), "map");
+/// ```
+#[macro_export]
+macro_rules! forward_store_identity {
+    ($field:tt) => {
+        fn name(&self) -> &'static str {
+            $crate::Store::name(&self.$field)
+        }
+
+        fn capabilities(&self) -> $crate::Capabilities {
+            $crate::Store::capabilities(&self.$field)
+        }
+
+        fn max_key_len(&self) -> usize {
+            $crate::Store::max_key_len(&self.$field)
+        }
+
+        fn check_policy(&self, policy: &$crate::Policy) -> Result<(), $crate::ConfigError> {
+            $crate::Store::check_policy(&self.$field, policy)
+        }
+
+        fn invalidations(&self) -> Option<std::sync::Arc<$crate::Invalidations>> {
+            $crate::Store::invalidations(&self.$field)
+        }
+    };
 }
 
 #[async_trait]
