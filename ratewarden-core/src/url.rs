@@ -8,26 +8,6 @@
 
 pub use url::Url;
 
-/// The schemes of `memory://` URLs: the in-process store.
-pub const MEMORY_SCHEMES: &[&str] = &["memory"];
-
-/// The schemes the Redis store accepts (`ratewarden_redis::URL_SCHEMES`),
-/// known here so that an application built without the Redis backend can
-/// refuse such a URL by naming the feature to enable.
-pub const REDIS_SCHEMES: &[&str] = &[
-    "redis",
-    "rediss",
-    "redis+unix",
-    "unix",
-    "redis+cluster",
-    "rediss+cluster",
-    "redis+sentinel",
-];
-
-/// The schemes the Postgres store accepts
-/// (`ratewarden_postgres::URL_SCHEMES`), known here for the same reason.
-pub const POSTGRES_SCHEMES: &[&str] = &["postgres", "postgresql"];
-
 /// Query parameters whose values are secrets, compared case-insensitively:
 /// the libpq and redis-rs spellings of a password, and common token names.
 const SECRET_PARAMS: &[&str] = &[

@@ -15,7 +15,7 @@ use sqlx::postgres::PgConnectOptions;
 /// parameters such as `sslmode`, `sslrootcert` or `application_name`. TLS
 /// modes (`sslmode=require`, `verify-ca`, `verify-full`) need the crate's
 /// `tls` feature and are refused without it.
-pub const URL_SCHEMES: &[&str] = ratewarden_core::url::POSTGRES_SCHEMES;
+pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql"];
 
 /// Parses a store URL into connect options, refusing what this build
 /// cannot honour. Every error shows the URL redacted.

@@ -36,7 +36,15 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 ///     }
 /// }
 /// ```
-pub const URL_SCHEMES: &[&str] = ratewarden_core::url::REDIS_SCHEMES;
+pub const URL_SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+];
 
 /// Where a URL points, checked but not contacted.
 pub(crate) enum Endpoint {

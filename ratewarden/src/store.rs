@@ -27,7 +27,29 @@ use ratewarden_core::{ConfigError, Store};
 /// [`ratewarden_core::url::redact`].
 pub use ratewarden_core::url::redact;
 
-pub use ratewarden_core::url::{MEMORY_SCHEMES, POSTGRES_SCHEMES, REDIS_SCHEMES};
+// Each backend owns its schemes (`ratewarden_redis::URL_SCHEMES`, …); the
+// router keeps its own copy so that a build without a backend can still
+// recognise its URLs and name the feature to enable, and a test holds each
+// copy equal to the backend's list when the backend is built.
+
+/// The schemes of `memory://` URLs: the in-process store.
+pub const MEMORY_SCHEMES: &[&str] = &["memory"];
+
+/// The schemes of the Redis store (`ratewarden_redis::URL_SCHEMES`),
+/// recognised with or without the `redis` feature.
+pub const REDIS_SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+];
+
+/// The schemes of the Postgres store (`ratewarden_postgres::URL_SCHEMES`),
+/// recognised with or without the `postgres` feature.
+pub const POSTGRES_SCHEMES: &[&str] = &["postgres", "postgresql"];
 
 /// The key capacity of a `memory://` store without `?capacity=`.
 pub use ratewarden_core::DEFAULT_KEY_CAPACITY as DEFAULT_MEMORY_CAPACITY;
@@ -179,6 +201,19 @@ async fn postgres(url: &str, scheme: &str) -> Result<Arc<dyn Store>, ConfigError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The router's copies of the schemes are the backends' own lists.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_redis_schemes_are_the_redis_stores_own() {
+        assert_eq!(REDIS_SCHEMES, ratewarden_redis::URL_SCHEMES);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn the_postgres_schemes_are_the_postgres_stores_own() {
+        assert_eq!(POSTGRES_SCHEMES, ratewarden_postgres::URL_SCHEMES);
+    }
 
     fn capacity(url: &str) -> Result<usize, String> {
         memory_capacity(&Url::parse(url).unwrap())
