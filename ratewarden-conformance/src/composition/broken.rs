@@ -8,7 +8,7 @@
 //! events or runs its breaker) by a small composition written here around a
 //! real [`Limiter`] from which that feature was taken out.
 //!
-//! One file of about 620 lines: each broken composition is small, and a
+//! One file of about 850 lines: each broken composition is small, and a
 //! reader checking what a scenario catches wants them side by side.
 
 use crate::call;
@@ -135,24 +135,24 @@ impl Composer for BrokenComposer {
         match self.0 {
             CompositionDefect::NoRefunds => {
                 for t in &mut tiers {
-                    t.store = NoRefund::wrap(t.store.clone());
-                    t.fallback = t.fallback.take().map(NoRefund::wrap);
+                    t.store = Keeps::refunds(t.store.clone());
+                    t.fallback = t.fallback.take().map(Keeps::refunds);
                     if let Some(e) = &mut t.escalation {
-                        e.store = NoRefund::wrap(e.store.clone());
+                        e.store = Keeps::refunds(e.store.clone());
                     }
                 }
                 LimiterComposer.compose(tiers, clock)
             }
             CompositionDefect::FallbackForgotten => {
                 for t in &mut tiers {
-                    t.fallback = t.fallback.take().map(Forgets::wrap);
+                    t.fallback = t.fallback.take().map(Keeps::everything);
                 }
                 LimiterComposer.compose(tiers, clock)
             }
             CompositionDefect::EscalationForgotten => {
                 for t in &mut tiers {
                     if let Some(e) = &mut t.escalation {
-                        e.store = Forgets::wrap(e.store.clone());
+                        e.store = Keeps::everything(e.store.clone());
                     }
                 }
                 LimiterComposer.compose(tiers, clock)
@@ -548,22 +548,38 @@ fn storage_key(rule: &str, key: &[u8]) -> Vec<u8> {
     k
 }
 
-/// A store whose refunds succeed and change nothing.
+/// A store whose refunds succeed and change nothing, and, if `resets` is
+/// false, whose resets too: as if the composition never sent them there.
 #[derive(Debug)]
-struct NoRefund(Arc<dyn Store>);
+struct Keeps {
+    inner: Arc<dyn Store>,
+    resets: bool,
+}
 
-impl NoRefund {
-    fn wrap(store: Arc<dyn Store>) -> Arc<dyn Store> {
-        Arc::new(NoRefund(store))
+impl Keeps {
+    /// Ignores refunds.
+    fn refunds(store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(Keeps {
+            inner: store,
+            resets: true,
+        })
+    }
+
+    /// Ignores refunds and resets: every count it made stays.
+    fn everything(store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(Keeps {
+            inner: store,
+            resets: false,
+        })
     }
 }
 
 #[async_trait]
-impl Store for NoRefund {
-    ratewarden_core::forward_store_identity!(0);
+impl Store for Keeps {
+    ratewarden_core::forward_store_identity!(inner);
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
-        self.0.decide(request).await
+        self.inner.decide(request).await
     }
 
     async fn refund(&self, _: Refund<'_>) -> Result<(), StoreError> {
@@ -571,51 +587,18 @@ impl Store for NoRefund {
     }
 
     async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
-        self.0.peek(request).await
+        self.inner.peek(request).await
     }
 
     async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
-        self.0.reset(key, policy).await
+        if !self.resets {
+            return Ok(());
+        }
+        self.inner.reset(key, policy).await
     }
 
     async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
-        self.0.penalize(request).await
-    }
-}
-
-/// A store that keeps every count: refunds and resets do nothing, as if
-/// the composition never sent them there.
-#[derive(Debug)]
-struct Forgets(Arc<dyn Store>);
-
-impl Forgets {
-    fn wrap(store: Arc<dyn Store>) -> Arc<dyn Store> {
-        Arc::new(Forgets(store))
-    }
-}
-
-#[async_trait]
-impl Store for Forgets {
-    ratewarden_core::forward_store_identity!(0);
-
-    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
-        self.0.decide(request).await
-    }
-
-    async fn refund(&self, _: Refund<'_>) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
-        self.0.peek(request).await
-    }
-
-    async fn reset(&self, _: Key<'_>, _: &Policy) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn penalize(&self, request: Request<'_>) -> Result<(), StoreError> {
-        self.0.penalize(request).await
+        self.inner.penalize(request).await
     }
 }
 
