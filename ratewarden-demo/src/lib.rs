@@ -29,6 +29,10 @@
 //! [`app`]. Tests build [`app`] directly with a manual clock and their own
 //! stores.
 
+// About 780 lines: one program's wiring (its limits, flags, stores and
+// routes), kept where a reader of the demo looks for it; the admin, plans,
+// metrics and server parts are modules of their own.
+
 pub mod admin;
 pub mod plans;
 pub mod prometheus;

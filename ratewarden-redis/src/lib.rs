@@ -192,6 +192,10 @@
 //! loaded); `MONITOR` shows nothing but `EVALSHA` from the store; and the
 //! server's `INFO commandstats` agrees.
 
+// About 780 lines, 190 of them the crate docs: the store and its `Store`
+// impl; its builder, keys, scripts, notices, Sentinel, TLS and URLs are
+// modules of their own.
+
 mod builder;
 mod error;
 mod key;

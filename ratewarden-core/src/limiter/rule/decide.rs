@@ -5,6 +5,11 @@
 //! timeout and breaker, and never asks inline again. Then the fallback and
 //! failure policy, escalation, abuse events, refunds and the refusal cache.
 
+// About 920 lines: all a rule does with one key (ask its store under the
+// breaker, fallback and failure policy, answer from its refusal cache,
+// escalate, give back, peek, reset, penalize), one concern read in one
+// place; building a rule is `rule.rs`.
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
