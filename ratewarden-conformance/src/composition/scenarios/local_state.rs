@@ -75,6 +75,23 @@ struct Layer {
     outage: bool,
 }
 
+impl Layer {
+    /// The layer's composition, with the shared `store` failing while the
+    /// layer needs an outage and answering otherwise.
+    fn compose(
+        &self,
+        s: &Setup<'_>,
+        store: &Switch<dyn Store>,
+    ) -> Result<Box<dyn Composition>, Failure> {
+        store.set(if self.outage {
+            Health::Failing
+        } else {
+            Health::Up
+        });
+        s.compose(self.tiers.clone())
+    }
+}
+
 /// The local layers of the give-back and reset scenarios: a refusal cache
 /// alone, behind a local tier, leased in batches, with a fallback that
 /// counts the key while the shared store is down (a breaker of one failure
@@ -190,12 +207,7 @@ pub(crate) async fn give_back_reaches_local_state(s: &Setup<'_>) -> ScenarioResu
     s.at(0);
     for (i, l) in layers.iter().enumerate() {
         let layer = l.name;
-        let c = s.compose(l.tiers.clone())?;
-        store.set(if l.outage {
-            Health::Failing
-        } else {
-            Health::Up
-        });
+        let c = l.compose(s, &store)?;
         let key = format!("login-{i}");
         let key = key.as_bytes();
         let mut held = Vec::new();
@@ -288,12 +300,7 @@ pub(crate) async fn reset_reaches_local_state(s: &Setup<'_>) -> ScenarioResult {
     let layers = local_layers(&shared)?;
     for (i, l) in layers.iter().enumerate() {
         let layer = l.name;
-        let c = s.compose(l.tiers.clone())?;
-        store.set(if l.outage {
-            Health::Failing
-        } else {
-            Health::Up
-        });
+        let c = l.compose(s, &store)?;
         let key = format!("reset-{i}");
         let key = key.as_bytes();
         spend_and_refuse(&*c, &store, key, layer).await?;
@@ -352,7 +359,7 @@ pub(crate) async fn penalty_reaches_local_state(s: &Setup<'_>) -> ScenarioResult
     let mut tested = 0;
     for (i, l) in layers.iter().enumerate().filter(|(_, l)| !l.outage) {
         let layer = l.name;
-        let c = s.compose(l.tiers.clone())?;
+        let c = l.compose(s, &store)?;
         let key = format!("penalty-{i}");
         let key = key.as_bytes();
         admit_each(&*c, key, 2, |n| format!("with {layer}: request {n}")).await?;
