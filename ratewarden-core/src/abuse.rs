@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hashlink::LruCache;
 
-use crate::breaker::{Attempt, Breaker, BreakerConfig};
+use crate::failure::{Attempt, Breaker, BreakerConfig};
 use crate::error::{ErrorKind, StoreError};
 use crate::time::Timestamp;
 
@@ -290,7 +290,7 @@ impl AbuseRecorder {
         if attempt == Attempt::Skip {
             return self.hold_back(event, Writes::default());
         }
-        let guard = crate::breaker::ProbeGuard::new(&self.breaker, attempt);
+        let guard = crate::failure::ProbeGuard::new(&self.breaker, attempt);
         let result = match tokio::time::timeout(timeout, self.sink.record(event.clone())).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::timeout("abuse sink", timeout)),

@@ -3,19 +3,8 @@
 use std::time::Duration;
 
 use crate::algorithm::Verdict;
+use crate::failure::FailurePolicy;
 use crate::policy::Policy;
-
-/// What a rule answers when no store answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FailurePolicy {
-    /// Admit the request: availability over enforcement. Right for abuse
-    /// control in front of a page that must keep working.
-    #[default]
-    Open,
-    /// Refuse the request: enforcement over availability. Right where
-    /// over-admission costs money.
-    Closed,
-}
 
 /// Who answered a [`Decision`], and whether it was the store the rule names.
 ///

@@ -5,7 +5,7 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use crate::policy::Algorithm;
+use crate::algorithm::Algorithm;
 
 /// A configuration the limiter refuses. Returned when a policy, store or
 /// limiter is built, never at the first request.

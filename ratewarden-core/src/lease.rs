@@ -130,7 +130,8 @@ use crate::counter::{bump, load};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::invalidation::{Invalidations, Ticket};
-use crate::policy::{Algorithm, Policy};
+use crate::algorithm::Algorithm;
+use crate::policy::Policy;
 use crate::store::{Capabilities, Key, Refund, Request, Store};
 use crate::time::Timestamp;
 

@@ -83,7 +83,7 @@ pub(crate) mod rule;
 mod stats;
 mod wait;
 
-pub use crate::decision::FailurePolicy;
+use crate::failure::FailurePolicy;
 use rule::{Applied, Charge, Holder, Local, StorageKey, Tried};
 pub use rule::{MAX_RULE_NAME, Rule};
 pub use stats::RuleStats;

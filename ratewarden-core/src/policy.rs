@@ -6,54 +6,9 @@ pub mod parse;
 
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::error::ConfigError;
 use crate::time::duration_to_micros;
-
-/// The algorithm a [`Policy`] applies. Every algorithm's exact semantics are
-/// given in [`algorithm`](crate::algorithm), and every backend must match
-/// them decision for decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Algorithm {
-    /// Exact: a log of the admitted requests' timestamps, at most `limit`
-    /// entries per key. A request is admitted when fewer than `limit` units
-    /// were admitted in the last `window`.
-    SlidingLog,
-    /// A counter per key; the window opens at the first request and its end
-    /// is fixed then, never moved by later hits.
-    FixedWindow,
-    /// Two epoch-aligned fixed windows, the previous one weighted by how much
-    /// of it still overlaps the sliding window. O(1) per key, approximate.
-    SlidingWindow,
-    /// The generic cell rate algorithm (a token bucket of `limit` tokens
-    /// refilled evenly over `window`). O(1) per key, smooth.
-    Gcra,
-}
-
-impl Algorithm {
-    /// Every algorithm, in a stable order.
-    pub const ALL: [Algorithm; 4] = [
-        Algorithm::SlidingLog,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::Gcra,
-    ];
-
-    /// A short, stable, lowercase name, usable in storage keys and metrics.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::Gcra => "gcra",
-        }
-    }
-}
-
-impl std::fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The largest exact integer a double holds, 2^53: the bound under which a
 /// Lua script computes exactly what Rust does.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::abuse::{AbuseRecorder, AbuseSink};
-use crate::breaker::{Breaker, BreakerConfig};
+use crate::failure::{Breaker, BreakerConfig};
 use crate::counter::load;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};

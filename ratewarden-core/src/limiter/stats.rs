@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::breaker::BreakerState;
+use crate::failure::BreakerState;
 use crate::counter::{bump, load};
 
 /// Counters of one rule, updated with relaxed atomics.

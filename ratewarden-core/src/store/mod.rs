@@ -12,7 +12,8 @@ use async_trait::async_trait;
 
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::policy::{Algorithm, Policy};
+use crate::algorithm::Algorithm;
+use crate::policy::Policy;
 
 /// What a store can do, declared so that composition and the conformance
 /// suite can adapt to it instead of guessing.

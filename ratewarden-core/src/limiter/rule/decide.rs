@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use crate::abuse::Writes;
-use crate::breaker::{Attempt, Breaker, BreakerState, Transition};
+use crate::failure::{Attempt, Breaker, BreakerState, Transition};
 use crate::counter::bump;
 use crate::decision::Decision;
 use crate::error::{ErrorKind, StoreError};
@@ -25,7 +25,7 @@ use crate::policy::Policy;
 use crate::store::{Key, Refund, Request, Store};
 use crate::time::{Clock, Timestamp};
 
-use crate::breaker::ProbeGuard;
+use crate::failure::ProbeGuard;
 use crate::time::duration_to_micros as micros;
 
 use super::{Applied, CLIENT_KEY, Called, Charge, Holder, KEY_HEAD, Rule, StorageKey};

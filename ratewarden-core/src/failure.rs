@@ -1,11 +1,24 @@
-//! A circuit breaker per store, so that a dead store costs one timeout
-//! rather than one per request.
+//! What a rule does when its store fails: the failure policy that answers
+//! instead of the store, and a circuit breaker per store, so that a dead
+//! store costs one timeout rather than one per request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::time::duration_to_micros as micros;
+
+/// What a rule answers when no store answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Admit the request: availability over enforcement. Right for abuse
+    /// control in front of a page that must keep working.
+    #[default]
+    Open,
+    /// Refuse the request: enforcement over availability. Right where
+    /// over-admission costs money.
+    Closed,
+}
 
 /// When a rule stops calling a failing store, and for how long.
 ///
