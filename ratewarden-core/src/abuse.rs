@@ -19,8 +19,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hashlink::LruCache;
 
-use crate::failure::{Attempt, Breaker, BreakerConfig};
 use crate::error::{ErrorKind, StoreError};
+use crate::failure::{Attempt, Breaker, BreakerConfig};
 use crate::time::Timestamp;
 
 /// Refusals worth keeping: who was refused, by which rule, how often and

@@ -126,11 +126,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::algorithm::Algorithm;
 use crate::counter::{bump, load};
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::invalidation::{Invalidations, Ticket};
-use crate::algorithm::Algorithm;
 use crate::policy::Policy;
 use crate::store::{Capabilities, Key, Refund, Request, Store};
 use crate::time::Timestamp;

@@ -50,20 +50,20 @@ pub use abuse::{ABUSE_TRACKED_KEYS, AbuseEvent, AbuseSink};
 /// Re-exported so that a store crate implements [`Store`] with
 /// `#[ratewarden_core::async_trait]` and no dependency of its own.
 pub use async_trait::async_trait;
-pub use failure::{BreakerConfig, BreakerState, FailurePolicy};
 pub use decision::{Decision, Source};
 pub use error::{ConfigError, ErrorKind, StoreError};
+pub use failure::{BreakerConfig, BreakerState, FailurePolicy};
 // For the `ratewarden` crate's header values; not part of the API.
+pub use algorithm::Algorithm;
 #[doc(hidden)]
 pub use intern::intern;
 pub use invalidation::Invalidations;
 pub use limiter::{
-    Admission, DEFAULT_TIMEOUT, Limiter, LimiterBuilder, MAX_RULE_NAME, MIN_RETRY,
-    PendingCheck, Permit, Rule, RuleStats, WaitError,
+    Admission, DEFAULT_TIMEOUT, Limiter, LimiterBuilder, MAX_RULE_NAME, MIN_RETRY, PendingCheck,
+    Permit, Rule, RuleStats, WaitError,
 };
 pub use plans::{Plans, PlansBuilder};
 pub use policy::parse::{DEFAULT_ALGORITHM, ParsePolicyError, parse_policies};
-pub use algorithm::Algorithm;
 pub use policy::{MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use refusal_cache::REFUSAL_CACHE_KEYS;
 pub use store::example;

@@ -10,10 +10,10 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::abuse::{AbuseRecorder, AbuseSink};
-use crate::failure::{Breaker, BreakerConfig};
 use crate::counter::load;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
+use crate::failure::{Breaker, BreakerConfig};
 use crate::intern::{intern, intern_policy};
 use crate::invalidation::{Invalidations, Ticket};
 use crate::policy::Policy;

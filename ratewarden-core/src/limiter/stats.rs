@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::failure::BreakerState;
 use crate::counter::{bump, load};
+use crate::failure::BreakerState;
 
 /// Counters of one rule, updated with relaxed atomics.
 #[derive(Debug, Default)]

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::algorithm::Algorithm;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::algorithm::Algorithm;
 use crate::policy::Policy;
 
 /// What a store can do, declared so that composition and the conformance

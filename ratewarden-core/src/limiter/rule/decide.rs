@@ -16,10 +16,10 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use crate::abuse::Writes;
-use crate::failure::{Attempt, Breaker, BreakerState, Transition};
 use crate::counter::bump;
 use crate::decision::Decision;
 use crate::error::{ErrorKind, StoreError};
+use crate::failure::{Attempt, Breaker, BreakerState, Transition};
 use crate::invalidation::Ticket;
 use crate::policy::Policy;
 use crate::store::{Key, Refund, Request, Store};
