@@ -97,7 +97,7 @@
 //! use ratewarden_core::lease::{LeaseConfig, LeasedStore};
 //! use ratewarden_core::{Policy, Request, Store, Timestamp};
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! # let shared: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+//! # let shared: Arc<dyn Store> = Arc::new(ratewarden_memory::MemoryStore::default());
 //! # /*
 //! let shared: Arc<dyn Store> = Arc::new(redis_or_postgres); // shared by a fleet
 //! # */

@@ -24,10 +24,6 @@
 //! # Ok::<(), ratewarden_core::ConfigError>(())
 //! ```
 
-// The example store names this crate as its users do, so that its source
-// is the `Store` docs' example, verbatim.
-extern crate self as ratewarden_core;
-
 mod abuse;
 pub mod algorithm;
 mod counter;
@@ -66,7 +62,6 @@ pub use plans::{Plans, PlansBuilder};
 pub use policy::parse::{DEFAULT_ALGORITHM, ParsePolicyError, parse_policies};
 pub use policy::{MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use refusal_cache::REFUSAL_CACHE_KEYS;
-pub use store::example;
 pub use store::{
     Capabilities, DEFAULT_KEY_CAPACITY, DEFAULT_MAX_KEY_LEN, Key, Refund, Request, Store,
 };

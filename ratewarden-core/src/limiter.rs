@@ -103,7 +103,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// use ratewarden_core::{Limiter, ManualClock, Policy, Rule};
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// // Any store: ratewarden_memory::MemoryStore, a Redis or Postgres store.
-/// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_core::example::MapStore::default());
+/// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_memory::MemoryStore::default());
 /// let limiter = Limiter::builder()
 ///     .clock(ManualClock::new())
 ///     .rule(Rule::new("search", store, Policy::sliding_log(60, Duration::from_secs(60))?)?)
@@ -302,7 +302,7 @@ impl Limiter {
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
     /// // A memory store answers inline; this example store is awaited.
-    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .clock(ManualClock::new())
     ///     .rule(Rule::new("search", store, Policy::gcra(60, Duration::from_secs(60))?)?)
@@ -364,7 +364,7 @@ impl Limiter {
     /// use std::time::Duration;
     /// use ratewarden_core::{Limiter, ManualClock, Policy, Rule, Store};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let store: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let store: Arc<dyn Store> = Arc::new(ratewarden_memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .clock(ManualClock::new())
     ///     .rule(Rule::new("login", store, Policy::fixed_window(3, Duration::from_secs(900))?)?)
@@ -419,7 +419,7 @@ impl Limiter {
     /// use std::time::Duration;
     /// use ratewarden_core::{Limiter, ManualClock, Policy, Rule, Store};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let store: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let store: Arc<dyn Store> = Arc::new(ratewarden_memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .clock(ManualClock::new())
     ///     .rule(Rule::new("search", store, Policy::fixed_window(3, Duration::from_secs(60))?)?)
@@ -487,7 +487,7 @@ impl Limiter {
     /// use std::time::Duration;
     /// use ratewarden_core::{Limiter, ManualClock, Policy, Rule, Store};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let store: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let store: Arc<dyn Store> = Arc::new(ratewarden_memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .clock(ManualClock::new())
     ///     .rule(Rule::new("login", store, Policy::fixed_window(2, Duration::from_secs(900))?)?)
@@ -525,7 +525,7 @@ impl Limiter {
     /// use std::time::Duration;
     /// use ratewarden_core::{Limiter, ManualClock, Policy, Rule, Store};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let store: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let store: Arc<dyn Store> = Arc::new(ratewarden_memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .clock(ManualClock::new())
     ///     .rule(Rule::new("payments", store, Policy::fixed_window(10, Duration::from_secs(3600))?)?)

@@ -24,7 +24,7 @@ use crate::{Clock, ConfigError, Limiter, Rule, Store, StoreError, parse_policies
 /// use std::sync::Arc;
 /// use ratewarden_core::{ManualClock, Plans, Store};
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-/// let store: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+/// let store: Arc<dyn Store> = Arc::new(ratewarden_memory::MemoryStore::default());
 /// let plans = Plans::builder("search", store)
 ///     .clock(ManualClock::new())
 ///     .plan("free", "4/min")

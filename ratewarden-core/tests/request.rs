@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ratewarden_core::example::MapStore;
+use ratewarden_test_support::stores::AwaitedStore;
 use ratewarden_core::{
     Capabilities, Decision, ErrorKind, FailurePolicy, Key, Limiter, ManualClock, Policy, Refund,
     Request, Rule, Store, StoreError, Timestamp, async_trait,
@@ -20,7 +20,7 @@ const BOUND: usize = 16;
 /// longest key any of its operations was given.
 #[derive(Debug, Default)]
 struct Spy {
-    inner: MapStore,
+    inner: AwaitedStore,
     longest: AtomicUsize,
     calls: AtomicUsize,
 }

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use ratewarden_core::example::MapStore;
+use ratewarden_test_support::stores::AwaitedStore;
 use ratewarden_core::{
     Capabilities, Clock, Decision, Key, Limiter, ManualClock, Policy, Refund, Request, Rule, Store,
     StoreError, Timestamp, WaitError, async_trait,
 };
 
 fn limiter(policy: Policy) -> (Limiter, ManualClock) {
-    let store: Arc<dyn Store> = Arc::new(MapStore::default());
+    let store: Arc<dyn Store> = Arc::new(AwaitedStore::default());
     let clock = ManualClock::new();
     let limiter = Limiter::builder()
         .clock(clock.clone())
@@ -353,7 +353,7 @@ async fn waiters_released_together_are_admitted_as_often_as_the_policy_allows_by
 /// until `reopens`, when it admits them all.
 #[derive(Debug)]
 struct Busy {
-    inner: MapStore,
+    inner: AwaitedStore,
     start: Timestamp,
     reopens: Timestamp,
     calls: AtomicU32,
@@ -418,7 +418,7 @@ async fn a_waiter_refused_again_and_again_gives_up_at_its_deadline_not_before_an
         let clock = ManualClock::new();
         // Had the waiter ignored its deadline, it would be admitted at 5 s.
         let busy = Arc::new(Busy {
-            inner: MapStore::default(),
+            inner: AwaitedStore::default(),
             start: clock.now(),
             reopens: clock.now().saturating_add(Duration::from_secs(5)),
             calls: AtomicU32::new(0),

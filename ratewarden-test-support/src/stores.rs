@@ -3,32 +3,39 @@
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use ratewarden_conformance::broken::ReferenceStore;
 use ratewarden_core::algorithm;
 use ratewarden_core::{
     Capabilities, Decision, Key, Policy, Refund, Request, Store, StoreError, Timestamp,
 };
 
-/// An exact, unbounded store applying the normative algorithm under a lock:
-/// [`ratewarden_core::example::MapStore`], the `Store` docs' example, that
-/// can also declare itself shared.
+/// The conformance crate's [`ReferenceStore`] (exact, every algorithm,
+/// 2^20 keys) answering only when awaited, and able to declare itself
+/// shared.
 ///
-/// Not the conformance crate's `ReferenceStore`, which answers inline as an
-/// in-process store does: this one must be awaited, so the layer and
-/// limiter tests built on it exercise the awaited path (boxed future,
-/// timeout, breaker) that a networked store takes.
-#[derive(Debug, Default)]
+/// The reference store answers inline, as an in-process store does; this
+/// one hides that, so the layer and limiter tests built on it exercise the
+/// awaited path (boxed future, timeout, breaker) that a networked store
+/// takes.
+#[derive(Debug)]
 pub struct AwaitedStore {
-    inner: ratewarden_core::example::MapStore,
-    shared: bool,
+    inner: ReferenceStore,
+}
+
+impl Default for AwaitedStore {
+    fn default() -> Self {
+        AwaitedStore {
+            inner: ReferenceStore::new(1 << 20),
+        }
+    }
 }
 
 impl AwaitedStore {
-    /// A map store that declares itself shared by other processes
+    /// The same store declaring itself shared by other processes
     /// ([`Capabilities::shared`]), as Redis and Postgres do.
     pub fn shared() -> Self {
         AwaitedStore {
-            shared: true,
-            ..AwaitedStore::default()
+            inner: ReferenceStore::new(1 << 20).shared_as("reference"),
         }
     }
 }
@@ -40,9 +47,7 @@ impl Store for AwaitedStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut capabilities = self.inner.capabilities();
-        capabilities.shared = self.shared;
-        capabilities
+        self.inner.capabilities()
     }
 
     fn max_key_len(&self) -> usize {

@@ -12,7 +12,7 @@
 //! use tower::{Layer, Service, ServiceExt};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-//! let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+//! let store: Arc<dyn Store> = Arc::new(ratewarden::memory::MemoryStore::default());
 //! let partner = Limiter::builder()
 //!     .clock(ManualClock::new())
 //!     .rule(Rule::new("partner-api", store, Policy::sliding_log(10, Duration::from_secs(1))?)?)

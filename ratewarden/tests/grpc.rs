@@ -21,7 +21,7 @@ const LIMIT: u32 = 3;
 /// A layer's builder: `LIMIT` calls a minute per client address, on a
 /// manual clock at the start of a minute.
 fn builder() -> ratewarden::RateLimitLayerBuilder {
-    let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+    let store: Arc<dyn Store> = Arc::new(ratewarden_test_support::stores::AwaitedStore::default());
     let policy = Policy::fixed_window(LIMIT, Duration::from_secs(60)).unwrap();
     let limiter = Limiter::builder()
         .clock(ManualClock::new())

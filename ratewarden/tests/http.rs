@@ -513,7 +513,7 @@ fn retry_after_rounds_up_whole_fractional_and_sub_second_waits() {
             0,
             Duration::from_secs(60),
             retry_after,
-            "map",
+            "reference",
         )
     };
     for (wait, shown) in [
@@ -545,7 +545,7 @@ fn retry_after_rounds_up_whole_fractional_and_sub_second_waits() {
         59,
         Duration::from_secs(60),
         Duration::ZERO,
-        "map",
+        "reference",
     );
     let mut map = http::HeaderMap::new();
     headers.write(&allowed, &mut map);

@@ -28,7 +28,7 @@ fn partner_api(
 }
 
 fn quota(clock: &ManualClock) -> Limiter {
-    let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+    let store: Arc<dyn Store> = Arc::new(ratewarden_test_support::stores::AwaitedStore::default());
     Limiter::builder()
         .clock(clock.clone())
         .rule(

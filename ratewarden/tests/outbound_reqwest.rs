@@ -33,7 +33,7 @@ async fn partner_api(clock: ManualClock) -> (String, Arc<Mutex<Vec<Timestamp>>>)
 }
 
 fn client(clock: &ManualClock, max_wait: Duration) -> ClientWithMiddleware {
-    let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+    let store: Arc<dyn Store> = Arc::new(ratewarden_test_support::stores::AwaitedStore::default());
     let quota = Limiter::builder()
         .clock(clock.clone())
         .rule(

@@ -306,7 +306,7 @@ impl Rule {
     /// use std::sync::Arc;
     /// use ratewarden_core::{Limiter, ManualClock, Rule, Store, parse_policies};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let store: Arc<dyn Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let store: Arc<dyn Store> = Arc::new(ratewarden_memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .clock(ManualClock::new())
     ///     .rules(Rule::tiers("search", store, &parse_policies("2/s; 3/min")?)?)

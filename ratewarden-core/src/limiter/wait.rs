@@ -77,7 +77,7 @@ impl Limiter {
     /// use std::time::Duration;
     /// use ratewarden_core::{Clock, Limiter, ManualClock, Policy, Rule, WaitError};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_memory::MemoryStore::default());
     /// let clock = ManualClock::new();
     /// let limiter = Limiter::builder()
     ///     .clock(clock.clone())
@@ -124,7 +124,7 @@ impl Limiter {
     /// use std::time::Duration;
     /// use ratewarden_core::{Clock, Limiter, ManualClock, Policy, Rule};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_core::example::MapStore::default());
+    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_memory::MemoryStore::default());
     /// let clock = ManualClock::new();
     /// let limiter = Limiter::builder()
     ///     .clock(clock.clone())

@@ -1,5 +1,7 @@
 //! A complete, correct store in one screen: the one the [`Store`] docs show
 //! and the conformance suite runs (`ratewarden-core/tests/example_store.rs`).
+//! Not a module of the crate: it is compiled as that example and that test,
+//! and names `ratewarden_core` as a store crate does.
 //!
 //! One map under one lock, every algorithm by [`algorithm::apply`],
 //! [`algorithm::refund`] and [`algorithm::penalize`], keys bounded in length. It never evicts, so it is

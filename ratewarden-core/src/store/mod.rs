@@ -1,6 +1,5 @@
 //! The storage contract every backend implements.
 
-pub mod example;
 mod request;
 
 pub use request::{Key, Refund, Request};
@@ -105,16 +104,8 @@ impl Capabilities {
 /// store validates arguments, and every store refuses the same mistakes
 /// the same way.
 ///
-/// Migration from the listing where each operation took `key, policy,
-/// cost, now` (and `admitted` for a refund): take one `request` instead and
-/// read [`request.key()`](Request::key), [`policy()`](Request::policy),
-/// [`cost()`](Request::cost) and [`now()`](Request::now); `refund` takes a
-/// [`Refund`] and `reset` a [`Key`]; delete the calls to `check_request`,
-/// `check_refund` and `check_key`, which are gone. A caller builds the
-/// arguments with [`Request::new`] and gets its `InvalidRequest` errors
-/// there.
-///
-/// A complete, correct store ([`example::MapStore`], the one the tests run):
+/// A complete, correct store, which `ratewarden-core/tests/example_store.rs`
+/// runs against the whole conformance suite:
 ///
 /// ```
 #[doc = include_str!("example.rs")]
@@ -389,8 +380,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 ///     }
 /// }
 ///
-/// let store = Counting { inner: ratewarden_core::example::MapStore::default(), decisions: AtomicU64::new(0) };
-/// assert_eq!(store.name(), "map");
+/// let store = Counting { inner: ratewarden_memory::MemoryStore::default(), decisions: AtomicU64::new(0) };
+/// assert_eq!(store.name(), "memory");
 /// ```
 #[macro_export]
 macro_rules! forward_store_identity {

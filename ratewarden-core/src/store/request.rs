@@ -27,10 +27,10 @@ impl<'a> Key<'a> {
     /// error naming both lengths (never the key).
     ///
     /// ```
-    /// use ratewarden_core::example::MapStore;
+    /// use ratewarden_memory::MemoryStore;
     /// use ratewarden_core::{ErrorKind, Key, DEFAULT_MAX_KEY_LEN};
     ///
-    /// let store = MapStore::default();
+    /// let store = MemoryStore::default();
     /// assert_eq!(Key::new(&store, b"client:42")?.as_bytes(), b"client:42");
     /// let long = vec![b'k'; DEFAULT_MAX_KEY_LEN + 1];
     /// assert_eq!(Key::new(&store, &long).unwrap_err().kind(), ErrorKind::InvalidRequest);
@@ -85,12 +85,12 @@ impl fmt::Debug for Key<'_> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use ratewarden_core::example::MapStore;
+/// use ratewarden_memory::MemoryStore;
 /// use ratewarden_core::{ErrorKind, Policy, Request, Store, Timestamp};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let store = MapStore::default();
+/// let store = MemoryStore::default();
 /// let policy = Policy::fixed_window(3, Duration::from_secs(60))?;
 /// let now = Timestamp::from_micros(1_767_225_600_000_000);
 /// let request = Request::new(&store, b"client:42", &policy, 1, now)?;
@@ -195,12 +195,12 @@ impl<'a> Refund<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ratewarden_core::example::MapStore;
+    /// use ratewarden_memory::MemoryStore;
     /// use ratewarden_core::{Policy, Refund, Request, Store, Timestamp};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = MapStore::default();
+    /// let store = MemoryStore::default();
     /// let policy = Policy::fixed_window(3, Duration::from_secs(60))?;
     /// let request = Request::new(&store, b"k", &policy, 1, Timestamp::from_micros(0))?;
     /// let admitted = store.decide(request).await?;

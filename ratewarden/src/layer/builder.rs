@@ -191,7 +191,7 @@ impl RateLimitLayerBuilder {
     /// use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = std::sync::Arc::new(ratewarden::example::MapStore::default());
+    /// let store = std::sync::Arc::new(ratewarden::memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .rule(Rule::new("grpc", store, Policy::sliding_window(100, Duration::from_secs(60))?)?)
     ///     .build()?;

@@ -76,7 +76,7 @@ impl RateLimitLayer {
     /// use ratewarden::{ClientIdentity, Gate, Limiter, Policy, RateLimitLayer, Rule};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let store = std::sync::Arc::new(ratewarden::example::MapStore::default());
+    /// let store = std::sync::Arc::new(ratewarden::memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .rule(Rule::new("api", store, Policy::fixed_window(1, Duration::from_secs(60))?)?)
     ///     .build()?;

@@ -68,7 +68,7 @@
 //! use axum::{Router, routing::{get, post}};
 //! use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule, Store};
 //! # fn main() -> Result<(), ratewarden::ConfigError> {
-//! # let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+//! # let store: Arc<dyn Store> = Arc::new(ratewarden::memory::MemoryStore::default());
 //! # /*
 //! let store: Arc<dyn Store> = Arc::new(ratewarden::memory::MemoryStore::default());
 //! # */
@@ -336,7 +336,7 @@ impl RateLimitLayer {
     /// use std::time::Duration;
     /// use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule, Store};
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// # let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+    /// # let store: Arc<dyn Store> = Arc::new(ratewarden::memory::MemoryStore::default());
     /// let limiter = Limiter::builder()
     ///     .rule(Rule::new("search", store, Policy::fixed_window(60, Duration::from_secs(60))?)?)
     ///     .build()?;

@@ -9,7 +9,7 @@
 //! use ratewarden::{Limiter, Policy, Rule, Store};
 //! use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, reqwest};
 //!
-//! let store: Arc<dyn Store> = Arc::new(ratewarden::example::MapStore::default());
+//! let store: Arc<dyn Store> = Arc::new(ratewarden::memory::MemoryStore::default());
 //! let partner = Limiter::builder()
 //!     .rule(Rule::new("partner-api", store, Policy::gcra(100, Duration::from_secs(1))?)?)
 //!     .build()?;
