@@ -127,6 +127,9 @@ pub struct Limiter {
     /// Several rules, none with a refusal cache or an escalation:
     /// [`begin_tiers`](Self::begin_tiers) decides them.
     tiers: bool,
+    /// The largest cost every rule can admit, so that a valid cost is
+    /// checked with one comparison.
+    max_cost: u32,
 }
 
 impl fmt::Debug for Limiter {
@@ -316,7 +319,59 @@ impl Limiter {
     /// # Ok::<(), ratewarden_core::ConfigError>(()) }).unwrap();
     /// ```
     pub fn try_check(&self, key: &[u8]) -> Result<Decision, PendingCheck> {
-        match self.begin(key, 1) {
+        self.try_begin(key, 1)
+    }
+
+    /// [`try_check`](Self::try_check) for a request that costs `cost`
+    /// units, as [`check_cost`](Self::check_cost) decides it: refuses what
+    /// `check_cost` refuses, with the same error and before any store is
+    /// asked; otherwise the decision, or a [`PendingCheck`] to await.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use ratewarden_core::{ConfigError, Limiter, ManualClock, Policy, Rule};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let store: Arc<dyn ratewarden_core::Store> = Arc::new(ratewarden_memory::MemoryStore::default());
+    /// let limiter = Limiter::builder()
+    ///     .clock(ManualClock::new())
+    ///     .rule(Rule::new("upload", store, Policy::fixed_window(10, Duration::from_secs(60))?)?)
+    ///     .build()?;
+    /// let decision = match limiter.try_check_cost(b"client:1", 4)? {
+    ///     Ok(decision) => decision,
+    ///     Err(pending) => pending.decide().await,
+    /// };
+    /// assert_eq!(decision.remaining, 6);
+    /// // No wait could ever admit 11 units of a limit of 10.
+    /// assert!(matches!(limiter.try_check_cost(b"client:1", 11), Err(ConfigError::InvalidCost { .. })));
+    /// # Ok::<(), ConfigError>(()) }).unwrap();
+    /// ```
+    pub fn try_check_cost(
+        &self,
+        key: &[u8],
+        cost: u32,
+    ) -> Result<Result<Decision, PendingCheck>, ConfigError> {
+        self.validate_cost(cost)?;
+        Ok(self.try_begin(key, cost))
+    }
+
+    /// Refuses a cost some rule could never admit: zero, or more units than
+    /// its limit (or its escalation policy's). Every entry that takes a
+    /// cost calls it first, so nothing past it checks a cost again.
+    fn validate_cost(&self, cost: u32) -> Result<(), ConfigError> {
+        if cost != 0 && cost <= self.max_cost {
+            return Ok(());
+        }
+        // The rule that refuses it names its own limit in the error.
+        for rule in self.rules.iter() {
+            rule.check_cost(cost)?;
+        }
+        Ok(())
+    }
+
+    fn try_begin(&self, key: &[u8], cost: u32) -> Result<Decision, PendingCheck> {
+        match self.begin(key, cost) {
             Begun::Decided(decision) => Ok(decision),
             Begun::Waiting(progress) => Err(PendingCheck(Box::new(Waiting {
                 limiter: self.clone(),
@@ -337,9 +392,7 @@ impl Limiter {
     /// Such a request is not refused *for now*: no wait would ever admit it,
     /// so it gets no decision and no retry time.
     pub async fn check_cost(&self, key: &[u8], cost: u32) -> Result<Decision, ConfigError> {
-        for rule in self.rules.iter() {
-            rule.check_cost(cost)?;
-        }
+        self.validate_cost(cost)?;
         let progress = match self.begin(key, cost) {
             Begun::Decided(decision) => return Ok(decision),
             Begun::Waiting(progress) => progress,
@@ -380,9 +433,7 @@ impl Limiter {
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     pub async fn check_admission(&self, key: &[u8], cost: u32) -> Result<Admission, ConfigError> {
-        for rule in self.rules.iter() {
-            rule.check_cost(cost)?;
-        }
+        self.validate_cost(cost)?;
         let mut progress = self.start(cost);
         progress.keep_all = true;
         let now = progress.now;
@@ -439,9 +490,7 @@ impl Limiter {
     /// [`check_cost`](Self::check_cost) would decide it; refuses what
     /// `check_cost` refuses, with the same error.
     pub async fn peek_cost(&self, key: &[u8], cost: u32) -> Result<Decision, ConfigError> {
-        for rule in self.rules.iter() {
-            rule.check_cost(cost)?;
-        }
+        self.validate_cost(cost)?;
         Ok(self.peek_checked(key, cost).await)
     }
 
@@ -952,9 +1001,11 @@ impl LimiterBuilder {
             .any(|r| r.has_refusal_cache() && r.records_abuse());
         let single = matches!(&self.rules[..], [rule] if !caches && !rule.escalates());
         let tiers = self.rules.len() > 1 && !caches && !self.rules.iter().any(Rule::escalates);
+        let max_cost = self.rules.iter().map(Rule::max_cost).min().unwrap_or(0);
         Ok(Limiter {
             single,
             tiers,
+            max_cost,
             rules: self.rules.into(),
             clock: self.clock,
             caches,

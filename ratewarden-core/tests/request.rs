@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ratewarden_test_support::stores::AwaitedStore;
 use ratewarden_core::{
     Capabilities, Decision, ErrorKind, FailurePolicy, Key, Limiter, ManualClock, Policy, Refund,
     Request, Rule, Store, StoreError, Timestamp, async_trait,
 };
+use ratewarden_test_support::stores::AwaitedStore;
 
 /// The bound the spy declares: a rule's prefix (`r:`) and a client key of
 /// up to 14 bytes.

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use ratewarden_conformance::broken::ReferenceStore;
 use ratewarden_conformance::composition::Switch;
-use ratewarden_core::{Key, Limiter, ManualClock, Policy, Refund, Request, Rule, Store};
+use ratewarden_core::{
+    ConfigError, Key, Limiter, ManualClock, Policy, Refund, Request, Rule, Store,
+};
 
 fn policy() -> Policy {
     Policy::gcra(3, Duration::from_secs(60)).unwrap()
@@ -304,4 +306,60 @@ fn a_check_future_stays_small() {
         size <= BOUND,
         "a check future of {size} bytes, above {BOUND}"
     );
+}
+
+/// `try_check_cost` decides a weighted request as `check_cost` does, and
+/// refuses the costs `check_cost` refuses, naming the same limit, before
+/// any unit is spent: at the bound of the tightest rule (its limit over its
+/// units per request, or its escalation policy's) and one past it.
+#[tokio::test]
+async fn try_check_cost_decides_and_refuses_costs_as_check_cost_does() {
+    let clock = ManualClock::new();
+    let window = Duration::from_secs(60);
+    let build = || {
+        let wide = Rule::new(
+            "wide",
+            inline_store(),
+            Policy::fixed_window(100, window).unwrap(),
+        )
+        .unwrap();
+        // 30 / 3 units per request: costs up to 10; the escalation policy
+        // (24 / 3) lowers it to 8.
+        let narrow = Rule::new(
+            "narrow",
+            inline_store(),
+            Policy::fixed_window(30, window).unwrap(),
+        )
+        .unwrap()
+        .with_units_per_request(3)
+        .unwrap()
+        .with_escalation(
+            inline_store(),
+            Policy::fixed_window(24, window).unwrap(),
+            1,
+            None,
+        )
+        .unwrap();
+        limiter(&clock, wide, Some(narrow))
+    };
+    let (tried, awaited) = (build(), build());
+    // Each error names the first rule's refusal: units and the limit.
+    for (cost, units, limit) in [(0, 0, 100), (9, 27, 24), (u32::MAX, u32::MAX, 100)] {
+        let want = ConfigError::InvalidCost { cost: units, limit };
+        assert_eq!(awaited.check_cost(b"client", cost).await, Err(want.clone()));
+        assert_eq!(tried.try_check_cost(b"client", cost).err(), Some(want));
+    }
+    for cost in [8, 1, 8] {
+        let want = awaited.check_cost(b"client", cost).await.unwrap();
+        let got = match tried.try_check_cost(b"client", cost).unwrap() {
+            Ok(decision) => decision,
+            Err(pending) => pending.decide().await,
+        };
+        assert_eq!(got, want, "cost {cost}");
+    }
+    // The first 8 spend the escalation's 24 units, so the next two
+    // requests are refused for now, not invalid; the errors spent nothing.
+    assert_eq!(tried.stats(), awaited.stats());
+    let narrow = &tried.stats()[1];
+    assert_eq!((narrow.allowed, narrow.refused), (1, 2), "{narrow:?}");
 }

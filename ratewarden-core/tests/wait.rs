@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use ratewarden_test_support::stores::AwaitedStore;
 use ratewarden_core::{
     Capabilities, Clock, Decision, Key, Limiter, ManualClock, Policy, Refund, Request, Rule, Store,
     StoreError, Timestamp, WaitError, async_trait,
 };
+use ratewarden_test_support::stores::AwaitedStore;
 
 fn limiter(policy: Policy) -> (Limiter, ManualClock) {
     let store: Arc<dyn Store> = Arc::new(AwaitedStore::default());

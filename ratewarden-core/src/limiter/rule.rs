@@ -543,6 +543,14 @@ impl Rule {
         Ok(())
     }
 
+    /// The largest cost [`check_cost`](Self::check_cost) accepts.
+    pub(crate) fn max_cost(&self) -> u32 {
+        let limit = self.escalation.as_ref().map_or(self.policy.limit(), |e| {
+            e.policy.limit().min(self.policy.limit())
+        });
+        limit / self.units_per_request
+    }
+
     pub(crate) fn escalates(&self) -> bool {
         self.escalation.is_some()
     }

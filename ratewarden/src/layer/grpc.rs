@@ -66,7 +66,8 @@ mod tests {
     #[test]
     fn a_refusal_is_resource_exhausted_with_its_retry_delay_and_headers() {
         let policy = Policy::fixed_window(3, Duration::from_secs(60)).unwrap();
-        let store: Arc<dyn Store> = Arc::new(ratewarden_test_support::stores::AwaitedStore::default());
+        let store: Arc<dyn Store> =
+            Arc::new(ratewarden_test_support::stores::AwaitedStore::default());
         let limiter = Limiter::builder()
             .rule(Rule::new("grpc", store, policy).unwrap())
             .build()
