@@ -128,3 +128,62 @@ async fn an_awaited_store_is_asked_inline_once_per_request() {
     assert_eq!(store.inline_asks(), 6);
     assert_eq!(store.calls(), 6);
 }
+
+/// What `RateLimit::call` returns for each kind of request, read from the
+/// response future's `Debug`: on a store that answers inline, a weighted
+/// request and a skipped one are the inner service's future (no box), a
+/// refusal and a cost no rule admits are ready; on an awaited store, the
+/// weighted request is boxed.
+#[tokio::test]
+async fn only_what_waits_on_a_store_is_boxed() {
+    use tower::{Layer, Service};
+    let state = |store: Arc<dyn Store>| {
+        let limiter = Limiter::builder()
+            .clock(ManualClock::new())
+            .rule(
+                Rule::new(
+                    "upload",
+                    store,
+                    Policy::fixed_window(10, Duration::from_secs(60)).unwrap(),
+                )
+                .unwrap(),
+            )
+            .build()
+            .unwrap();
+        let layer = RateLimitLayer::builder(limiter, ClientIdentity::new([7u8; 32]).unwrap())
+            .skip(|parts| parts.uri.path() == "/health")
+            .cost(|parts| parts.uri.query().and_then(|q| q.parse().ok()).unwrap_or(1))
+            .build()
+            .unwrap();
+        let inner = tower::service_fn(|_: Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let mut service = layer.layer(inner);
+        move |uri: &str| {
+            let mut request = Request::get(uri).body(Body::empty()).unwrap();
+            let peer: SocketAddr = "198.51.100.7:40000".parse().unwrap();
+            #[cfg(feature = "axum")]
+            request.extensions_mut().insert(ConnectInfo(peer));
+            #[cfg(not(feature = "axum"))]
+            request.extensions_mut().insert(peer);
+            let future = service.call(request);
+            let debug = format!("{future:?}");
+            debug
+                .split('"')
+                .nth(1)
+                .expect("the state is quoted")
+                .to_owned()
+        }
+    };
+    let mut inline = state(Arc::new(ReferenceStore::new(100)));
+    assert_eq!(inline("/upload?4"), "inner");
+    assert_eq!(inline("/health"), "inner");
+    assert_eq!(inline("/upload?11"), "ready"); // no wait ever admits it
+    assert_eq!(inline("/upload?6"), "inner");
+    assert_eq!(inline("/upload?1"), "ready"); // refused: 10 of 10 spent
+    let mut awaited = state(Arc::new(
+        ratewarden_test_support::stores::AwaitedStore::default(),
+    ));
+    assert_eq!(awaited("/upload?4"), "boxed");
+    assert_eq!(awaited("/health"), "inner");
+}

@@ -85,7 +85,9 @@ impl Shared {
         self.headers(plan).refusal(decision).into_http()
     }
 
-    pub(super) async fn refusal(&self, decision: &Decision, plan: usize) -> Response<Bytes> {
+    /// The application's refusal of `decision`, with the rate-limit
+    /// headers; the layer's own if the application's body failed.
+    pub(super) async fn custom_refusal(&self, decision: &Decision, plan: usize) -> Response<Bytes> {
         let custom = match &self.refusal {
             Some(refusal) => refusal(decision).await,
             None => None,

@@ -26,8 +26,9 @@ pin_project_lite::pin_project! {
         Inner {
             #[pin]
             future: F,
-            decision: Decision,
-            headers: HeaderWriter,
+            // The decision whose headers the response gets; none for a
+            // request the layer does not limit.
+            decided: Option<(Decision, HeaderWriter)>,
         },
         Ready { response: Option<Response<RateLimitBody<B>>> },
         Boxed { future: BoxResponseFuture<B, E> },
@@ -35,13 +36,9 @@ pin_project_lite::pin_project! {
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
-    pub(super) fn inner(future: F, decision: Decision, headers: HeaderWriter) -> Self {
+    pub(super) fn inner(future: F, decided: Option<(Decision, HeaderWriter)>) -> Self {
         ResponseFuture {
-            state: State::Inner {
-                future,
-                decision,
-                headers,
-            },
+            state: State::Inner { future, decided },
         }
     }
 
@@ -85,13 +82,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Inner {
-                future,
-                decision,
-                headers,
-            } => {
+            StateProj::Inner { future, decided } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
-                headers.write(decision, response.headers_mut());
+                if let Some((decision, headers)) = decided {
+                    headers.write(decision, response.headers_mut());
+                }
                 Poll::Ready(Ok(response.map(RateLimitBody::inner)))
             }
             StateProj::Ready { response } => Poll::Ready(Ok(response

@@ -1,12 +1,14 @@
-//! [`Gate`]: the road of a request a store must be awaited for, and the
-//! whole road for a server other than tower's.
+//! The road of every request: [`Shared::begin`] takes it as far as it goes
+//! without awaiting, making each choice about it once, and
+//! [`Awaiting::gate`] awaits what is left. [`Gate`] is where it ends, for
+//! tower's service and for a server other than tower's.
 
 use super::*;
 
-/// What the layer makes of a request, from its head alone: the one road
-/// every request takes that is not decided inline, and the whole road for
-/// a server adapter other than tower's (`ratewarden-actix`), so that the
-/// adapters cannot drift apart. From [`RateLimitLayer::gate`].
+/// What the layer makes of a request, from its head alone: the road tower's
+/// service takes, whole, for a server adapter other than tower's
+/// (`ratewarden-actix`), so that the adapters cannot drift apart. From
+/// [`RateLimitLayer::gate`].
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Gate {
@@ -95,46 +97,120 @@ impl RateLimitLayer {
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     pub async fn gate(&self, parts: &Parts) -> Gate {
-        let classified = self.shared.classify(parts);
-        through(&self.shared, classified, None).await
+        match self.shared.begin(parts) {
+            Step::Pass => Gate::Pass,
+            Step::Respond(response) => Gate::Respond(response),
+            Step::Admitted(decision, plan) => Gate::Admitted(Admitted {
+                decision,
+                plan,
+                shared: self.shared.clone(),
+                admission: None,
+            }),
+            Step::Await(awaiting) => awaiting.gate(&self.shared).await,
+        }
     }
 }
 
-/// The [`Gate`] of a `classified` request, awaiting `pending` if the
-/// limiter began deciding it inline.
-pub(super) async fn through(
-    shared: &Arc<Shared>,
-    classified: Classified,
-    pending: Option<PendingCheck>,
-) -> Gate {
-    let (key, cost, plan) = match classified {
-        Classified::Check(key, cost, plan) => (key, cost, plan),
-        Classified::Skip => return Gate::Pass,
-        Classified::Reject(status) => return Gate::Respond(shared.own(Own::MissingKey(status))),
-        Classified::NoAddress => return Gate::Respond(shared.own(Own::NoAddress)),
-    };
-    let limiter = shared.limiter(plan);
-    let (decision, admission) = if shared.counts.is_some() {
-        match limiter.check_admission(key.as_bytes(), cost).await {
-            Ok(admission) => (admission.decision().clone(), Some(Box::new(admission))),
-            Err(_) => return Gate::Respond(shared.own(Own::Cost)),
+/// How far a request got without awaiting anything, from
+/// [`Shared::begin`]: every choice about it is made there, once.
+pub(super) enum Step {
+    /// Not limited ([`RateLimitLayerBuilder::skip`]).
+    Pass,
+    /// Admitted under this plan, with nothing to give back later.
+    Admitted(Decision, usize),
+    /// Answered without the inner service: a refusal, or an error of the
+    /// layer's own.
+    Respond(Response<Bytes>),
+    /// Something must be awaited first.
+    Await(Awaiting),
+}
+
+/// What a request waits on before the layer knows its [`Gate`].
+pub(super) enum Awaiting {
+    /// A store, for the limiter's decision under this plan.
+    Decision(PendingCheck, usize),
+    /// A store, for an admission that a
+    /// [`count_only`](RateLimitLayerBuilder::count_only) rule may give back
+    /// (key, cost, plan): it has no inline form.
+    Admission(ClientKey, u32, usize),
+    /// The application's own refusal
+    /// ([`RateLimitLayerBuilder::refusal`]) of this decision.
+    Refusal(Decision, usize),
+}
+
+impl Awaiting {
+    /// Awaits what is left and answers with the request's [`Gate`].
+    pub(super) async fn gate(self, shared: &Arc<Shared>) -> Gate {
+        let (decision, plan, admission) = match self {
+            Awaiting::Decision(pending, plan) => (pending.decide().await, plan, None),
+            Awaiting::Admission(key, cost, plan) => {
+                match shared
+                    .limiter(plan)
+                    .check_admission(key.as_bytes(), cost)
+                    .await
+                {
+                    Ok(admission) => (
+                        admission.decision().clone(),
+                        plan,
+                        Some(Box::new(admission)),
+                    ),
+                    Err(_) => return Gate::Respond(shared.own(Own::Cost)),
+                }
+            }
+            Awaiting::Refusal(decision, plan) => {
+                return Gate::Respond(shared.custom_refusal(&decision, plan).await);
+            }
+        };
+        if !decision.allowed {
+            return Gate::Respond(match shared.refusal_now(decision, plan) {
+                Ok(response) => response,
+                Err(decision) => shared.custom_refusal(&decision, plan).await,
+            });
         }
-    } else {
-        match pending {
-            Some(pending) => (pending.decide().await, None),
-            None => match limiter.check_cost(key.as_bytes(), cost).await {
-                Ok(decision) => (decision, None),
-                Err(_) => return Gate::Respond(shared.own(Own::Cost)),
-            },
-        }
-    };
-    if !decision.allowed {
-        return Gate::Respond(shared.refusal(&decision, plan).await);
+        Gate::Admitted(Admitted {
+            decision,
+            plan,
+            shared: shared.clone(),
+            admission,
+        })
     }
-    Gate::Admitted(Admitted {
-        decision,
-        plan,
-        shared: shared.clone(),
-        admission,
-    })
+}
+
+impl Shared {
+    /// Takes a request as far as it goes from its head without awaiting:
+    /// classified (skipped, answered for want of a key or an address, or
+    /// checked under its key, cost and plan), then decided inline when no
+    /// store must be awaited. The one road of every request, tower's and
+    /// [`RateLimitLayer::gate`]'s.
+    pub(super) fn begin(&self, parts: &Parts) -> Step {
+        let (key, cost, plan) = match self.classify(parts) {
+            Classified::Check(key, cost, plan) => (key, cost, plan),
+            Classified::Skip => return Step::Pass,
+            Classified::Reject(status) => return Step::Respond(self.own(Own::MissingKey(status))),
+            Classified::NoAddress => return Step::Respond(self.own(Own::NoAddress)),
+        };
+        if self.counts.is_some() {
+            return Step::Await(Awaiting::Admission(key, cost, plan));
+        }
+        match self.limiter(plan).try_check_cost(key.as_bytes(), cost) {
+            Ok(Ok(decision)) if decision.allowed => Step::Admitted(decision, plan),
+            Ok(Ok(decision)) => match self.refusal_now(decision, plan) {
+                Ok(response) => Step::Respond(response),
+                Err(decision) => Step::Await(Awaiting::Refusal(decision, plan)),
+            },
+            Ok(Err(pending)) => Step::Await(Awaiting::Decision(pending, plan)),
+            Err(_) => Step::Respond(self.own(Own::Cost)),
+        }
+    }
+
+    /// The layer's own refusal of `decision`, at once; or, given the
+    /// decision back, the application's is to be awaited
+    /// ([`custom_refusal`](Self::custom_refusal)). The one place that
+    /// chooses between them.
+    fn refusal_now(&self, decision: Decision, plan: usize) -> Result<Response<Bytes>, Decision> {
+        match self.refusal {
+            None => Ok(self.default_refusal(&decision, plan)),
+            Some(_) => Err(decision),
+        }
+    }
 }

@@ -113,12 +113,14 @@ use tower::{Layer, Service};
 use crate::identity::{ClientIdentity, ClientKey};
 use crate::key::{ClientAddress, KeyExtractor};
 
-// A request's road, one file per role: `service` (`RateLimit::call`:
-// classified from its head, decided inline when no store must be
-// awaited), `gate` (the awaited road, and the whole road for other
-// servers), `future` (the response future), `answers` (refusals and the
-// layer's own errors), `headers` (the rate-limit headers, written in one
-// place), `body`; `builder` checks every choice once, at `build`.
+// A request's road, one file per role: `service` (`RateLimit::call`, where
+// a tower request enters and is answered at once or boxed), `gate` (the
+// road itself: `Shared::begin` takes a request as far as it goes without
+// awaiting and makes every choice about it, `Awaiting::gate` awaits the
+// rest; `RateLimitLayer::gate` is the same road for other servers),
+// `future` (the response future), `answers` (refusals and the layer's own
+// errors), `headers` (the rate-limit headers, written in one place),
+// `body`; `builder` checks every choice about the layer once, at `build`.
 mod answers;
 mod body;
 mod builder;
@@ -133,6 +135,7 @@ use answers::{NOT_LIMITED_BODY, Own};
 pub use body::RateLimitBody;
 pub use builder::RateLimitLayerBuilder;
 pub use future::ResponseFuture;
+use gate::Step;
 pub use gate::{Admitted, Gate};
 use service::Classified;
 pub use service::RateLimit;

@@ -1,6 +1,6 @@
 //! [`RateLimit`], the service a layer wraps around another: where every
-//! request enters, is classified from its head, and is decided inline when
-//! no store must be awaited.
+//! request enters, is taken as far as it goes without awaiting
+//! ([`Shared::begin`]), and is answered at once or boxed with what is left.
 
 use super::*;
 
@@ -53,48 +53,32 @@ where
         // Moving the head out and back is two moves, and gives the
         // extractor and the closures one type to read, whatever the body.
         let (parts, body) = request.into_parts();
-        let classified = self.shared.classify(&parts);
+        let step = self.shared.begin(&parts);
         let mut request = Request::from_parts(parts, body);
-        // The limiter is asked here, so that a request that no store makes
-        // wait (rules on memory stores) is decided without a boxed future, a
-        // clone of the inner service or a count on the shared layer state;
-        // one that must wait carries what was asked into the boxed future,
-        // which asks nothing again.
-        let mut pending = None;
-        if let (Classified::Check(key, 1, plan), None) = (&classified, &self.shared.counts) {
-            let plan = *plan;
-            match self.shared.limiter(plan).try_check(key.as_bytes()) {
-                Ok(decision) => {
-                    if decision.allowed {
-                        let headers = self.shared.headers(plan).writer();
-                        request.extensions_mut().insert(decision.clone());
-                        return ResponseFuture::inner(self.inner.call(request), decision, headers);
-                    }
-                    if self.shared.refusal.is_none() {
-                        return ResponseFuture::ready(
-                            self.shared
-                                .default_refusal(&decision, plan)
-                                .map(RateLimitBody::full),
-                        );
-                    }
-                    let shared = self.shared.clone();
-                    return ResponseFuture::boxed(async move {
-                        Ok(shared
-                            .refusal(&decision, plan)
-                            .await
-                            .map(RateLimitBody::full))
-                    });
-                }
-                Err(waiting) => pending = Some(waiting),
+        // A request decided without waiting (rules on memory stores, a
+        // skipped request, a refusal of the layer's own) gets no boxed
+        // future, no clone of the inner service and no count on the shared
+        // layer state; one that must wait carries what was asked into the
+        // boxed future, which asks nothing again.
+        let awaiting = match step {
+            Step::Pass => return ResponseFuture::inner(self.inner.call(request), None),
+            Step::Admitted(decision, plan) => {
+                let headers = self.shared.headers(plan).writer();
+                request.extensions_mut().insert(decision.clone());
+                return ResponseFuture::inner(self.inner.call(request), Some((decision, headers)));
             }
-        }
+            Step::Respond(response) => {
+                return ResponseFuture::ready(response.map(RateLimitBody::full));
+            }
+            Step::Await(awaiting) => awaiting,
+        };
         let shared = self.shared.clone();
         // The inner service was driven to readiness in poll_ready; take that
         // one and leave a clone in its place (tower's usual pattern).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::boxed(async move {
-            match gate::through(&shared, classified, pending).await {
+            match awaiting.gate(&shared).await {
                 Gate::Pass => {
                     let response = inner.call(request).await?;
                     Ok(response.map(RateLimitBody::inner))
