@@ -63,10 +63,21 @@
 //! strict side. A refund that fails leaves the earlier rule's count as it
 //! was: stricter, never more permissive ([`RuleStats::refund_failures`]).
 
-// About 1,070 lines, 65 of them these docs: the `Limiter`, its builder and
+// About 1,100 lines, 65 of them these docs: the `Limiter`, its builder and
 // the one path a request takes through its rules, with the `Admission` it
 // hands back, kept together so that a reader follows a request without
 // changing files. A rule's own side is `limiter/rule`, waiting `limiter/wait`.
+//
+// A request's road, top to bottom in this file: an entry (`check`,
+// `try_check`, `check_cost`, `try_check_cost`, `check_admission`) checks
+// the cost once (`validate_cost`) and calls `begin`, which takes the road
+// fixed at build (`Road`). `one_rule` and `tiers` decide rules whose
+// stores answer inline and hand anything else, as far as it has gone, to
+// the general road as a `Progress`: `advance` takes it as far as it goes
+// without waiting, `run_awaited` awaits one rule at a time and calls
+// `advance` again. `absorb` takes each rule's decision in; a refusal after
+// admissions turns the road to their refunds (`Next::Refund`). A rule's
+// own steps (`Rule::local_now`, then `Rule::resume`) are `limiter/rule`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -121,12 +132,8 @@ pub struct Limiter {
     /// Some rule with a refusal cache writes abuse events, so asking the
     /// caches may wait on a sink.
     caches_wait: bool,
-    /// One rule, with no refusal cache and no escalation:
-    /// [`begin`](Self::begin) takes its local decision alone.
-    single: bool,
-    /// Several rules, none with a refusal cache or an escalation:
-    /// [`begin_tiers`](Self::begin_tiers) decides them.
-    tiers: bool,
+    /// The road every request takes, from what the rules need.
+    road: Road,
     /// The largest cost every rule can admit, so that a valid cost is
     /// checked with one comparison.
     max_cost: u32,
@@ -139,6 +146,20 @@ impl fmt::Debug for Limiter {
             .field("clock", &self.clock)
             .finish()
     }
+}
+
+/// The road a request takes through a limiter's rules, chosen when the
+/// limiter is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Road {
+    /// One rule with no refusal cache and no escalation, most limiters:
+    /// [`one_rule`](Limiter::one_rule).
+    OneRule,
+    /// Several such rules: [`tiers`](Limiter::tiers).
+    Tiers,
+    /// Refusal caches or escalations: a [`Progress`] taken through
+    /// [`advance`](Limiter::advance) and [`run_awaited`](Limiter::run_awaited).
+    Steps,
 }
 
 /// How far a request's decision has gone: the rules before `next` have
@@ -602,19 +623,24 @@ impl Limiter {
     /// to [`run_awaited`](Self::run_awaited). `cost` was checked against every rule.
     #[inline]
     fn begin(&self, key: &[u8], cost: u32) -> Begun {
-        if self.tiers {
-            return self.begin_tiers(key, cost);
+        match self.road {
+            Road::OneRule => self.one_rule(key, cost),
+            Road::Tiers => self.tiers(key, cost),
+            Road::Steps => {
+                let mut progress = self.start(cost);
+                match self.advance(key, &mut progress) {
+                    Some(decision) => Begun::Decided(decision),
+                    None => Begun::Waiting(progress),
+                }
+            }
         }
-        if !self.single {
-            let mut progress = self.start(cost);
-            return match self.advance(key, &mut progress) {
-                Some(decision) => Begun::Decided(decision),
-                None => Begun::Waiting(progress),
-            };
-        }
-        // One rule with no refusal cache and no escalation, the common
-        // case: its local decision alone, with nothing to settle and no
-        // progress to build unless it must wait.
+    }
+
+    /// [`begin`](Self::begin) on [`Road::OneRule`]: the rule's local
+    /// decision alone, with nothing to settle and no progress to build
+    /// unless it must wait.
+    #[inline]
+    fn one_rule(&self, key: &[u8], cost: u32) -> Begun {
         let rule = &self.rules[0];
         let now = self.clock.now();
         let mut buf = StorageKey::new();
@@ -647,8 +673,8 @@ impl Limiter {
         }
     }
 
-    /// [`begin`](Self::begin) for several rules with no refusal cache and
-    /// no escalation, while each store answers inline (in-process tiers):
+    /// [`begin`](Self::begin) on [`Road::Tiers`], while each store answers
+    /// inline (in-process tiers):
     /// each store's answer is read where it was returned and copied only
     /// when it is the tightest so far, with none of [`Progress`]'s
     /// bookkeeping. Moving a whole decision from rule to progress to
@@ -657,7 +683,7 @@ impl Limiter {
     /// The first answer that is not an inline decision hands the request,
     /// as far as it has gone, to [`advance`](Self::advance), without asking
     /// that store again.
-    fn begin_tiers(&self, key: &[u8], cost: u32) -> Begun {
+    fn tiers(&self, key: &[u8], cost: u32) -> Begun {
         let now = self.clock.now();
         let mut buf = StorageKey::new();
         let last = self.rules.len() - 1;
@@ -999,12 +1025,16 @@ impl LimiterBuilder {
             .rules
             .iter()
             .any(|r| r.has_refusal_cache() && r.records_abuse());
-        let single = matches!(&self.rules[..], [rule] if !caches && !rule.escalates());
-        let tiers = self.rules.len() > 1 && !caches && !self.rules.iter().any(Rule::escalates);
+        let road = if caches || self.rules.iter().any(Rule::escalates) {
+            Road::Steps
+        } else if self.rules.len() == 1 {
+            Road::OneRule
+        } else {
+            Road::Tiers
+        };
         let max_cost = self.rules.iter().map(Rule::max_cost).min().unwrap_or(0);
         Ok(Limiter {
-            single,
-            tiers,
+            road,
             max_cost,
             rules: self.rules.into(),
             clock: self.clock,
