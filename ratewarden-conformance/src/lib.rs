@@ -261,7 +261,7 @@ scenarios! {
     /// A request of cost `c` consumes `c` units and is admitted only if all
     /// of them fit; a refused request consumes nothing; asked through
     /// `decide` and `decide_inline` alike.
-    cost_accounting in semantics => "weighted requests partly admitted, refused costs consumed",
+    cost_accounting in semantics => "costly requests partly admitted, refused costs consumed",
     /// One key exhausted leaves 64 other keys with their full quota, and
     /// their traffic leaves its refusal unchanged, for every algorithm.
     key_independence in keys => "one key's traffic leaking into another key's quota",

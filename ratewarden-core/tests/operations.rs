@@ -46,7 +46,7 @@ async fn a_peek_answers_the_tightest_tier_and_spends_nothing() {
     );
     let decided = limiter.check(b"k").await;
     assert_eq!(decided.remaining, 1);
-    // A weight the limit never admits is refused as check_cost refuses it.
+    // A cost the limit never admits is refused as check_cost refuses it.
     assert!(limiter.peek_cost(b"k", 4).await.is_err());
     assert!(!limiter.peek_cost(b"k", 2).await.unwrap().allowed);
 }
@@ -232,12 +232,12 @@ async fn an_admission_given_back_is_undone_in_every_tier() {
     );
     assert!(
         limiter.check_admission(b"k", 3).await.is_err(),
-        "a weight above a limit"
+        "a cost above a limit"
     );
 }
 
 /// A late charge on every tier: counted even on a key over its limit, so
-/// it waits longer; a weight some tier never admits charges none.
+/// it waits longer; a cost some tier never admits charges none.
 #[tokio::test]
 async fn a_penalty_charges_every_tier_even_over_the_limit() {
     let clock = ManualClock::new();

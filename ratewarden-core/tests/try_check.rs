@@ -308,7 +308,7 @@ fn a_check_future_stays_small() {
     );
 }
 
-/// `try_check_cost` decides a weighted request as `check_cost` does, and
+/// `try_check_cost` decides a request of several units as `check_cost` does, and
 /// refuses the costs `check_cost` refuses, naming the same limit, before
 /// any unit is spent: at the bound of the tightest rule (its limit over its
 /// units per request, or its escalation policy's) and one past it.

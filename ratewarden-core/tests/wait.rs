@@ -130,15 +130,15 @@ async fn waiters_refused_together_come_back_at_different_times() {
 }
 
 #[tokio::test]
-async fn a_weight_no_wait_could_admit_is_an_error_at_once() {
+async fn a_cost_no_wait_could_admit_is_an_error_at_once() {
     let (limiter, clock) = limiter(Policy::fixed_window(5, Duration::from_secs(60)).unwrap());
     let before = clock.now();
-    for weight in [0, 6] {
+    for cost in [0, 6] {
         let err = limiter
-            .until_ready_cost(b"k", weight, Duration::from_secs(600))
+            .until_ready_cost(b"k", cost, Duration::from_secs(600))
             .await
             .unwrap_err();
-        assert!(matches!(err, WaitError::Invalid(_)), "{weight}: {err}");
+        assert!(matches!(err, WaitError::Invalid(_)), "{cost}: {err}");
     }
     assert_eq!(elapsed(&clock, before), Duration::ZERO);
     assert_eq!(limiter.stats()[0].allowed + limiter.stats()[0].refused, 0);

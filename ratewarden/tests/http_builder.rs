@@ -335,12 +335,12 @@ async fn a_request_costs_what_the_cost_closure_says() {
     );
 }
 
-/// A weighted request refused by a later rule is refunded in full by the
+/// A request of several units refused by a later rule is refunded in full by the
 /// earlier rules, as a request of cost 1 is. (The memory store refunds; the
 /// test map does not.)
 #[cfg(feature = "memory")]
 #[tokio::test]
-async fn a_weighted_refusal_refunds_its_whole_weight() {
+async fn a_costly_refusal_refunds_its_whole_cost() {
     let id = identity();
     let clock = ManualClock::new();
     let window = Duration::from_secs(60);

@@ -130,10 +130,10 @@ async fn an_awaited_store_is_asked_inline_once_per_request() {
 }
 
 /// What `RateLimit::call` returns for each kind of request, read from the
-/// response future's `Debug`: on a store that answers inline, a weighted
+/// response future's `Debug`: on a store that answers inline, a costly
 /// request and a skipped one are the inner service's future (no box), a
 /// refusal and a cost no rule admits are ready; on an awaited store, the
-/// weighted request is boxed.
+/// costly request is boxed.
 #[tokio::test]
 async fn only_what_waits_on_a_store_is_boxed() {
     use tower::{Layer, Service};

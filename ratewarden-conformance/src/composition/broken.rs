@@ -655,11 +655,11 @@ impl Composition for PenaltyBehindLeases {
         self.inner.flush_abuse_events().await
     }
 
-    async fn penalize(&self, key: &[u8], weight: u32) -> Option<Result<(), StoreError>> {
+    async fn penalize(&self, key: &[u8], cost: u32) -> Option<Result<(), StoreError>> {
         let now = self.clock.now();
         for (rule, store, policy) in &self.shared {
             let key = storage_key(rule, key);
-            if let Err(e) = call::penalize(store.as_ref(), &key, policy, weight, now).await {
+            if let Err(e) = call::penalize(store.as_ref(), &key, policy, cost, now).await {
                 return Some(Err(e));
             }
         }

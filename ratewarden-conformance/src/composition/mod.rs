@@ -171,9 +171,9 @@ pub trait Composition: Send + Sync {
     async fn reset(&self, _key: &[u8]) -> Option<Result<(), StoreError>> {
         None
     }
-    /// Charges `key` `weight` units in every tier, admitted or not. `None`
+    /// Charges `key` `cost` units in every tier, admitted or not. `None`
     /// from a composition that cannot, which the penalty scenario fails.
-    async fn penalize(&self, _key: &[u8], _weight: u32) -> Option<Result<(), StoreError>> {
+    async fn penalize(&self, _key: &[u8], _cost: u32) -> Option<Result<(), StoreError>> {
         None
     }
 }
@@ -200,8 +200,8 @@ impl Composition for Limiter {
         Some(Limiter::reset(self, key).await)
     }
 
-    async fn penalize(&self, key: &[u8], weight: u32) -> Option<Result<(), StoreError>> {
-        Some(Limiter::penalize(self, key, weight).await)
+    async fn penalize(&self, key: &[u8], cost: u32) -> Option<Result<(), StoreError>> {
+        Some(Limiter::penalize(self, key, cost).await)
     }
 }
 
@@ -281,8 +281,8 @@ impl Composition for Leasing {
         Some(self.limiter.reset(key).await)
     }
 
-    async fn penalize(&self, key: &[u8], weight: u32) -> Option<Result<(), StoreError>> {
-        Some(self.limiter.penalize(key, weight).await)
+    async fn penalize(&self, key: &[u8], cost: u32) -> Option<Result<(), StoreError>> {
+        Some(self.limiter.penalize(key, cost).await)
     }
 
     async fn release_leases(&self) -> u64 {

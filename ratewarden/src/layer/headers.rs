@@ -82,9 +82,9 @@ impl HeaderMode {
 /// use ratewarden::layer::{HeaderMode, RateLimitHeaders};
 ///
 /// #[derive(Clone)]
-/// struct Limits { limiter: Limiter, identity: ClientIdentity, headers: std::sync::Arc<RateLimitHeaders> }
+/// struct Limiting { limiter: Limiter, identity: ClientIdentity, headers: std::sync::Arc<RateLimitHeaders> }
 ///
-/// async fn limit(State(l): State<Limits>, ConnectInfo(peer): ConnectInfo<SocketAddr>,
+/// async fn limit(State(l): State<Limiting>, ConnectInfo(peer): ConnectInfo<SocketAddr>,
 ///                request: Request, next: Next) -> Response {
 ///     let key = l.identity.key(request.headers(), Some(peer.ip()));
 ///     let decision = l.limiter.check(key.as_bytes()).await;
@@ -98,10 +98,10 @@ impl HeaderMode {
 ///
 /// # fn app(limiter: Limiter, identity: ClientIdentity) -> Router {
 /// let headers = std::sync::Arc::new(RateLimitHeaders::new(&limiter, HeaderMode::Both));
-/// let limits = Limits { limiter, identity, headers };
+/// let state = Limiting { limiter, identity, headers };
 /// Router::new()
 ///     .route("/api/search", get(|| async { "results" }))
-///     .layer(middleware::from_fn_with_state(limits, limit))
+///     .layer(middleware::from_fn_with_state(state, limit))
 /// # }
 /// # }
 /// ```
