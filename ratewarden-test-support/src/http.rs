@@ -89,6 +89,49 @@ impl Reply {
         self.header(name).parse().unwrap()
     }
 
+    /// The `RateLimit` field (draft-ietf-httpapi-ratelimit-headers): the
+    /// deciding policy's name, its remaining units `r` and its reset `t`.
+    pub fn ratelimit(&self) -> (String, u64, u64) {
+        let field = self.header("ratelimit");
+        let parse = || {
+            let (name, params) = field.strip_prefix('"')?.split_once('"')?;
+            let mut r = None;
+            let mut t = None;
+            for param in params.split(';').skip(1) {
+                match param.split_once('=')? {
+                    ("r", n) => r = n.parse().ok(),
+                    ("t", n) => t = n.parse().ok(),
+                    _ => {}
+                }
+            }
+            Some((name.to_owned(), r?, t?))
+        };
+        parse().unwrap_or_else(|| panic!("RateLimit {field:?} is not `\"name\";r=N;t=N`"))
+    }
+
+    /// The units remaining, as the `RateLimit` field says (`r`).
+    pub fn remaining(&self) -> u64 {
+        self.ratelimit().1
+    }
+
+    /// The seconds until the quota is whole again, as the `RateLimit` field
+    /// says (`t`).
+    pub fn reset(&self) -> u64 {
+        self.ratelimit().2
+    }
+
+    /// The deciding policy's limit: the `q` of the `RateLimit-Policy`
+    /// member that the `RateLimit` field names.
+    pub fn limit(&self) -> u64 {
+        let (name, _, _) = self.ratelimit();
+        let listed = self.header("ratelimit-policy");
+        let head = format!("\"{name}\";q=");
+        listed
+            .split(", ")
+            .find_map(|member| member.strip_prefix(&head)?.split(';').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("RateLimit-Policy {listed:?} does not list {name:?}"))
+    }
+
     /// The body as JSON.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap()
@@ -96,21 +139,23 @@ impl Reply {
 
     /// Checks that every rate-limit header says the same as the others:
     /// `RateLimit` names `policy`, and `RateLimit-Policy`, which lists every
-    /// policy of the limiter, lists it with the same limit and `window`.
+    /// policy of the limiter, lists it with the same limit and `window`;
+    /// the `X-RateLimit-*` trio, if present, and a refusal's body agree.
     pub fn assert_consistent(&self, policy: &str, window: u64) {
-        let limit = self.header_u64("x-ratelimit-limit");
-        let remaining = self.header_u64("x-ratelimit-remaining");
-        let reset = self.header_u64("x-ratelimit-reset");
+        let (named, remaining, reset) = self.ratelimit();
+        assert_eq!(named, policy, "RateLimit names another policy");
+        let limit = self.limit();
         let member = format!("\"{policy}\";q={limit};w={window}");
         let listed = self.header("ratelimit-policy");
         assert!(
             listed.split(", ").any(|m| m == member),
             "RateLimit-Policy {listed:?} does not list {member:?}"
         );
-        assert_eq!(
-            self.header("ratelimit"),
-            format!("\"{policy}\";r={remaining};t={reset}")
-        );
+        if self.headers.contains_key("x-ratelimit-limit") {
+            assert_eq!(self.header_u64("x-ratelimit-limit"), limit);
+            assert_eq!(self.header_u64("x-ratelimit-remaining"), remaining);
+            assert_eq!(self.header_u64("x-ratelimit-reset"), reset);
+        }
         assert!(remaining <= limit);
         if self.status == StatusCode::TOO_MANY_REQUESTS {
             let json = self.json();

@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let request = || HealthCheckRequest { service: String::new() };
     for _ in 0..2 {
         let reply = client.check(request()).await?;
-        println!("served; {:?} left", reply.metadata().get("x-ratelimit-remaining"));
+        println!("served; {:?} left", reply.metadata().get("ratelimit"));
     }
     let refused = client.check(request()).await.unwrap_err();
     let retry = refused.get_error_details().retry_info().and_then(|r| r.retry_delay);

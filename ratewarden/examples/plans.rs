@@ -45,11 +45,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let free = app.clone().oneshot(request("free")).await?;
     let pro = app.clone().oneshot(request("pro")).await?;
     println!(
-        "free: {} after 100; then pro: {} with {} left of {}",
+        "free: {} after 100; then pro: {} (RateLimit: {}; RateLimit-Policy: {})",
         free.status(),
         pro.status(),
-        pro.headers()["x-ratelimit-remaining"].to_str()?,
-        pro.headers()["x-ratelimit-limit"].to_str()?,
+        pro.headers()["ratelimit"].to_str()?,
+        pro.headers()["ratelimit-policy"].to_str()?,
     );
     let client = ClientIdentity::new(b"0123456789abcdef0123456789abcdef")?.key_for_addr([192, 0, 2, 1].into());
     layer.plans().reset(client.as_bytes()).await?;   // every plan, every refusal cache here

@@ -12,8 +12,8 @@
 //!   default), a hashed header such as an API key, a hashed id an
 //!   authentication layer left in its extensions, or one global key.
 //! * [`layer`]: [`RateLimitLayer`], returning 429 with `Retry-After`, a JSON
-//!   body and `X-RateLimit-*` / IETF `RateLimit-Policy` / `RateLimit`
-//!   headers; its builder adds keys, skipped requests, costs, custom
+//!   body and the IETF draft's `RateLimit-Policy` and `RateLimit` headers
+//!   (or `X-RateLimit-*`); its builder adds keys, skipped requests, costs, custom
 //!   refusals and header modes, and [`RateLimitHeaders`] gives a middleware
 //!   of your own the same headers. With `grpc`, it serves tonic services
 //!   (`RESOURCE_EXHAUSTED` with the retry delay); [`RateLimitLayer::gate`]

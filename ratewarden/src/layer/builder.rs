@@ -205,8 +205,9 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Which rate-limit headers responses carry; [`HeaderMode::Both`]
-    /// unless set.
+    /// Which rate-limit headers responses carry: the draft's
+    /// `RateLimit-Policy` and `RateLimit` ([`HeaderMode::Draft11`]) unless
+    /// set; `Retry-After` on every refusal whatever the mode.
     pub fn headers(mut self, mode: HeaderMode) -> Self {
         self.mode = mode;
         self

@@ -91,7 +91,7 @@ impl RateLimitLayer {
     /// let Gate::Admitted(admitted) = layer.gate(&head()).await else { panic!() };
     /// let mut headers = http::HeaderMap::new(); // the handler's response's
     /// admitted.finish(http::StatusCode::OK, &mut headers).await;
-    /// assert_eq!(headers["x-ratelimit-remaining"], "0");
+    /// assert_eq!(headers["ratelimit"], "\"api\";r=0;t=60");
     /// let Gate::Respond(refusal) = layer.gate(&head()).await else { panic!() };
     /// assert_eq!(refusal.status(), 429);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();

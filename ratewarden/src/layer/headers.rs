@@ -28,10 +28,11 @@ const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 #[non_exhaustive]
 pub enum HeaderMode {
     /// `RateLimit-Policy` and `RateLimit` and the `X-RateLimit-*` trio.
-    #[default]
     Both,
     /// `RateLimit-Policy` and `RateLimit` only
-    /// (draft-ietf-httpapi-ratelimit-headers-11).
+    /// (draft-ietf-httpapi-ratelimit-headers-11), the default: the
+    /// standard's fields, two headers a response rather than five.
+    #[default]
     Draft11,
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
     /// only, as GitHub and many clients read them.
@@ -57,13 +58,13 @@ impl HeaderMode {
 /// | header | value |
 /// |---|---|
 /// | `Retry-After` | (refusals only) seconds to wait, rounded up |
-/// | `X-RateLimit-Limit` | the limit of the deciding policy |
-/// | `X-RateLimit-Remaining` | units still admitted now |
-/// | `X-RateLimit-Reset` | seconds until the full quota is back, rounded up |
 /// | `RateLimit-Policy` | every policy of the limiter: `"burst";q=12;w=300, "hourly";q=40;w=3600` |
 /// | `RateLimit` | the deciding policy: `"burst";r=0;t=42` |
+/// | `X-RateLimit-Limit` | ([`HeaderMode::XRateLimit`], [`HeaderMode::Both`]) the limit of the deciding policy |
+/// | `X-RateLimit-Remaining` | (the same) units still admitted now |
+/// | `X-RateLimit-Reset` | (the same) seconds until the full quota is back, rounded up |
 ///
-/// The last two are the structured fields of
+/// The first two, the default, are the structured fields of
 /// draft-ietf-httpapi-ratelimit-headers-11: `RateLimit-Policy` lists one
 /// member per policy (a rule's, and an escalating rule's durable policy as
 /// `"rule/durable"`), `RateLimit` names the policy that decided: the

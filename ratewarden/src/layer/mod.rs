@@ -4,8 +4,9 @@
 //! [`ClientIdentity`]; see [`crate::key`] for the others) and decided by a
 //! [`Limiter`]. A refused request gets `429 Too Many Requests` with a JSON
 //! body and never reaches the inner service; every response, admitted or
-//! refused, carries the rate-limit headers ([`RateLimitHeaders`] lists
-//! them; [`HeaderMode`] chooses which).
+//! refused, carries the rate-limit headers: the IETF draft's
+//! `RateLimit-Policy` and `RateLimit` by default ([`RateLimitHeaders`]
+//! lists them; [`HeaderMode`] chooses others).
 //!
 //! A store failure never becomes a 500: [`Limiter::check`] answers it with
 //! the failing rule's [`FailurePolicy`](ratewarden_core::FailurePolicy) (admit
@@ -49,7 +50,8 @@
 //!             .and_then(|v| v.to_str().ok()?.parse().ok())
 //!             .unwrap_or(1)
 //!     })
-//!     .headers(HeaderMode::Draft11)
+//!     // The `X-RateLimit-*` trio as well as the draft's two fields.
+//!     .headers(HeaderMode::Both)
 //!     .build()?;
 //! let app: Router = Router::new().route("/api/upload", post(|| async { "stored" }).layer(layer));
 //! # let _ = app; Ok(()) }
@@ -234,7 +236,8 @@ impl fmt::Debug for Shared {
 
 impl RateLimitLayer {
     /// A layer deciding with `limiter`, keying requests by client address
-    /// through `identity`, writing every rate-limit header.
+    /// through `identity`, writing the `RateLimit-Policy` and `RateLimit`
+    /// headers ([`HeaderMode::Draft11`]).
     ///
     /// `limiter` is a [`Limiter`], or [`Plans`] with a limiter per plan
     /// (chosen per request by [`plan`](RateLimitLayerBuilder::plan)).
@@ -350,7 +353,7 @@ impl RateLimitLayer {
     /// let quota = layer.quota(&parts).await;
     /// assert_eq!(quota.status(), 200);
     /// // What the client's next request would leave, as its response would say.
-    /// assert_eq!(quota.headers()["x-ratelimit-remaining"], "59");
+    /// assert_eq!(quota.headers()["ratelimit"], "\"search\";r=59;t=60");
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     pub async fn quota(&self, parts: &Parts) -> Response<Bytes> {
