@@ -157,10 +157,7 @@ async fn admissions_and_refusals_answer_as_the_tower_layer_does() {
             reply.body,
             format!("hello; {} left", LIMIT as usize - 1 - n)
         );
-        assert_eq!(
-            reply.remaining(),
-            u64::from(LIMIT) - 1 - n as u64
-        );
+        assert_eq!(reply.remaining(), u64::from(LIMIT) - 1 - n as u64);
     }
     for reply in &replies[LIMIT as usize..] {
         assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);

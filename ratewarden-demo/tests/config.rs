@@ -112,13 +112,7 @@ async fn a_flag_overrides_the_file_for_its_route_only() {
         .await
         .unwrap();
     let client = TestClient::new(serve(app(&settings).unwrap()).await, None);
-    assert_eq!(
-        client
-            .get("/api/search")
-            .await
-            .limit(),
-        7
-    );
+    assert_eq!(client.get("/api/search").await.limit(), 7);
     let feedback = client.send(http::Method::POST, "/api/feedback", &[]).await;
     assert_eq!(feedback.limit(), 3);
 }

@@ -349,19 +349,12 @@ async fn the_quota_is_told_without_being_spent() {
         assert_eq!(body["policy"], "search");
     }
     assert_eq!(
-        client
-            .get("/api/search?q=rust")
-            .await
-            .remaining(),
+        client.get("/api/search?q=rust").await.remaining(),
         56,
         "the quota requests spent nothing"
     );
     let feedback = client.get("/api/quota?route=feedback").await;
-    assert_eq!(
-        feedback.remaining(),
-        4,
-        "the next post would leave 4"
-    );
+    assert_eq!(feedback.remaining(), 4, "the next post would leave 4");
     let unknown = client.get("/api/quota?route=nope").await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     assert!(
@@ -440,13 +433,7 @@ async fn an_operator_resets_a_client_with_the_admin_token() {
         post(&client, "/api/feedback").await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
-    assert_eq!(
-        client
-            .get("/api/search")
-            .await
-            .remaining(),
-        58
-    );
+    assert_eq!(client.get("/api/search").await.remaining(), 58);
     // Every route when none is named.
     let all = operator
         .send(Method::POST, "/admin/reset?client=127.0.0.2", &auth)
@@ -458,13 +445,7 @@ async fn an_operator_resets_a_client_with_the_admin_token() {
             "feedback", "contact", "search", "login", "reports", "checkout"
         ])
     );
-    assert_eq!(
-        client
-            .get("/api/search")
-            .await
-            .remaining(),
-        59
-    );
+    assert_eq!(client.get("/api/search").await.remaining(), 59);
 }
 
 #[tokio::test]

@@ -214,10 +214,7 @@ fn same_response(traffic: Traffic) -> Router {
     match traffic {
         Traffic::Clients => handler().layer(tower::util::MapResponseLayer::new(
             |mut response: Response| {
-                let values = [
-                    "\"search\";q=1000;w=1",
-                    "\"search\";r=999;t=1",
-                ];
+                let values = ["\"search\";q=1000;w=1", "\"search\";r=999;t=1"];
                 write(&mut response, values);
                 response
             },
@@ -235,10 +232,7 @@ fn same_response(traffic: Traffic) -> Router {
                     http::header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
                 );
-                let values = [
-                    "\"search\";q=10;w=3600",
-                    "\"search\";r=0;t=3600",
-                ];
+                let values = ["\"search\";q=10;w=3600", "\"search\";r=0;t=3600"];
                 write(&mut response, values);
                 response
                     .headers_mut()

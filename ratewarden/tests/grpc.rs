@@ -71,7 +71,12 @@ async fn admitted_calls_reach_the_service_and_a_refusal_is_resource_exhausted_wi
             ServingStatus::Serving,
             "call {n} reached the service"
         );
-        let field = response.metadata().get("ratelimit").unwrap().to_str().unwrap();
+        let field = response
+            .metadata()
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap();
         assert!(field.contains(&format!(";r={};", LIMIT - n)), "{field}");
     }
     let refused = client.check(check()).await.unwrap_err();

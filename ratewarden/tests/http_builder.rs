@@ -467,7 +467,7 @@ async fn the_exported_writer_matches_the_layer() {
         h.send("192.0.2.1", &[]).await,
     ];
 
-    let headers = RateLimitHeaders::new(&limiter, HeaderMode::Both);
+    let headers = RateLimitHeaders::new(&limiter, HeaderMode::default());
     let key = identity().key_for_addr("192.0.2.2".parse().unwrap());
     let admitted = limiter.check(key.as_bytes()).await;
     let mut written = HeaderMap::new();

@@ -120,7 +120,10 @@ async fn plans_share_usage(store: Arc<dyn Store>) {
     let listed = quota.headers()["ratelimit-policy"].to_str().unwrap();
     assert!(listed.contains(&format!(";q={PRO};")), "{listed}");
     let field = quota.headers()["ratelimit"].to_str().unwrap();
-    assert!(field.contains(&format!(";r={};", PRO - FREE - 1)), "{field}");
+    assert!(
+        field.contains(&format!(";r={};", PRO - FREE - 1)),
+        "{field}"
+    );
     let mut admitted = 0;
     for _ in 0..2 * PRO {
         let response = send(&app, Some("pro")).await;
