@@ -63,7 +63,7 @@
 //! strict side. A refund that fails leaves the earlier rule's count as it
 //! was: stricter, never more permissive ([`RuleStats::refund_failures`]).
 
-// About 1,100 lines, 65 of them these docs: the `Limiter`, its builder and
+// About 1,150 lines, 65 of them these docs: the `Limiter`, its builder and
 // the one path a request takes through its rules, with the `Admission` it
 // hands back, kept together so that a reader follows a request without
 // changing files. A rule's own side is `limiter/rule`, waiting `limiter/wait`.

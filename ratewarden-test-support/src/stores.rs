@@ -22,10 +22,13 @@ pub struct AwaitedStore {
     inner: ReferenceStore,
 }
 
+/// The keys an [`AwaitedStore`] holds: more than any test uses.
+const AWAITED_KEYS: usize = 1 << 20;
+
 impl Default for AwaitedStore {
     fn default() -> Self {
         AwaitedStore {
-            inner: ReferenceStore::new(1 << 20),
+            inner: ReferenceStore::new(AWAITED_KEYS),
         }
     }
 }
@@ -35,7 +38,7 @@ impl AwaitedStore {
     /// ([`Capabilities::shared`]), as Redis and Postgres do.
     pub fn shared() -> Self {
         AwaitedStore {
-            inner: ReferenceStore::new(1 << 20).shared_as("reference"),
+            inner: ReferenceStore::new(AWAITED_KEYS).shared_as("reference"),
         }
     }
 }
