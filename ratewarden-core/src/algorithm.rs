@@ -434,9 +434,16 @@ fn gcra(state: &mut Option<KeyState>, l: u64, t: u64, c: u64, now: u64) -> Verdi
             retry_after_us: 0,
         }
     } else {
+        // Refused, so fewer than `c` units are free now: none at the usual
+        // cost of 1, which spares the division.
+        let remaining = if c == 1 {
+            0
+        } else {
+            to_u32(burst.saturating_sub(tat - now) / t)
+        };
         Verdict {
             allowed: false,
-            remaining: to_u32(burst.saturating_sub(tat - now) / t),
+            remaining,
             reset_after_us: tat - now,
             retry_after_us: new_tat - burst - now,
         }

@@ -6,7 +6,7 @@
 //! (`-- --rounds N`, default 7).
 //!
 //! The attacker computes the store's digest (SipHash-1-3, 128 bits, of the
-//! algorithm's tag and the key) under a key it guesses, the all-zero one,
+//! key's bytes) under a secret it guesses, the all-zero one,
 //! and keeps the client keys whose digests share their low 14 bits: under
 //! that key they start one probe sequence in any table of up to 16,384
 //! slots, so each lookup walks past all the keys inserted before it. The
@@ -33,16 +33,12 @@ const KEYS: usize = 2_000;
 /// Low bits of the guessed digest every crafted key shares.
 const SHARED_BITS: u32 = 14;
 const DECISIONS: usize = 1_000_000;
-/// The memory store's tag for GCRA, the algorithm decided below (the
-/// first byte of every digest; see the crate's `Keys` docs).
-const GCRA_TAG: u8 = 3;
 
 /// The digest's two halves under the guessed key: the first is what the
 /// store places a key by (its shard and its slot), the second what tells
 /// keys apart.
 fn guessed_digest(key: &[u8]) -> (u64, u64) {
     let mut hasher = SipHasher13::new_with_key(&[0; 16]);
-    hasher.write_u8(GCRA_TAG);
     hasher.write(key);
     let h = hasher.finish128();
     (h.h1, h.h2)

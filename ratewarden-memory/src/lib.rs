@@ -67,8 +67,8 @@
 //! # Keys
 //!
 //! The store keeps no key, only its digest: SipHash-1-3 with a 128-bit
-//! output of the key's bytes and its algorithm, under a 128-bit secret key
-//! that each store draws from the OS when built and never reveals. One half
+//! output of the key's bytes, under a 128-bit secret key that each store
+//! draws from the OS for each algorithm when built and never reveals. One half
 //! of the digest places the key (its shard, its slot); a decision finds its
 //! state where both halves match. So two distinct keys share one state only
 //! if all 128 bits collide. SipHash is a keyed pseudo-random function (its
@@ -533,6 +533,7 @@ impl MemoryStore {
     }
 
     /// What the store keeps of `key` under `policy`'s algorithm.
+    #[inline]
     fn digest(&self, policy: &Policy, key: &[u8]) -> Digest {
         self.hasher.digest(algorithm_tag(policy.algorithm()), key)
     }
@@ -630,9 +631,10 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock()
 }
 
-/// The storage key's first byte, so that the same key under two algorithms
-/// holds two independent states (see [`Store::decide`]).
-const fn algorithm_tag(algorithm: Algorithm) -> u8 {
+/// Which of the store's secrets digests a key under `algorithm`, so that
+/// the same key under two algorithms holds two independent states (see
+/// [`Store::decide`]). Below [`shard::TAGS`].
+const fn algorithm_tag(algorithm: Algorithm) -> usize {
     match algorithm {
         Algorithm::SlidingLog => 0,
         Algorithm::FixedWindow => 1,
@@ -742,8 +744,7 @@ mod tests {
             assert!(!store.decide_sync(b"same", &policy, 1, T0).unwrap().allowed);
         }
         assert_eq!(store.len(), 4);
-        // The empty key and a key equal to another key's tagged bytes are
-        // distinct keys too.
+        // The empty key and a one-byte key are distinct keys too.
         let policy = Policy::fixed_window(1, window).unwrap();
         assert!(store.decide_sync(b"", &policy, 1, T0).unwrap().allowed);
         assert!(store.decide_sync(&[1], &policy, 1, T0).unwrap().allowed);
