@@ -153,3 +153,88 @@ async fn a_key_over_the_bound_never_reaches_a_store() {
     );
     assert_eq!(spy.longest.load(Ordering::SeqCst), BOUND);
 }
+
+/// A store answering inline that keeps the last key it was asked to
+/// decide: what the limiter built, byte for byte.
+#[derive(Debug, Default)]
+struct KeyRecorder {
+    last: std::sync::Mutex<Vec<u8>>,
+}
+
+#[async_trait]
+impl Store for KeyRecorder {
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(&ratewarden_core::Algorithm::ALL)
+    }
+
+    fn max_key_len(&self) -> usize {
+        4_096
+    }
+
+    fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
+        *self.last.lock().unwrap() = request.key().to_vec();
+        let p = request.policy();
+        Some(Ok(Decision::new(
+            true,
+            p,
+            0,
+            p.window(),
+            Duration::ZERO,
+            "recorder",
+        )))
+    }
+
+    async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.decide_inline(request).expect("answers inline")
+    }
+
+    async fn refund(&self, _: Refund<'_>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
+        self.decide_inline(request).expect("answers inline")
+    }
+
+    async fn reset(&self, _: Key<'_>, _: &Policy) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn penalize(&self, _: Request<'_>) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// The storage key is `{rule}:{key}` exactly, for every length of rule
+/// name and every length of key around the limiter's stack buffer (where
+/// it assembles the key word by word) and past it (on the heap).
+#[test]
+fn the_storage_key_is_the_rule_name_a_colon_and_the_key_at_every_length() {
+    let clock = ManualClock::new();
+    let key: Vec<u8> = (0..200u8).map(|i| i.wrapping_mul(37) | 1).collect();
+    for name_len in 1..=ratewarden_core::MAX_RULE_NAME {
+        let name: String = "abcdefghij".chars().cycle().take(name_len).collect();
+        let store = Arc::new(KeyRecorder::default());
+        let limiter = Limiter::builder()
+            .clock(clock.clone())
+            .rule(Rule::new(name.clone(), store.clone(), policy()).unwrap())
+            .build()
+            .unwrap();
+        for key_len in (0..=72).chain([127 - name_len, 128 - name_len, 129 - name_len, 200]) {
+            let key = &key[..key_len];
+            let decided = limiter.try_check(key).expect("decided inline");
+            assert!(decided.allowed, "{decided:?}");
+            let mut expected = format!("{name}:").into_bytes();
+            expected.extend_from_slice(key);
+            assert_eq!(
+                *store.last.lock().unwrap(),
+                expected,
+                "rule of {name_len} bytes, key of {key_len}"
+            );
+        }
+    }
+}

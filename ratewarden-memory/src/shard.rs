@@ -200,7 +200,7 @@ impl KeyHasher {
     /// (below [`TAGS`]).
     #[inline]
     pub(crate) fn digest(&self, tag: usize, key: &[u8]) -> Digest {
-        let mut hasher = self.keyed[tag].clone();
+        let mut hasher = self.keyed[tag];
         hasher.write(key);
         let h = hasher.finish128();
         Digest {

@@ -194,42 +194,44 @@ pub(crate) enum Called {
 }
 
 /// A rule's storage key, built on the stack for the keys a limiter usually
-/// sees (a rule name of up to 64 bytes, `:`, a 32-byte client key), so that
-/// a decision allocates nothing for it; a longer key goes to the heap.
+/// sees (a rule name of up to 64 bytes, `:`, a client key), so that a
+/// decision allocates nothing for it; a longer key goes to the heap.
 ///
-/// Not a `SmallVec`: its two `extend_from_slice` each called `try_reserve`
-/// and `memmove` for a few dozen bytes, a visible share of a one-rule
-/// limiter's decision in a profile of the composition bench. Here the rule's prefix is copied as a
-/// block of [`KEY_HEAD`] bytes and a 32-byte client key as 32, sizes the
-/// compiler knows, so both are a few vector moves (see
-/// [`Rule::fill_storage_key`]).
+/// How it is written is the point: see [`Rule::fill_storage_key`].
 pub(crate) struct StorageKey {
-    pub(crate) inline: [u8; INLINE_STORAGE_KEY],
+    /// [`INLINE_STORAGE_KEY`] bytes of key, and [`WORD_SLACK`] more that
+    /// the last words written may spill into.
+    pub(crate) inline: [u8; INLINE_STORAGE_KEY + WORD_SLACK],
     pub(crate) heap: Vec<u8>,
 }
 
 /// The longest storage key [`StorageKey`] holds on the stack.
 pub(crate) const INLINE_STORAGE_KEY: usize = 128;
 
+/// Bytes past the key that [`Rule::fill_storage_key`] may write: its last
+/// word, and the word a key that ends mid-word carries into.
+pub(crate) const WORD_SLACK: usize = 16;
+
 /// The length of a rule's `{name}:` padded with zeros: every prefix fits
-/// (at most [`MAX_RULE_NAME`] + 1 bytes), and a storage key that fits
-/// [`StorageKey`] is at least this long once the prefix is copied whole.
+/// (at most [`MAX_RULE_NAME`] + 1 bytes) with a word to spare.
 pub(crate) const KEY_HEAD: usize = 80;
 
-/// The length of the workspace's client keys (32 hex digits).
+/// The length of the workspace's client keys (32 hex digits), which
+/// [`Rule::fill_storage_key`] writes with a loop of known length.
 pub(crate) const CLIENT_KEY: usize = 32;
 
 impl StorageKey {
     pub(crate) fn new() -> Self {
         StorageKey {
-            inline: [0; INLINE_STORAGE_KEY],
+            inline: [0; INLINE_STORAGE_KEY + WORD_SLACK],
             heap: Vec::new(),
         }
     }
 }
 
-// Every prefix, `{name}:`, fits the head it is copied as.
-const _: () = assert!(MAX_RULE_NAME < KEY_HEAD);
+// Every prefix, `{name}:`, fits the head it is copied as, and so does the
+// whole word its last bytes are in (`Rule::fill_storage_key` reads it).
+const _: () = assert!((MAX_RULE_NAME + 1) / 8 * 8 + 8 <= KEY_HEAD);
 
 /// `prefix` followed by zeros, [`KEY_HEAD`] bytes (`Rule::new` has checked
 /// the name's length).

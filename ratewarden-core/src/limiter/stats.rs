@@ -1,8 +1,9 @@
 //! A rule's counters, and the snapshot [`Limiter::stats`](crate::Limiter::stats)(super::Limiter::stats)
 //! returns.
 
+use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::counter::{bump, load};
 use crate::failure::BreakerState;
@@ -56,14 +57,19 @@ struct Stripe(AtomicU64);
 /// shares stripe `i`. Numbers are never given twice in a process, so an
 /// owned stripe has one writer for as long as the process lives.
 fn stripe() -> Result<usize, usize> {
+    // Initialized as a constant and numbered on first use: a lazily
+    // initialized thread-local checks its state on every access, which
+    // cost a one-rule limiter's decision about 1 ns.
     thread_local! {
-        static STRIPE: Result<usize, usize> = {
-            static NEXT: AtomicU64 = AtomicU64::new(0);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed) as usize;
-            if n < OWNED { Ok(n) } else { Err(n % SHARED) }
-        };
+        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    STRIPE.with(|s| *s)
+    let mut n = STRIPE.get();
+    if n == usize::MAX {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        n = NEXT.fetch_add(1, Ordering::Relaxed).min(usize::MAX - 1);
+        STRIPE.set(n);
+    }
+    if n < OWNED { Ok(n) } else { Err(n % SHARED) }
 }
 
 impl Striped {

@@ -28,7 +28,9 @@ use crate::time::{Clock, Timestamp};
 use crate::failure::ProbeGuard;
 use crate::time::duration_to_micros as micros;
 
-use super::{Applied, CLIENT_KEY, Called, Charge, Holder, KEY_HEAD, Rule, StorageKey};
+use super::{
+    Applied, CLIENT_KEY, Called, Charge, Holder, INLINE_STORAGE_KEY, KEY_HEAD, Rule, StorageKey,
+};
 
 /// What [`Rule::local_now`] learned before it had to stop: what
 /// [`Rule::resume`] must await, so that nothing is asked twice.
@@ -63,20 +65,38 @@ impl Rule {
         }
     }
 
-    /// Writes the storage key into `buf`, which a request reuses for each of
-    /// its rules instead of moving a new key through every call.
-    // Inlined: it is called from `Limiter::begin` in another codegen
-    // unit, on the path of every decision answered in place.
-    #[inline]
+    /// Writes the storage key, `{name}:` then `key`, into `buf`, which a
+    /// request reuses for each of its rules instead of moving a new key
+    /// through every call.
+    ///
+    /// Why word by word: a store reads the key back at once, a memory
+    /// store in 8-byte words from its start. Copied as two blocks (the
+    /// prefix, then the key at the prefix's length), every word across the
+    /// seam was a load spanning two stores, which the CPU cannot forward
+    /// and waits out: a one-rule limiter's decision cost about 15 ns more
+    /// than the store's own (composition bench, one hot key). Here the
+    /// prefix is copied as a block of [`KEY_HEAD`] bytes, and from the
+    /// prefix's last word on, each 8-byte word is assembled in registers
+    /// (the prefix's tail, the key shifted by the prefix's length) and
+    /// stored whole, so that each word a store reads comes from one store.
+    // Always inlined: called from `Limiter::begin` in another codegen
+    // unit, on the path of every decision answered in place, it was left
+    // an outlined call that saved and restored six registers.
+    #[inline(always)]
     pub(crate) fn fill_storage_key<'b>(&self, buf: &'b mut StorageKey, key: &[u8]) -> &'b [u8] {
         let at = self.key_prefix.len();
         let end = at.saturating_add(key.len());
         let StorageKey { inline, heap } = buf;
-        if let Some(out) = inline.get_mut(..end.max(KEY_HEAD)) {
-            out[..KEY_HEAD].copy_from_slice(&self.key_head);
+        if end <= INLINE_STORAGE_KEY {
+            inline[..KEY_HEAD].copy_from_slice(&self.key_head);
+            let first = at / 8;
+            let shift = (at % 8) * 8;
+            // The prefix's bytes in its last, partial word (zeros after).
+            let carry = word(&self.key_head[first * 8..first * 8 + 8]);
             match <&[u8; CLIENT_KEY]>::try_from(key) {
-                Ok(client) => out[at..at + CLIENT_KEY].copy_from_slice(client),
-                Err(_) => out[at..end].copy_from_slice(key),
+                // A length the compiler knows: the loop is unrolled.
+                Ok(client) => put_words(inline, first, shift, carry, client),
+                Err(_) => put_words(inline, first, shift, carry, key),
             }
             return &inline[..end];
         }
@@ -926,4 +946,33 @@ impl Rule {
         self.stamp(&mut decision);
         decision
     }
+}
+/// Up to 8 bytes as a little-endian word, zeros after them.
+#[inline]
+fn word(bytes: &[u8]) -> u64 {
+    match <[u8; 8]>::try_from(bytes) {
+        Ok(whole) => u64::from_le_bytes(whole),
+        Err(_) => bytes.iter().rev().fold(0, |w, &b| (w << 8) | u64::from(b)),
+    }
+}
+
+/// Stores `key` shifted left by `shift` bits (under 64) into `out` from
+/// its `slot`-th 8-byte word on, word by word, the first word starting
+/// with `carry`'s bits.
+#[inline(always)]
+fn put_words(out: &mut [u8], mut slot: usize, shift: usize, mut carry: u64, key: &[u8]) {
+    for chunk in key.chunks(8) {
+        let w = word(chunk);
+        put_word(out, slot, carry | w << shift);
+        slot += 1;
+        // What of `w` did not fit this word starts the next one.
+        carry = w.checked_shr(64 - shift as u32).unwrap_or(0);
+    }
+    put_word(out, slot, carry);
+}
+
+/// Stores `w` as the `slot`-th 8-byte word of `out`.
+#[inline]
+fn put_word(out: &mut [u8], slot: usize, w: u64) {
+    out[slot * 8..slot * 8 + 8].copy_from_slice(&w.to_le_bytes());
 }
