@@ -37,8 +37,8 @@ use async_trait::async_trait;
 use ratewarden::lease::{LeaseConfig, LeaseStats, LeasedStore};
 use ratewarden::memory::MemoryStore;
 use ratewarden::{
-    Capabilities, Clock, Decision, ErrorKind, Key, Limiter, ManualClock, Policy, Refund, Request,
-    Rule, Store, StoreError, Timestamp,
+    Algorithm, Capabilities, Clock, Decision, ErrorKind, Key, Limiter, ManualClock, Policy, Refund,
+    Request, Rule, Store, StoreError, Timestamp,
 };
 use ratewarden_test_support::Rng;
 
@@ -405,13 +405,20 @@ async fn run(c: Composition, shape: Shape, instances: usize) -> Report {
     }
 }
 
-/// The over-demand rows: a fleet of `OVER_INSTANCES`, each instance one
-/// rule on a lease of up to `OVER_UNITS` over the shared store, one key of
-/// `OVER_LIMIT` per window asked for `factor` times its limit in all, in
-/// even streams that each instance starts at a random phase.
-const OVER_INSTANCES: usize = 8;
+/// The over-demand rows: a fleet of `instances`, each instance one rule on
+/// a lease of up to `OVER_UNITS` over the shared store, one key of
+/// `OVER_LIMIT_PER_UNIT × instances × OVER_UNITS` per window (the smallest
+/// limit the lease docs state the bound for) asked for `factor` times its
+/// limit in all, in even streams that each instance starts at a random
+/// phase.
+const OVER_FLEETS: [usize; 6] = [2, 4, 8, 16, 24, 32];
+const OVER_FACTORS: [u64; 3] = [2, 5, 10];
 const OVER_UNITS: u32 = 32;
-const OVER_LIMIT: u32 = 2_000;
+const OVER_LIMIT_PER_UNIT: u32 = 8;
+
+fn over_limit(instances: usize) -> u32 {
+    OVER_LIMIT_PER_UNIT * instances as u32 * OVER_UNITS
+}
 
 struct OverDemand {
     requests: usize,
@@ -423,13 +430,13 @@ struct OverDemand {
     stranded: u64,
 }
 
-async fn over_demand(policy: Policy, factor: u64) -> OverDemand {
+async fn over_demand(policy: Policy, instances: usize, factor: u64) -> OverDemand {
     let clock = ManualClock::new();
     let w = WINDOW.as_micros() as u64;
     // Window-aligned, so that a window of the report is one of the store's.
     let t0 = clock.now().as_micros().div_ceil(w) * w;
     let remote = Arc::new(Remote::new());
-    let fleet: Vec<(Limiter, Arc<LeasedStore>)> = (0..OVER_INSTANCES)
+    let fleet: Vec<(Limiter, Arc<LeasedStore>)> = (0..instances)
         .map(|_| {
             let shared: Arc<dyn Store> = remote.clone();
             let leased = Arc::new(LeasedStore::new(
@@ -445,10 +452,10 @@ async fn over_demand(policy: Policy, factor: u64) -> OverDemand {
         })
         .collect();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let per_instance = u64::from(OVER_LIMIT) * factor / OVER_INSTANCES as u64;
+    let per_instance = u64::from(policy.limit()) * factor / instances as u64;
     let gap = w / per_instance;
     let mut events = Vec::new();
-    for i in 0..OVER_INSTANCES {
+    for i in 0..instances {
         let mut t = rng.below(gap);
         while t < WINDOWS * w {
             events.push((t, i));
@@ -465,7 +472,7 @@ async fn over_demand(policy: Policy, factor: u64) -> OverDemand {
     }
     if std::env::var("FLEET_DEBUG").is_ok() {
         for (_, l) in &fleet {
-            eprintln!("{factor} {:?}", l.stats());
+            eprintln!("{instances} {factor} {:?}", l.stats());
         }
     }
     let stranded = fleet
@@ -485,39 +492,39 @@ async fn over_demand(policy: Policy, factor: u64) -> OverDemand {
     }
 }
 
-fn over_demand_table(rt: &tokio::runtime::Runtime) {
+fn over_demand_table(rt: &tokio::runtime::Runtime, fleets: &[usize]) {
     println!(
-        "\nover-demand: {OVER_INSTANCES} instances, one key of {OVER_LIMIT} per {WINDOW:?}, \
-         leases of up to {OVER_UNITS}, {WINDOWS} windows\n"
+        "\nover-demand: fleets of N instances, one key of {OVER_LIMIT_PER_UNIT} × N × \
+         {OVER_UNITS} per {WINDOW:?}, leases of up to {OVER_UNITS}, {WINDOWS} windows\n"
     );
     println!(
-        "| algorithm | demand ÷ limit | requests | admitted | admitted per window, fewest–most | \
-         store calls | calls ÷ admitted | stranded ÷ limit per window | bound |"
+        "| algorithm | N | limit | demand ÷ limit | requests | admitted | admitted per window, \
+         fewest–most | store calls | calls ÷ admitted | stranded ÷ limit per window | bound |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, policy) in [
-        (
-            "fixed window",
-            Policy::fixed_window(OVER_LIMIT, WINDOW).unwrap(),
-        ),
-        (
-            "sliding window",
-            Policy::sliding_window(OVER_LIMIT, WINDOW).unwrap(),
-        ),
-    ] {
-        for factor in [2, 10] {
-            let r = rt.block_on(over_demand(policy, factor));
-            println!(
-                "| {name} | {factor} | {} | {} | {}–{} | {} | {:.3} | {:.3} | {:.3} |",
-                r.requests,
-                r.admitted,
-                r.fewest,
-                r.most,
-                r.calls,
-                r.calls as f64 / r.admitted.max(1) as f64,
-                r.stranded as f64 / (WINDOWS as f64 * f64::from(OVER_LIMIT)),
-                (OVER_INSTANCES as f64 * f64::from(OVER_UNITS - 1)) / f64::from(OVER_LIMIT),
-            );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        for &n in fleets {
+            let limit = over_limit(n);
+            let policy = Policy::new(algorithm, limit, WINDOW).unwrap();
+            for factor in OVER_FACTORS {
+                let r = rt.block_on(over_demand(policy, n, factor));
+                assert!(
+                    r.most <= u64::from(limit),
+                    "{algorithm} N={n} {factor}×: {} admitted in one window",
+                    r.most
+                );
+                println!(
+                    "| {algorithm} | {n} | {limit} | {factor} | {} | {} | {}–{} | {} | {:.3} | {:.3} | {:.3} |",
+                    r.requests,
+                    r.admitted,
+                    r.fewest,
+                    r.most,
+                    r.calls,
+                    r.calls as f64 / r.admitted.max(1) as f64,
+                    r.stranded as f64 / (WINDOWS as f64 * f64::from(limit)),
+                    (n as f64 * f64::from(OVER_UNITS - 1)) / f64::from(limit),
+                );
+            }
         }
     }
 }
@@ -539,7 +546,13 @@ fn main() {
         .build()
         .unwrap();
     if std::env::args().any(|a| a == "over") {
-        over_demand_table(&rt);
+        let picked: Vec<usize> = sizes.iter().copied().filter(|n| *n > 1).collect();
+        let fleets = if std::env::args().any(|a| a.parse::<usize>().is_ok()) {
+            picked
+        } else {
+            OVER_FLEETS.to_vec()
+        };
+        over_demand_table(&rt, &fleets);
         return;
     }
     println!(
