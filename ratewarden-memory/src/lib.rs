@@ -83,8 +83,9 @@
 //! state, shard or probe sequence means guessing the secret; keys crafted
 //! against any other key spread as random ones do (the `shard` module's
 //! test `keys_crafted_against_a_known_key_spread_like_random_ones_under_a_secret_one`).
-//! The price: a decision costs 11–14 ns more than with the aHash digest
-//! this replaced (`BENCHMARKS.md`).
+//! The price: the digest is the largest part of a decision, about a third
+//! of its instructions; a decision still costs what `governor`'s keyed
+//! limiter's does on one hot key or 10,000 warm ones (`BENCHMARKS.md`).
 //!
 //! Why a digest and not the key: held inline, a key of the workspace's
 //! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two

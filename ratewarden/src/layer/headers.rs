@@ -479,6 +479,23 @@ impl<const N: usize> StackBuf<N> {
     /// header.
     fn push_sf_name(&mut self, name: &str, durable: bool) {
         self.push(b"\"");
+        // A rule's name (`A–Z a–z 0–9 _ - .`) needs no escaping: copied at
+        // once, not byte by byte, on the path of every response.
+        let plain = |b: &u8| (b' '..=b'~').contains(b) && *b != b'"' && *b != b'\\';
+        if name.as_bytes().iter().all(plain) {
+            self.push(name.as_bytes());
+        } else {
+            self.push_escaped(name);
+        }
+        if durable {
+            self.push(b"/durable");
+        }
+        self.push(b"\"");
+    }
+
+    /// `name` inside an sf-string: `"` and `\` escaped, anything outside
+    /// printable ASCII replaced by `_`.
+    fn push_escaped(&mut self, name: &str) {
         for c in name.chars() {
             match c {
                 '"' | '\\' => self.push(&[b'\\', c as u8]),
@@ -486,10 +503,6 @@ impl<const N: usize> StackBuf<N> {
                 _ => self.push(b"_"),
             }
         }
-        if durable {
-            self.push(b"/durable");
-        }
-        self.push(b"\"");
     }
 
     fn push_u64(&mut self, n: u64) {
