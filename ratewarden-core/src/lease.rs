@@ -64,9 +64,10 @@
 //!   doubled for each further refusal while the key stays asked for past
 //!   its limit and halved by each grant (never past the window's end), so
 //!   that a fleet contending for the units freed settles on asking about
-//!   as often as it is granted; while the key stays asked for past its limit it is bought
-//!   in full batches (`max_units`, at most half the limit), never shrunk
-//!   to a trickle, nor topped up by a second call for the few units left;
+//!   as often as it is granted; and while the key stays asked for past its
+//!   limit it is bought in full batches (`max_units`, at most half the
+//!   limit), never shrunk to a trickle, nor topped up by a second call for
+//!   the few units left;
 //! * a caller that waits the retry time it was told is asked for the batch
 //!   that was refused, which by then has come free unless other instances
 //!   took it.
