@@ -7,7 +7,9 @@
 //! being 0, (a2) 1 and (b) 2, for a profiler). (a) calls the store's
 //! `decide`, whose future `async_trait` boxes; (a2) calls its
 //! `decide_inline`, which a one-rule `Limiter` calls: (b) ÷ (a2) is what the
-//! `Limiter` adds to the store's cheapest call. (g) is the peer:
+//! `Limiter` adds to the store's cheapest call, and (b) ÷ (a3), the same
+//! call on the storage key the rule builds (`one:{key}`), what it adds
+//! besides naming the rule. (g) is the peer:
 //! `governor`'s keyed limiter (dashmap, on a fake clock that never moves,
 //! as the memory store's `now` does not), the same GCRA quota on the same
 //! keys, beside (b), a `Limiter` of one rule; `governor` is unbounded where
@@ -81,6 +83,10 @@ enum Contender {
     BareInline(Arc<dyn Store>),
     Limiter(Limiter),
     Governor(Governor),
+    /// `decide_inline` on the storage key a rule named `one` builds,
+    /// `one:{key}`, made before the run: what the store costs for the
+    /// key the limiter hands it.
+    Named(Arc<dyn Store>, Vec<Vec<u8>>),
 }
 
 type Governor = RateLimiter<
@@ -98,7 +104,8 @@ fn governor(policy: &Policy) -> Governor {
 }
 
 impl Contender {
-    async fn decide(&self, key: &[u8], now: Timestamp, policy: &Policy) -> bool {
+    /// Decides `key`, the `index`-th of the run's keys.
+    async fn decide(&self, index: usize, key: &[u8], now: Timestamp, policy: &Policy) -> bool {
         match self {
             // Through `&dyn Store`, as a rule calls it.
             Contender::Bare(store) => {
@@ -111,6 +118,14 @@ impl Contender {
             Contender::BareInline(store) => {
                 let store: &dyn Store = &**store;
                 Request::new(store, key, policy, 1, now).is_ok_and(|r| {
+                    store
+                        .decide_inline(r)
+                        .is_some_and(|d| d.is_ok_and(|d| d.allowed))
+                })
+            }
+            Contender::Named(store, named) => {
+                let store: &dyn Store = &**store;
+                Request::new(store, &named[index], policy, 1, now).is_ok_and(|r| {
                     store
                         .decide_inline(r)
                         .is_some_and(|d| d.is_ok_and(|d| d.allowed))
@@ -150,7 +165,7 @@ fn dead_rule(fallback: bool, policy: Policy) -> Rule {
     }
 }
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 8] = [
     "(a) bare MemoryStore::decide via &dyn Store",
     "(a2) bare MemoryStore::decide_inline via &dyn Store",
     "(b) Limiter, one memory rule",
@@ -158,9 +173,10 @@ const NAMES: [&str; 7] = [
     "(d1) Limiter, dead store, breaker open, memory fallback",
     "(d2) Limiter, dead store, breaker open, fail open",
     "(g) governor keyed (dashmap), one quota, unbounded",
+    "(a3) bare decide_inline on the rule's storage key",
 ];
 
-fn contender(i: usize, clock: &ManualClock, p: Policy) -> Contender {
+fn contender(i: usize, clock: &ManualClock, p: Policy, keys: &[[u8; 32]]) -> Contender {
     match i {
         0 => Contender::Bare(memory()),
         1 => Contender::BareInline(memory()),
@@ -171,7 +187,11 @@ fn contender(i: usize, clock: &ManualClock, p: Policy) -> Contender {
         )),
         4 => Contender::Limiter(limiter(clock, vec![dead_rule(true, p)])),
         5 => Contender::Limiter(limiter(clock, vec![dead_rule(false, p)])),
-        _ => Contender::Governor(governor(&p)),
+        6 => Contender::Governor(governor(&p)),
+        _ => Contender::Named(
+            memory(),
+            keys.iter().map(|k| [&b"one:"[..], k].concat()).collect(),
+        ),
     }
 }
 
@@ -203,15 +223,15 @@ fn measure(
 ) -> Sample {
     let clock = ManualClock::new();
     let now = clock.now();
-    let c = contender(i, &clock, policy);
+    let c = contender(i, &clock, policy, keys);
     // Every key brought past its limit first (the breaker opens on the
     // first decision): with the refusing policy the measured decisions are
     // refusals, the abuse case, except where a dead store fails open; with
     // the admitting one, every key exists and every decision admits.
     rt.block_on(async {
         for _ in 0..=LIMIT {
-            for k in keys {
-                c.decide(k, now, &policy).await;
+            for (index, k) in keys.iter().enumerate() {
+                c.decide(index, k, now, &policy).await;
             }
         }
     });
@@ -230,8 +250,11 @@ fn measure(
                     let mut admitted = 0;
                     rt.block_on(async {
                         for n in 0..per_thread {
-                            let k = &keys[(n * 7 + t * 13) % keys.len()];
-                            admitted += usize::from(c.decide(black_box(k), now, &policy).await);
+                            let index = (n * 7 + t * 13) % keys.len();
+                            let k = &keys[index];
+                            admitted += usize::from(
+                                c.decide(black_box(index), black_box(k), now, &policy).await,
+                            );
                         }
                     });
                     (thread_cpu_ns() - cpu, admitted)
@@ -302,7 +325,7 @@ fn main() {
         if !filters.is_empty() && !filters.iter().any(|f| label.contains(f.as_str())) {
             continue;
         }
-        let mut best: [Option<Sample>; 7] = [None; 7];
+        let mut best: [Option<Sample>; 8] = [None; 8];
         for _ in 0..RUNS {
             for (i, slot) in best.iter_mut().enumerate() {
                 if profile.is_some_and(|p| p != i) {

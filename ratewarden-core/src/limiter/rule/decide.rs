@@ -28,9 +28,7 @@ use crate::time::{Clock, Timestamp};
 use crate::failure::ProbeGuard;
 use crate::time::duration_to_micros as micros;
 
-use super::{
-    Applied, CLIENT_KEY, Called, Charge, Holder, INLINE_STORAGE_KEY, KEY_HEAD, Rule, StorageKey,
-};
+use super::{Applied, CLIENT_KEY, Called, Charge, Holder, INLINE_STORAGE_KEY, Rule, StorageKey};
 
 /// What [`Rule::local_now`] learned before it had to stop: what
 /// [`Rule::resume`] must await, so that nothing is asked twice.
@@ -75,11 +73,10 @@ impl Rule {
     /// seam was a load spanning two stores, which the CPU cannot forward
     /// and waits out: a one-rule limiter's decision cost 1.35–1.50× the
     /// store's own, 1.27–1.32× once written this way (composition bench,
-    /// one hot key and 1,000 keys). Here the
-    /// prefix is copied as a block of [`KEY_HEAD`] bytes, and from the
-    /// prefix's last word on, each 8-byte word is assembled in registers
-    /// (the prefix's tail, the key shifted by the prefix's length) and
-    /// stored whole, so that each word a store reads comes from one store.
+    /// one hot key and 1,000 keys). Here every 8-byte word is stored
+    /// whole: the prefix's whole words, then words assembled in registers
+    /// (the prefix's tail, the key shifted by the prefix's length), so that
+    /// each word a store reads comes from one store.
     // Always inlined: called from `Limiter::begin` in another codegen
     // unit, on the path of every decision answered in place, it was left
     // an outlined call that saved and restored six registers.
@@ -89,9 +86,12 @@ impl Rule {
         let end = at.saturating_add(key.len());
         let StorageKey { inline, heap } = buf;
         if end <= INLINE_STORAGE_KEY {
-            inline[..KEY_HEAD].copy_from_slice(&self.key_head);
             let first = at / 8;
             let shift = (at % 8) * 8;
+            // The prefix's whole words, none for a name under 7 bytes.
+            for slot in 0..first {
+                put_word(inline, slot, word(&self.key_head[slot * 8..slot * 8 + 8]));
+            }
             // The prefix's bytes in its last, partial word (zeros after).
             let carry = word(&self.key_head[first * 8..first * 8 + 8]);
             match <&[u8; CLIENT_KEY]>::try_from(key) {
