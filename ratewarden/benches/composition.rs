@@ -115,22 +115,8 @@ impl Contender {
                     Err(_) => false,
                 }
             }
-            Contender::BareInline(store) => {
-                let store: &dyn Store = &**store;
-                Request::new(store, key, policy, 1, now).is_ok_and(|r| {
-                    store
-                        .decide_inline(r)
-                        .is_some_and(|d| d.is_ok_and(|d| d.allowed))
-                })
-            }
-            Contender::Named(store, named) => {
-                let store: &dyn Store = &**store;
-                Request::new(store, &named[index], policy, 1, now).is_ok_and(|r| {
-                    store
-                        .decide_inline(r)
-                        .is_some_and(|d| d.is_ok_and(|d| d.allowed))
-                })
-            }
+            Contender::BareInline(store) => inline(&**store, key, now, policy),
+            Contender::Named(store, named) => inline(&**store, &named[index], now, policy),
             Contender::Limiter(l) => l.check(key).await.allowed,
             Contender::Governor(g) => {
                 let key: &[u8; 32] = key.try_into().expect("the bench's keys are 32 bytes");
@@ -138,6 +124,16 @@ impl Contender {
             }
         }
     }
+}
+
+/// The store's `decide_inline` on `key`, through `&dyn Store` as a rule
+/// calls it: whether it admitted.
+fn inline(store: &dyn Store, key: &[u8], now: Timestamp, policy: &Policy) -> bool {
+    Request::new(store, key, policy, 1, now).is_ok_and(|r| {
+        store
+            .decide_inline(r)
+            .is_some_and(|d| d.is_ok_and(|d| d.allowed))
+    })
 }
 
 fn rule(name: &str, store: Arc<dyn Store>, policy: Policy) -> Rule {

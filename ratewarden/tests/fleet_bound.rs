@@ -59,7 +59,12 @@ fn local() -> Arc<dyn Store> {
 /// `N` instances on `clock`, instance `i` limited by the one rule `rule(i)`
 /// under the generous [`TIMEOUT`] in place of the default quarter second.
 fn fleet(clock: &ManualClock, rule: impl Fn(u32) -> Rule) -> Vec<Limiter> {
-    (0..N)
+    fleet_of(N, clock, rule)
+}
+
+/// [`fleet`] of `n` instances.
+fn fleet_of(n: u32, clock: &ManualClock, rule: impl Fn(u32) -> Rule) -> Vec<Limiter> {
+    (0..n)
         .map(|i| {
             Limiter::builder()
                 .clock(clock.clone())
@@ -360,24 +365,10 @@ async fn leases_under_over_demand_cost_a_tenth_of_a_round_trip_per_admission() {
             for factor in [2, 5, 10] {
                 let key = format!("tenant-{instances}-{name}-{factor}");
                 let clock = ManualClock::new();
-                let fleet: Vec<Limiter> = (0..instances)
-                    .map(|_| {
-                        let leased = Arc::new(LeasedStore::new(
-                            shared.clone(),
-                            LeaseConfig::new(UNITS).unwrap(),
-                        ));
-                        Limiter::builder()
-                            .clock(clock.clone())
-                            .rule(
-                                Rule::new("leased", leased, policy)
-                                    .unwrap()
-                                    .with_timeout(TIMEOUT)
-                                    .unwrap(),
-                            )
-                            .build()
-                            .unwrap()
-                    })
-                    .collect();
+                let fleet = fleet_of(instances as u32, &clock, |_| {
+                    let leased = LeasedStore::new(shared.clone(), LeaseConfig::new(UNITS).unwrap());
+                    Rule::new("leased", Arc::new(leased), policy).unwrap()
+                });
                 // Window-aligned, and the first request at the start: a window
                 // counted here is one of the store's, for either algorithm.
                 let t0 = clock.now().as_micros().div_ceil(w) * w;
