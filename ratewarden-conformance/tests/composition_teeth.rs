@@ -119,6 +119,11 @@ teeth! {
     leased_dead_store_follows_failure_policy: [
         LeaseOpenWhenDead => ["must be refused by the failure policy"],
     ],
+    shadow_rule_counts_and_never_refuses: [
+        ShadowEnforced => ["request 4 at t0", "must be admitted", "refused by rule \"trial\""],
+        ShadowUncounted => ["request 4 at t0", "marked as a shadow refusal", "admitted by rule \"gate\""],
+        ShadowApart => ["after the switch", "must refuse with retry_after 59 s", "admitted"],
+    ],
 }
 
 /// Fails unless `scenario` fails each defect of its rows in [`TEETH`],

@@ -39,6 +39,11 @@ pub struct Source {
     /// this key moments ago and was not asked again (see
     /// [`Rule::with_refusal_cache`](crate::Rule::with_refusal_cache)).
     pub cached: bool,
+    /// A rule in shadow mode would have refused this request, and was not
+    /// let to: the request went on as if that rule had admitted it (see
+    /// [`Rule::with_shadow`](crate::Rule::with_shadow)). Set on the
+    /// limiter's answer, whichever rule that answer names.
+    pub shadow_refused: bool,
 }
 
 impl Source {
@@ -52,6 +57,7 @@ impl Source {
             degraded: false,
             escalated: false,
             cached: false,
+            shadow_refused: false,
         }
     }
 }

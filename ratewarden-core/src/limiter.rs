@@ -177,8 +177,13 @@ pub(crate) struct Progress {
     /// rule order. The storage key is built again on the refusal path
     /// rather than carried along the admit path.
     pending: Kept,
-    /// The admitting decision with the fewest units remaining, so far.
+    /// The admitting decision with the fewest units remaining, so far:
+    /// an enforcing rule's if any has admitted, else a shadow rule's.
     tightest: Option<Decision>,
+    /// `tightest` is a shadow rule's.
+    tightest_shadow: bool,
+    /// A rule in shadow mode refused the request, and was not let to.
+    shadow_refused: bool,
     /// Keep the last rule's admission too, for an [`Admission`] to give
     /// back after the request is decided.
     keep_all: bool,
@@ -518,17 +523,35 @@ impl Limiter {
     async fn peek_checked(&self, key: &[u8], cost: u32) -> Decision {
         let clock = self.clock.as_ref();
         let now = clock.now();
-        let mut tightest: Option<Decision> = None;
+        // As `absorb` decides: a shadow rule's refusal admits, and the
+        // enforcing rules' quota is the one shown.
+        let mut tightest: Option<(Decision, bool)> = None;
+        let mut shadow_refused = false;
         for rule in self.rules.iter() {
-            let d = rule.peek_at(key, rule.units(cost), now, clock).await;
+            let mut d = rule.peek_at(key, rule.units(cost), now, clock).await;
+            let shadow = rule.is_shadow();
             if !d.allowed {
-                return d;
+                if !shadow {
+                    d.source.shadow_refused = shadow_refused;
+                    return d;
+                }
+                d.allowed = true;
+                d.retry_after = Duration::ZERO;
+                shadow_refused = true;
             }
-            if tighter(tightest.as_ref(), &d) {
-                tightest = Some(d);
+            let shown = match &tightest {
+                None => true,
+                Some((_, true)) if !shadow => true,
+                Some((_, false)) if shadow => false,
+                Some((t, _)) => tighter(Some(t), &d),
+            };
+            if shown {
+                tightest = Some((d, shadow));
             }
         }
-        tightest.expect("a limiter has at least one rule")
+        let (mut d, _) = tightest.expect("a limiter has at least one rule");
+        d.source.shadow_refused = shadow_refused;
+        d
     }
 
     /// Forgets `key` in every rule: in each rule's stores (its store, its
@@ -666,6 +689,8 @@ impl Limiter {
                 next: Next::Resume(0, tried),
                 pending: SmallVec::new(),
                 tightest: None,
+                tightest_shadow: false,
+                shadow_refused: false,
                 keep_all: false,
             }),
         }
@@ -722,6 +747,8 @@ impl Limiter {
                     next: Next::Refund(refusal),
                     pending,
                     tightest: None,
+                    tightest_shadow: false,
+                    shadow_refused: false,
                     keep_all: false,
                 };
                 return match self.advance(key, &mut progress) {
@@ -740,6 +767,9 @@ impl Limiter {
                     self.rules[j].label(&mut d);
                     d
                 }),
+                // No rule on this road is in shadow mode.
+                tightest_shadow: false,
+                shadow_refused: false,
                 keep_all: false,
             };
             match rule.local_after(answer, storage_key, units, now, self.clock.as_ref()) {
@@ -784,6 +814,8 @@ impl Limiter {
             },
             pending: SmallVec::new(),
             tightest: None,
+            tightest_shadow: false,
+            shadow_refused: false,
             keep_all: false,
         }
     }
@@ -929,6 +961,8 @@ impl Limiter {
     ) -> Absorbed {
         let rule = &self.rules[i];
         rule.stamp(&mut decision);
+        p.shadow_refused |= decision.source.shadow_refused;
+        decision.source.shadow_refused = p.shadow_refused;
         let last = self.rules.len() - 1;
         // One rule, the common case: nothing to refund, no tightest to pick.
         if last == 0 && !p.keep_all {
@@ -944,12 +978,23 @@ impl Limiter {
         if i < last || p.keep_all {
             p.pending.extend(charges.iter().map(|c| (i, *c)));
         }
-        if tighter(p.tightest.as_ref(), &decision) {
+        // A client is shown the enforcing rules' quota: a shadow rule's
+        // only while no enforcing rule has admitted.
+        let shadow = rule.is_shadow();
+        let shown = match (p.tightest_shadow, shadow) {
+            (true, false) => true,
+            (false, true) => p.tightest.is_none(),
+            _ => tighter(p.tightest.as_ref(), &decision),
+        };
+        if shown {
             p.tightest = Some(decision);
+            p.tightest_shadow = shadow;
         }
         if i == last {
             // Every rule has admitted; the first set `tightest`.
-            return Absorbed::Decided(p.tightest.take().expect("a rule has admitted"));
+            let mut decision = p.tightest.take().expect("a rule has admitted");
+            decision.source.shadow_refused = p.shadow_refused;
+            return Absorbed::Decided(decision);
         }
         p.next = Next::Step(i + 1);
         Absorbed::Going
@@ -1023,7 +1068,9 @@ impl LimiterBuilder {
             .rules
             .iter()
             .any(|r| r.has_refusal_cache() && r.records_abuse());
-        let road = if caches || self.rules.iter().any(Rule::escalates) {
+        // A shadow rule's decision is settled in `absorb`, on the road of
+        // steps: the other two read a store's answer in place.
+        let road = if caches || self.rules.iter().any(|r| r.escalates() || r.is_shadow()) {
             Road::Steps
         } else if self.rules.len() == 1 {
             Road::OneRule
@@ -1151,6 +1198,7 @@ fn copied(decision: &Decision) -> Decision {
             degraded: source.degraded,
             escalated: source.escalated,
             cached: source.cached,
+            shadow_refused: source.shadow_refused,
         },
     }
 }

@@ -168,6 +168,12 @@ fn every_decision_is_counted_under_its_rule_store_and_outcome() {
         )
         .unwrap(),
     );
+    let shadow = one_rule(
+        &clock,
+        Rule::new("shadow", Arc::new(ReferenceStore::new(100)), policy())
+            .unwrap()
+            .with_shadow(true),
+    );
     let recorder = Totalling::default();
     metrics::with_local_recorder(&recorder, || {
         rt.block_on(async {
@@ -178,6 +184,7 @@ fn every_decision_is_counted_under_its_rule_store_and_outcome() {
                 fallback.check(b"c").await;
                 degraded.check(b"d").await;
                 renamed.check(b"e").await;
+                assert!(shadow.check(b"f").await.allowed);
             }
         })
     });
@@ -189,6 +196,9 @@ fn every_decision_is_counted_under_its_rule_store_and_outcome() {
         (decisions("degraded", "refused", "unavailable"), 5),
         (decisions("renamed", "allowed", "reference"), 3),
         (decisions("renamed", "refused", "reference"), 2),
+        // A rule in shadow mode counts what it would have refused apart.
+        (decisions("shadow", "allowed", "reference"), 3),
+        (decisions("shadow", "shadow_refused", "reference"), 2),
         // The dead store fails three times, which opens its breaker; the
         // fourth request skips it, and the fifth repeats the fallback's
         // refusal from the rule's refusal cache (the dead store declares

@@ -94,11 +94,21 @@ pub enum CompositionDefect {
     /// A penalty charged to the shared stores behind the leases, which go on
     /// spending the units in hand (`penalty_reaches_local_state`).
     PenaltyMissesLease,
+    /// A rule in shadow mode enforced all the same
+    /// (`shadow_rule_counts_and_never_refuses`).
+    ShadowEnforced,
+    /// A rule in shadow mode left out of the limiter: nothing says what it
+    /// would have refused (`shadow_rule_counts_and_never_refuses`).
+    ShadowUncounted,
+    /// A rule in shadow mode counted under a name of its own, apart from
+    /// the enforcing rule's state, so that switched on it starts from zero
+    /// (`shadow_rule_counts_and_never_refuses`).
+    ShadowApart,
 }
 
 impl CompositionDefect {
     /// Every defect.
-    pub const ALL: [CompositionDefect; 20] = [
+    pub const ALL: [CompositionDefect; 23] = [
         CompositionDefect::NoRefunds,
         CompositionDefect::BothConsulted,
         CompositionDefect::PacedSampling,
@@ -119,6 +129,9 @@ impl CompositionDefect {
         CompositionDefect::EscalationForgotten,
         CompositionDefect::ResetSkippedWhileOpen,
         CompositionDefect::PenaltyMissesLease,
+        CompositionDefect::ShadowEnforced,
+        CompositionDefect::ShadowUncounted,
+        CompositionDefect::ShadowApart,
     ];
 }
 
@@ -196,6 +209,24 @@ impl Composer for BrokenComposer {
                     held: Mutex::default(),
                     clock,
                 }))
+            }
+            CompositionDefect::ShadowEnforced => {
+                for t in &mut tiers {
+                    t.shadow = false;
+                }
+                LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::ShadowUncounted => {
+                tiers.retain(|t| !t.shadow);
+                LimiterComposer.compose(tiers, clock)
+            }
+            CompositionDefect::ShadowApart => {
+                for t in tiers.iter_mut().filter(|t| t.shadow) {
+                    // A few names in a test process: leaked for the
+                    // `&'static str` a tier is named by.
+                    t.name = Box::leak(format!("{}-shadow", t.name).into_boxed_str());
+                }
+                LimiterComposer.compose(tiers, clock)
             }
             CompositionDefect::NoRefusalCache => {
                 let mut builder = Limiter::builder().clock(clock);

@@ -71,6 +71,8 @@ pub struct TierSpec {
     /// The store is shared by a fleet and leased in batches of at most this
     /// many units ([`LeasedStore`]).
     pub lease: Option<u32>,
+    /// The rule is in shadow mode ([`Rule::with_shadow`]).
+    pub shadow: bool,
 }
 
 impl fmt::Debug for TierSpec {
@@ -81,6 +83,7 @@ impl fmt::Debug for TierSpec {
             .field("policy", &self.policy)
             .field("fallback", &self.fallback.as_ref().map(|s| s.name()))
             .field("escalation", &self.escalation.is_some())
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -101,6 +104,7 @@ impl TierSpec {
             escalation: None,
             refusal_cache: None,
             lease: None,
+            shadow: false,
         }
     }
 
@@ -109,7 +113,8 @@ impl TierSpec {
     pub fn rule(&self) -> Result<Rule, ConfigError> {
         let mut rule = Rule::new(self.name, self.store.clone(), self.policy)?
             .with_timeout(self.timeout)?
-            .on_failure(self.on_failure);
+            .on_failure(self.on_failure)
+            .with_shadow(self.shadow);
         if let Some(fallback) = &self.fallback {
             rule = rule.with_fallback(fallback.clone())?;
         }
@@ -461,6 +466,13 @@ composition_list! {
     /// failure policy. Catches a lease that admits on its own when the
     /// shared store is dead.
     leased_dead_store_follows_failure_policy => "a lease that admits on its own once the shared store is dead and its batch is spent",
+    /// Tiers on the shared store: "trial" (3/min) in shadow mode, then
+    /// "gate" (10/min). 8 requests at t0: all admitted, the last 5 marked
+    /// as shadow refusals. Switched on, "trial" refuses at t0+1 s
+    /// with retry 59 s and admits 3 at t0+60 s. Catches a shadow rule that
+    /// refuses, and one that counts nothing, so that switching it on starts
+    /// from zero.
+    shadow_rule_counts_and_never_refuses => "a rule in shadow mode that refuses clients, or that counts nothing and starts from zero when switched on",
 }
 
 #[doc(hidden)]

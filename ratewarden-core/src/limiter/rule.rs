@@ -115,6 +115,8 @@ pub struct Rule {
     fallback: Option<Arc<dyn Store>>,
     breaker: Arc<Breaker>,
     escalation: Option<Arc<Escalation>>,
+    /// Decided and counted, never let to refuse: see [`Rule::with_shadow`].
+    shadow: bool,
     refusals: Option<Arc<RefusalCache>>,
     /// The store's notices of stale keys: told of this rule's give-backs
     /// and resets, and read by its refusal cache.
@@ -133,6 +135,7 @@ impl fmt::Debug for Rule {
             .field("units_per_request", &self.units_per_request)
             .field("timeout", &self.timeout)
             .field("on_failure", &self.on_failure)
+            .field("shadow", &self.shadow)
             .field("fallback", &self.fallback.as_ref().map(|s| s.name()))
             .field(
                 "escalation",
@@ -292,6 +295,7 @@ impl Rule {
             fallback: None,
             breaker: Arc::new(Breaker::new(BreakerConfig::default())),
             escalation: None,
+            shadow: false,
             refusals,
             notices,
             counters: Arc::default(),
@@ -367,6 +371,65 @@ impl Rule {
     pub fn without_refusal_cache(mut self) -> Self {
         self.refusals = None;
         self
+    }
+
+    /// Puts the rule in shadow mode (`true`) or back to enforcing
+    /// (`false`, the default).
+    ///
+    /// A rule in shadow mode decides and counts every request as usual, in
+    /// its store, but its refusal refuses nothing: the request goes on to
+    /// the next rule as if this one had admitted it, and the limiter's
+    /// answer carries [`Source::shadow_refused`](crate::Source::shadow_refused).
+    /// The would-be refusal is counted in
+    /// [`RuleStats::shadow_refusals`](crate::RuleStats::shadow_refusals)
+    /// and, with the `metrics` feature, as `ratewarden_decisions_total`
+    /// with `outcome="shadow_refused"`. So a new limit can be watched on
+    /// real traffic before it refuses anyone.
+    ///
+    /// Its state is the enforcing rule's: the same storage keys
+    /// (`{rule}:{client key}`), so a limiter rebuilt with the rule
+    /// enforcing, on the same store, goes on from the counts shadow mode
+    /// kept. What it admitted is refunded when a later rule refuses, as for
+    /// any rule; what it would have refused counts nothing. The answer a
+    /// client sees (its headers) is the enforcing rules'; only when every
+    /// rule is in shadow mode is it a shadow rule's, admitted. A shadow
+    /// rule keeps no refusal cache, so each of its refusals is asked of its
+    /// store.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use ratewarden_core::{Limiter, ManualClock, Policy, Rule, Store};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let store: Arc<dyn Store> = Arc::new(ratewarden_memory::MemoryStore::default());
+    /// let rule = Rule::new("search", store, Policy::fixed_window(2, Duration::from_secs(60))?)?;
+    /// let watching = Limiter::builder()
+    ///     .clock(ManualClock::new())
+    ///     .rule(rule.clone().with_shadow(true))
+    ///     .build()?;
+    /// for _ in 0..2 {
+    ///     assert!(!watching.check(b"k").await.source.shadow_refused);
+    /// }
+    /// let third = watching.check(b"k").await;
+    /// assert!(third.allowed && third.source.shadow_refused); // would have been refused
+    /// assert_eq!(watching.stats()[0].shadow_refusals, 1);
+    ///
+    /// // Switched on, the rule goes on from what shadow mode counted.
+    /// let enforcing = Limiter::builder()
+    ///     .shared_clock(watching.clock().clone())
+    ///     .rule(rule.with_shadow(false))
+    ///     .build()?;
+    /// assert!(!enforcing.check(b"k").await.allowed);
+    /// # Ok::<(), ratewarden_core::ConfigError>(()) }).unwrap();
+    /// ```
+    pub fn with_shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Whether the rule is in shadow mode ([`with_shadow`](Self::with_shadow)).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// Charges `units` per request instead of 1 (a request of cost `c`,
@@ -517,6 +580,7 @@ impl Rule {
             refunds: load(&c.refunds),
             refund_failures: load(&c.refund_failures),
             refusals_cached: load(&c.refusals_cached),
+            shadow_refusals: load(&c.shadow_refusals),
             breaker: self.breaker.state(),
         }
     }
@@ -557,8 +621,10 @@ impl Rule {
         self.escalation.is_some()
     }
 
+    /// The rule answers from a refusal cache: it has one and is not in
+    /// shadow mode.
     pub(crate) fn has_refusal_cache(&self) -> bool {
-        self.refusals.is_some()
+        self.refusals.is_some() && !self.shadow
     }
 
     /// What a refusal of `storage_key` decided from now on is stamped

@@ -24,6 +24,7 @@ pub(crate) struct Counters {
     pub(crate) refunds: AtomicU64,
     pub(crate) refund_failures: AtomicU64,
     pub(crate) refusals_cached: AtomicU64,
+    pub(crate) shadow_refusals: AtomicU64,
 }
 
 /// Threads that get a stripe of their own in every [`Striped`] counter: the
@@ -159,6 +160,10 @@ pub struct RuleStats {
     /// Refusals answered from the rule's refusal cache, without a store
     /// call.
     pub refusals_cached: u64,
+    /// Refusals of the rule in shadow mode, which refused nothing
+    /// ([`Rule::with_shadow`](crate::Rule::with_shadow)); not counted in
+    /// `refused`.
+    pub shadow_refusals: u64,
     /// The authoritative store's breaker now.
     pub breaker: BreakerState,
 }

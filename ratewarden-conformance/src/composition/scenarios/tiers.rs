@@ -112,3 +112,87 @@ pub(crate) async fn shared_retry_after_honoured(s: &Setup<'_>) -> ScenarioResult
         "a client waiting the 59 s Retry-After was served by both instances".into(),
     ])
 }
+
+pub(crate) async fn shadow_rule_counts_and_never_refuses(s: &Setup<'_>) -> ScenarioResult {
+    // Tiers on the shared store: "trial", 3 per minute in shadow mode, then
+    // "gate", 10 per minute. 8 requests at t0: "gate" admits all 8; "trial"
+    // admits 3 and would refuse the next 5, which it must not, and says so
+    // on each. Then "trial" is switched on (a composition of the same
+    // rules, none in shadow mode, on the same store): at t0+1 s it refuses
+    // with retry 59 s, since it counted its 3 admissions and none of its
+    // would-be refusals; at t0+60 s it admits 3 and refuses the 4th.
+    let shared = s.shared().await?;
+    let trial = windowed(&*shared, 3, 60)?;
+    let gate = windowed(&*shared, 10, 60)?;
+    let tiers = |shadow: bool| {
+        let mut trial = TierSpec::new("trial", shared.clone(), trial);
+        trial.shadow = shadow;
+        vec![trial, TierSpec::new("gate", shared.clone(), gate)]
+    };
+    let watching = s.compose(tiers(true))?;
+    s.at(0);
+    // Who answers is checked after the counts: a refusal is the worse bug.
+    let mut shown_shadow = None;
+    for i in 1..=8u32 {
+        let d = watching.check(b"client").await;
+        let flagged = i > 3;
+        if !d.allowed || d.source.shadow_refused != flagged {
+            return fail(format!(
+                "request {i} at t0 with \"trial\" (3/min) in shadow mode: must be admitted by \
+                 \"gate\" (10/min), {} a shadow refusal; got {}{}",
+                if flagged {
+                    "marked as"
+                } else {
+                    "not marked as"
+                },
+                show(&d),
+                if d.source.shadow_refused {
+                    ", marked as a shadow refusal"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if d.source.rule != Some("gate") && shown_shadow.is_none() {
+            shown_shadow = Some((i, show(&d)));
+        }
+    }
+    if let Some((i, got)) = shown_shadow {
+        return fail(format!(
+            "request {i} at t0: a client must be shown the enforcing rule's quota (\"gate\"), \
+             not the shadow rule's; got {got}"
+        ));
+    }
+    let enforcing = s.compose(tiers(false))?;
+    s.at(S);
+    let d = enforcing.check(b"client").await;
+    if d.allowed || d.source.rule != Some("trial") || d.retry_after != Duration::from_secs(59) {
+        return fail(format!(
+            "after the switch, at t0+1 s: \"trial\" counted 3 admissions in shadow mode, so it \
+             must refuse with retry_after 59 s; got {}",
+            show(&d)
+        ));
+    }
+    s.at(60 * S);
+    for i in 1..=4u32 {
+        let d = enforcing.check(b"client").await;
+        let want = i <= 3;
+        if d.allowed != want || (!want && d.source.rule != Some("trial")) {
+            return fail(format!(
+                "request {i} at t0+60 s, \"trial\" switched on: must be {}; got {}",
+                if want {
+                    "admitted"
+                } else {
+                    "refused by \"trial\""
+                },
+                show(&d)
+            ));
+        }
+    }
+    evidence(vec![
+        "8 requests at t0, \"trial\" (3/min) in shadow mode before \"gate\" (10/min): all \
+         admitted, 5 marked as shadow refusals"
+            .into(),
+        "switched on: refused at t0+1 s with retry 59 s, 3 admitted at t0+60 s".into(),
+    ])
+}

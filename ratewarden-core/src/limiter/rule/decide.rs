@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
@@ -409,7 +410,11 @@ impl Rule {
         holder: Option<Holder>,
         keep: bool,
     ) -> Option<Charge> {
-        if let (false, Some(cache)) = (decision.allowed || holder.is_none(), &self.refusals) {
+        // A shadow rule's refusal is not one to repeat: it refused nothing.
+        if let (false, Some(cache)) = (
+            decision.allowed || holder.is_none() || self.shadow,
+            &self.refusals,
+        ) {
             cache.put(key, now, decision, ticket);
         }
         match (keep, decision.allowed, holder) {
@@ -576,6 +581,9 @@ impl Rule {
         now: Timestamp,
         clock: &dyn Clock,
     ) -> Option<Decision> {
+        if self.shadow {
+            return None;
+        }
         let mut d = self.refusals.as_ref()?.get(key, now)?;
         bump(&self.counters.refusals_cached);
         self.record_abuse(key, &d, now, clock).await;
@@ -587,6 +595,9 @@ impl Rule {
     /// abuse events, so that nothing waits.
     pub(crate) fn cached_refusal_now(&self, key: &[u8], now: Timestamp) -> Option<Decision> {
         debug_assert!(!self.records_abuse());
+        if self.shadow {
+            return None;
+        }
         let mut d = self.refusals.as_ref()?.get(key, now)?;
         bump(&self.counters.refusals_cached);
         self.stamp(&mut d);
@@ -735,11 +746,29 @@ impl Rule {
     }
 
     /// Labels `decision` with this rule and counts it: the last touch of
-    /// every decision the rule hands back.
+    /// every decision the rule hands back. A shadow rule's refusal leaves
+    /// admitted, marked [`shadow_refused`](crate::Source::shadow_refused).
     #[inline]
     pub(crate) fn stamp(&self, decision: &mut Decision) {
         self.label(decision);
-        self.count(decision);
+        if self.shadow && !decision.allowed {
+            self.let_through(decision);
+        } else {
+            self.count(decision);
+        }
+    }
+
+    /// Admits what this rule, in shadow mode, refused, and counts the
+    /// refusal it would have been. The store recorded nothing for it, as
+    /// for any refusal, so nothing is owed back.
+    #[cold]
+    fn let_through(&self, decision: &mut Decision) {
+        bump(&self.counters.shadow_refusals);
+        #[cfg(feature = "metrics")]
+        self.metric_keys.count_shadow_refusal();
+        decision.allowed = true;
+        decision.retry_after = Duration::ZERO;
+        decision.source.shadow_refused = true;
     }
 
     /// Counts `decision` in the rule's statistics and metrics.
@@ -779,7 +808,12 @@ impl Rule {
         now: Timestamp,
         clock: &dyn Clock,
     ) -> Decision {
-        if let Some(mut d) = self.refusals.as_ref().and_then(|c| c.get(key, now)) {
+        if let Some(mut d) = self
+            .refusals
+            .as_ref()
+            .filter(|_| !self.shadow)
+            .and_then(|c| c.get(key, now))
+        {
             self.label(&mut d);
             return d;
         }

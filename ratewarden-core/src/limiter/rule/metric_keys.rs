@@ -1,5 +1,6 @@
 //! The keys of the series a rule counts per decision, built once per rule:
-//! `ratewarden_decisions_total` for its usual decisions, and
+//! `ratewarden_decisions_total` for its usual decisions (and its refusals in
+//! shadow mode), and
 //! `ratewarden_fallbacks_total`, which a rule whose store is down counts on
 //! every decision.
 //!
@@ -42,6 +43,10 @@ struct StoreKeys {
     refused: Key,
 }
 
+/// The outcome label of a refusal by a rule in shadow mode, which refused
+/// nothing.
+const SHADOW_REFUSED: &str = "shadow_refused";
+
 impl StoreKeys {
     fn new(rule: &'static str, store: &'static str) -> Self {
         let key = |outcome: &'static str| {
@@ -72,6 +77,9 @@ pub(crate) struct DecisionKeys {
     store: StoreKeys,
     fallback: Option<StoreKeys>,
     fallbacks: Key,
+    /// `ratewarden_decisions_total` of the rule's shadow refusals, named
+    /// by its store.
+    shadow_refused: Key,
     /// `ratewarden_store_call_seconds` of the rule's store's `decide`: the
     /// call every request on a store that must be awaited makes.
     store_decide: Key,
@@ -85,6 +93,14 @@ impl DecisionKeys {
             store: StoreKeys::new(rule, store),
             fallback: None,
             fallbacks: Key::from_parts(FALLBACKS, vec![Label::from_static_parts("rule", rule)]),
+            shadow_refused: Key::from_parts(
+                DECISIONS,
+                vec![
+                    Label::from_static_parts("rule", rule),
+                    Label::from_static_parts("outcome", SHADOW_REFUSED),
+                    Label::from_static_parts("store", store),
+                ],
+            ),
             // In `histogram!`'s label order, as for the decision keys.
             store_decide: Key::from_parts(
                 CALLS,
@@ -117,6 +133,12 @@ impl DecisionKeys {
     /// Counts a decision of the rule's fallback in `ratewarden_fallbacks_total`.
     pub(crate) fn count_fallback(&self) {
         increment(&self.fallbacks);
+    }
+
+    /// Counts a refusal of the rule in shadow mode in
+    /// `ratewarden_decisions_total`, as `outcome="shadow_refused"`.
+    pub(crate) fn count_shadow_refusal(&self) {
+        increment(&self.shadow_refused);
     }
 
     /// Counts `decision` in `ratewarden_decisions_total`.
