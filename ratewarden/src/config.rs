@@ -30,6 +30,12 @@
 //! policy = "10/day"
 //! escalate = { store = "shared", policy = "10/day", every = 10 }
 //!
+//! # Shadow mode: decided and counted, never refused (`Rule::with_shadow`).
+//! # Set it to false and reload to switch the limit on: it keeps its counts.
+//! [limits.upload]
+//! policy = "20/hour"
+//! shadow = true
+//!
 //! # Per-route limits: which limit each route takes.
 //! [routes]
 //! "/api/search" = "search"
@@ -114,6 +120,7 @@ struct LimitSpec {
     fallback: Option<Spanned<String>>,
     lease: Option<Spanned<u32>>,
     escalate: Option<Spanned<EscalateSpec>>,
+    shadow: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +134,7 @@ struct RuleSpec {
     fallback: Option<Spanned<String>>,
     lease: Option<Spanned<u32>>,
     escalate: Option<Spanned<EscalateSpec>>,
+    shadow: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -608,7 +616,7 @@ impl Limits {
                 .with_escalation(durable, *escalate.policy.get_ref(), escalate.every, None)
                 .map_err(|e| at(span, e.to_string()))?;
         }
-        Ok(rule)
+        Ok(rule.with_shadow(spec.shadow.unwrap_or(false)))
     }
 }
 
@@ -627,6 +635,7 @@ impl LimitSpec {
             fallback,
             lease,
             escalate,
+            shadow,
         } = self;
         name.is_some()
             || store.is_some()
@@ -635,6 +644,7 @@ impl LimitSpec {
             || fallback.is_some()
             || lease.is_some()
             || escalate.is_some()
+            || shadow.is_some()
     }
 
     /// The policy, if the limit names nothing else.
@@ -673,6 +683,7 @@ impl LimitSpec {
                         fallback: self.fallback,
                         lease: self.lease,
                         escalate: self.escalate,
+                        shadow: self.shadow,
                     },
                 )])
             }

@@ -691,3 +691,65 @@ async fn sighup_takes_back_a_store_the_reload_before_took_out() {
     hangups.send().await.unwrap();
     assert_eq!(served.statuses("/reports", 1).await, [429]);
 }
+
+fn shadowed(shadow: bool) -> String {
+    format!(
+        r#"
+[stores]
+default = "memory://"
+
+[limits.upload]
+policy = "fixed_window 2/minute"
+shadow = {shadow}
+
+[limits.search]
+rules = [
+  {{ name = "search-burst", policy = "fixed_window 1/minute", shadow = {shadow} }},
+  {{ policy = "fixed_window 5/minute" }},
+]
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_limit_in_shadow_mode_refuses_nothing_and_keeps_its_counts_when_switched_on() {
+    let limits = parse(&shadowed(true)).await.unwrap();
+    let upload = limits.limiter("upload").unwrap();
+    assert!(upload.rules()[0].is_shadow());
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let d = upload.check(b"client").await;
+        seen.push((d.allowed, d.source.shadow_refused));
+    }
+    assert_eq!(
+        seen,
+        [(true, false), (true, false), (true, true), (true, true)]
+    );
+    let search = limits.limiter("search").unwrap();
+    let shadows: Vec<bool> = search.rules().iter().map(|r| r.is_shadow()).collect();
+    assert_eq!(shadows, [true, false]);
+    assert!(search.check(b"client").await.allowed);
+    let d = search.check(b"client").await;
+    assert!(d.allowed && d.source.shadow_refused, "{d:?}");
+
+    // Switched on by a reload: the same stores, so the same counts.
+    let limits = limits.reload_from(&shadowed(false)).await.unwrap();
+    assert!(!limits.limiter("upload").unwrap().rules()[0].is_shadow());
+    assert!(
+        !limits
+            .limiter("upload")
+            .unwrap()
+            .check(b"client")
+            .await
+            .allowed
+    );
+    let d = limits.limiter("search").unwrap().check(b"client").await;
+    assert_eq!((d.allowed, d.source.rule), (false, Some("search-burst")));
+
+    let text = shadowed(true).replacen("shadow = true", "shadow = \"yes\"", 1);
+    let message = parse(&text).await.unwrap_err().to_string();
+    assert!(
+        message.contains("line 7") && message.contains("shadow = \"yes\""),
+        "{message}"
+    );
+}

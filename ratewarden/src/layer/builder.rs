@@ -15,6 +15,7 @@ pub struct RateLimitLayerBuilder {
     pub(super) counts: Option<Box<CountsFn>>,
     pub(super) refusal: Option<Box<RefusalFn>>,
     pub(super) mode: HeaderMode,
+    pub(super) shadow_header: bool,
     pub(super) grpc: bool,
 }
 
@@ -213,6 +214,14 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Writes `X-RateLimit-Shadow: refused` on each response a rule in
+    /// shadow mode would have refused
+    /// ([`RateLimitHeaders::with_shadow_header`]). Off by default.
+    pub fn shadow_header(mut self) -> Self {
+        self.shadow_header = true;
+        self
+    }
+
     /// Builds the layer. Refuses a [`MissingKey::Reject`] status that is not
     /// a client error (400 to 499), and a [random
     /// identity](ClientIdentity::random) with a rule whose store other
@@ -264,7 +273,14 @@ impl RateLimitLayerBuilder {
         let limiters = self
             .plans
             .iter()
-            .map(|(_, limiter)| (limiter.clone(), RateLimitHeaders::new(limiter, self.mode)))
+            .map(|(_, limiter)| {
+                let headers = RateLimitHeaders::new(limiter, self.mode);
+                let headers = match self.shadow_header {
+                    true => headers.with_shadow_header(),
+                    false => headers,
+                };
+                (limiter.clone(), headers)
+            })
             .collect();
         let address = || ClientAddress::new(self.identity.clone());
         let (key, missing): (Box<dyn KeyExtractor>, _) = match (self.key, self.on_missing_key) {

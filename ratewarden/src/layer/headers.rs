@@ -16,6 +16,11 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Shadow`: `refused` on a response a rule in shadow mode would
+/// have refused ([`RateLimitHeaders::with_shadow_header`]).
+pub const X_RATELIMIT_SHADOW: HeaderName = HeaderName::from_static("x-ratelimit-shadow");
+
+const SHADOW_REFUSED: HeaderValue = HeaderValue::from_static("refused");
 
 const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
 /// A quota answer is the client's state at one moment: never to be reused.
@@ -126,13 +131,24 @@ pub(crate) struct HeaderWriter {
     /// configuration), so that copying it into a response costs neither an
     /// allocation nor a reference count on a line every request would share.
     policy: Option<&'static str>,
+    /// Write [`X_RATELIMIT_SHADOW`] on a shadow refusal.
+    shadow: bool,
 }
 
 impl RateLimitHeaders {
     /// The headers of `limiter`'s decisions, in `mode`.
+    ///
+    /// `RateLimit-Policy` lists the enforcing rules' policies: a rule in
+    /// shadow mode is not the client's limit (all of them when every rule
+    /// is in shadow mode, since one of them then answers).
     pub fn new(limiter: &Limiter, mode: HeaderMode) -> Self {
         let mut members = Vec::new();
-        for rule in limiter.rules() {
+        let every_shadow = limiter.rules().iter().all(|r| r.is_shadow());
+        for rule in limiter
+            .rules()
+            .iter()
+            .filter(|r| every_shadow || !r.is_shadow())
+        {
             let durable = rule.escalation_policy().map(|p| (true, p));
             for (durable, policy) in std::iter::once((false, rule.policy())).chain(durable) {
                 let mut name = StackBuf::<{ MAX_SF_NAME }>::new();
@@ -153,8 +169,23 @@ impl RateLimitHeaders {
             .is_ok()
             .then(|| ratewarden_core::intern(&policy));
         RateLimitHeaders {
-            writer: HeaderWriter { mode, policy },
+            writer: HeaderWriter {
+                mode,
+                policy,
+                shadow: false,
+            },
         }
+    }
+
+    /// Also writes `X-RateLimit-Shadow: refused` on every response that a
+    /// rule in shadow mode would have refused
+    /// ([`Source::shadow_refused`](ratewarden_core::Source::shadow_refused)),
+    /// whatever the mode: for watching a new limit from a client while it
+    /// refuses no one. Off by default: it tells clients of a limit not yet
+    /// enforced.
+    pub fn with_shadow_header(mut self) -> Self {
+        self.writer.shadow = true;
+        self
     }
 
     /// The header mode.
@@ -303,6 +334,9 @@ impl HeaderWriter {
         }
         if !decision.allowed {
             headers.insert(RETRY_AFTER, number(decision.retry_after_secs()));
+        }
+        if self.shadow && decision.source.shadow_refused {
+            headers.insert(X_RATELIMIT_SHADOW, SHADOW_REFUSED);
         }
     }
 }

@@ -145,7 +145,7 @@ pub use service::RateLimit;
 use headers::HeaderWriter;
 pub use headers::{
     HeaderMode, RATELIMIT, RATELIMIT_POLICY, RateLimitHeaders, Refusal, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET, X_RATELIMIT_SHADOW,
 };
 
 type SkipFn = dyn Fn(&Parts) -> bool + Send + Sync;
@@ -265,6 +265,7 @@ impl RateLimitLayer {
             counts: None,
             refusal: None,
             mode: HeaderMode::default(),
+            shadow_header: false,
             grpc: false,
         }
     }
