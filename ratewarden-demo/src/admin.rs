@@ -119,7 +119,7 @@ pub async fn quota(
 ) -> Response {
     let name = target.route.as_deref().unwrap_or("search");
     match routes.find(name) {
-        Some(layer) => layer.quota(&parts).await.map(axum::body::Body::from),
+        Some(layer) => layer.quota(&parts).await.into_response(),
         None => error(
             StatusCode::NOT_FOUND,
             "unknown_route",

@@ -108,7 +108,7 @@ use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
 use ratewarden_core::{Admission, ConfigError, Decision, Limiter, PendingCheck, Plans, StoreError};
 use tower::{Layer, Service};
 
@@ -337,6 +337,10 @@ impl RateLimitLayer {
     /// Found` if the layer would not limit such a request (see
     /// [`peek`](Self::peek)).
     ///
+    /// The body is a [`Full`], so that an axum handler can return the
+    /// response as it is (`http::Response<B>` is an `IntoResponse` for any
+    /// such body) and other servers collect it as any `http_body::Body`.
+    ///
     /// ```
     /// use std::sync::Arc;
     /// use std::time::Duration;
@@ -356,11 +360,11 @@ impl RateLimitLayer {
     /// assert_eq!(quota.headers()["ratelimit"], "\"search\";r=59;t=60");
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
-    pub async fn quota(&self, parts: &Parts) -> Response<Bytes> {
+    pub async fn quota(&self, parts: &Parts) -> Response<Full<Bytes>> {
         match self.peek_on(parts).await {
-            Some((decision, plan)) => self.shared.headers(plan).quota(&decision),
+            Some((decision, plan)) => self.shared.headers(plan).quota(&decision).map(Full::new),
             None => {
-                let mut response = Response::new(Bytes::from_static(NOT_LIMITED_BODY));
+                let mut response = Response::new(Full::new(Bytes::from_static(NOT_LIMITED_BODY)));
                 *response.status_mut() = StatusCode::NOT_FOUND;
                 response
                     .headers_mut()
