@@ -123,6 +123,19 @@ use crate::key::{ClientAddress, KeyExtractor};
 // `future` (the response future), `answers` (refusals and the layer's own
 // errors), `headers` (the rate-limit headers, written in one place),
 // `body`; `builder` checks every choice about the layer once, at `build`.
+//
+// ```text
+// RateLimit::call                  layer/service.rs: answered at once, or boxed with what is left
+// └ Shared::begin                  layer/gate.rs: every choice about the request, made once
+//   ├ classify                     skipped? key (KeyExtractor, ClientIdentity), cost, plan, or an error
+//   ├ count_only                   → an Admission to give back later (Limiter::check_admission)
+//   └ Limiter::try_check_cost      ratewarden-core/src/limiter.rs: the cost checked once, then the
+//     └ Road: one rule | tiers | steps   refusal caches, each rule's Store::decide_inline; a memory
+//                                  store decides here, anything else is a PendingCheck to await
+// Awaiting::gate                   Store::decide under timeout, breaker, fallback, failure policy
+// admitted → inner service, then HeaderWriter::write on its response (layer/headers.rs)
+// refused  → the layer's 429 at once, or the application's refusal, awaited (layer/answers.rs)
+// ```
 mod answers;
 mod body;
 mod builder;
