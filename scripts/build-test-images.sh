@@ -26,6 +26,12 @@
 #   DEBIAN_MIRROR   Debian mirror (default http://deb.debian.org/debian)
 #   DEBIAN_SUITE    Debian suite (default bookworm; the tags assume bookworm)
 #   TMPDIR          where the temporary rootfs is created (default /var/tmp)
+#   RATEWARDEN_IMAGE_LOCK  the lock file that orders runs on one Docker engine
+#                   (default /tmp/ratewarden-test-images.lock)
+#
+# Two runs on one engine (two checkouts testing at once) take turns: the
+# second waits on the lock, then finds the first one's images and reuses them,
+# so neither retags or removes an image the other is building or verifying.
 set -euo pipefail
 
 REDIS_IMAGE=ratewarden-test-redis:7
@@ -58,6 +64,20 @@ fi
 
 command -v docker >/dev/null || die "docker not found"
 docker info >/dev/null 2>&1 || die "cannot talk to the docker engine"
+
+# Opened read-only (flock needs no more), so that a lock file another user
+# created serves this run too.
+LOCK=${RATEWARDEN_IMAGE_LOCK:-/tmp/ratewarden-test-images.lock}
+if command -v flock >/dev/null; then
+    [ -e "$LOCK" ] || (umask 000 && : >"$LOCK") 2>/dev/null || true
+    exec 9<"$LOCK" || die "cannot open the lock file $LOCK (set RATEWARDEN_IMAGE_LOCK)"
+    if ! flock -n 9; then
+        echo "another run is preparing the test images; waiting for it ($LOCK) ..."
+        flock 9
+    fi
+else
+    echo "warning: no flock; a concurrent run on this Docker engine may collide with this one" >&2
+fi
 
 ensure_debootstrap() {
     if command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ]; then
@@ -209,18 +229,21 @@ EOF
     )
     # (No STOPSIGNAL: `docker import/commit -c` on engine 20.10 / API 1.41 rejects it, so
     # `docker stop` sends SIGTERM = smart shutdown; tests remove containers with rm -f.)
-    import_rootfs "$POSTGRES_IMAGE-rootfs" "${changes[@]}"
+    # This run's own intermediate tag: an engine shared with a run on another
+    # machine (where the lock does not reach) never sees two builds share it.
+    local rootfs_image="$POSTGRES_IMAGE-rootfs-$$-$RANDOM"
+    import_rootfs "$rootfs_image" "${changes[@]}"
     cleanup_rootfs
     # initdb on the engine's fuse-overlayfs takes ~4 s, so run it once here and commit
     # the result: containers then start in ~1 s (pg-init skips a non-empty $PGDATA; an
     # empty volume/tmpfs mounted on $PGDATA is initialised at start instead).
-    VERIFY_CID=$(docker create "$POSTGRES_IMAGE-rootfs" pg-init)
+    VERIFY_CID=$(docker create "$rootfs_image" pg-init)
     docker start -a "$VERIFY_CID" || die "pg-init failed while building $POSTGRES_IMAGE"
     local c commit_changes=()
     for c in "${changes[@]}"; do commit_changes+=(-c "$c"); done
     docker commit "${commit_changes[@]}" "$VERIFY_CID" "$POSTGRES_IMAGE" >/dev/null
     cleanup_container
-    docker rmi "$POSTGRES_IMAGE-rootfs" >/dev/null
+    docker rmi "$rootfs_image" >/dev/null
 }
 
 # --- verification -----------------------------------------------------------------------

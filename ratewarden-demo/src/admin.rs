@@ -8,8 +8,10 @@
 //!      'localhost:3000/admin/reset?client=192.0.2.7'  # every route, or &route=NAME
 //! ```
 //!
-//! The reset route exists only when the server is given `--admin-token`
-//! (or `RATEWARDEN_ADMIN_TOKEN`). The token is compared in constant time,
+//! The reset route exists only when the server is given a token:
+//! `RATEWARDEN_ADMIN_TOKEN`, or `--admin-token-file PATH`, or
+//! `--admin-token` (whose value every user of the machine sees in `ps`).
+//! The token is compared in constant time,
 //! as SHA-256 digests, so that the time a refusal takes says nothing of its
 //! bytes or its length. The client is named by its address, which is
 //! turned into the client's key exactly as the layer does (HMAC with the
@@ -57,6 +59,25 @@ impl AdminToken {
         Ok(AdminToken(Arc::new(
             Sha256::digest(token.as_bytes()).into(),
         )))
+    }
+
+    /// The token in the file at `path`, without the line end an editor or
+    /// `openssl rand -hex 16 > FILE` leaves after it. Refuses a file that
+    /// cannot be read or holds a token shorter than [`MIN_TOKEN_LEN`],
+    /// naming the file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::Invalid(format!(
+                "cannot read the admin token file {}: {e}",
+                path.display()
+            ))
+        })?;
+        AdminToken::new(text.trim()).map_err(|e| match e {
+            ConfigError::Invalid(reason) => {
+                ConfigError::Invalid(format!("{}: {reason}", path.display()))
+            }
+            other => other,
+        })
     }
 
     /// Whether `headers` carry `Authorization: Bearer <this token>`.
@@ -119,7 +140,7 @@ pub async fn quota(
 ) -> Response {
     let name = target.route.as_deref().unwrap_or("search");
     match routes.find(name) {
-        Some(layer) => layer.quota(&parts).await.map(axum::body::Body::from),
+        Some(layer) => layer.quota(&parts).await.into_response(),
         None => error(
             StatusCode::NOT_FOUND,
             "unknown_route",

@@ -1,5 +1,6 @@
-//! The demo server: three public endpoints of a small web site, each limited
-//! per client.
+//! The demo server: six rate-limited endpoints of a small web site, each
+//! limited per client. The first three take their limits from flags (or a
+//! `--config` file):
 //!
 //! | endpoint | limit |
 //! |---|---|
@@ -22,6 +23,8 @@
 //! one route (`search` unless named) without spending it, and, only when
 //! the server is given an admin token, `POST /admin/reset?client=ADDR
 //! [&route=NAME]` lets an operator lift a client's limits ([`admin`]).
+//! `GET /health` and, from the binary, `GET /metrics` ([`prometheus`]) are
+//! not limited.
 //!
 //! The binary (`cargo run -p ratewarden-demo -- --help`) parses its flags with
 //! [`cli`] into a [`Config`], loads the `--config` file if one is named
@@ -57,7 +60,8 @@ use ratewarden::{
     RateLimitLayer, Rule, Store,
 };
 
-/// The limits of the three endpoints: a count per window for each, as the
+/// The limits of the three routes the flags set (feedback, contact and
+/// search): a count per window for each, as the
 /// flags give them, unless [`policies`](FlagLimits::policies) gives the route a
 /// policy in full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,8 +148,9 @@ const DAY: Duration = Duration::from_secs(86_400);
 const MINUTE: Duration = Duration::from_secs(60);
 
 impl FlagLimits {
-    /// The three endpoints with these limits: a route's own policy, else a
-    /// sliding-window log of its count (exact: no burst at a window's edge).
+    /// The three flag-limited endpoints with these limits: a route's own
+    /// policy, else a sliding-window log of its count (exact: no burst at a
+    /// window's edge).
     /// Refuses a count the log cannot represent (zero, or above its
     /// maximum).
     pub fn endpoints(&self) -> Result<[Endpoint; 3], ConfigError> {
@@ -290,8 +295,10 @@ pub fn check_names(limits: &FileLimits, path: &std::path::Path) -> Result<(), Co
     Ok(())
 }
 
-/// The demo's router: the three endpoints, each with its own rate limit
-/// (one [`RateLimitLayer`] per route), and an unlimited `GET /health`.
+/// The demo's router: the six limited endpoints, each with its own rate
+/// limit (one [`RateLimitLayer`] per route), `GET /api/quota`, `POST
+/// /admin/reset` when an admin token is set, and an unlimited `GET /health`.
+/// The binary adds `GET /metrics`.
 ///
 /// Policies are [`FlagLimits::endpoints`]'. Refuses limits they cannot
 /// represent.
@@ -471,7 +478,7 @@ fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigEr
 pub fn cli() -> Command {
     let defaults = FlagLimits::default();
     Command::new("ratewarden-demo")
-        .about("Three rate-limited endpoints: POST /api/feedback, POST /api/contact, GET /api/search")
+        .about("Six rate-limited endpoints (POST /api/feedback, /api/contact, /api/login and /api/checkout; GET /api/search and /api/reports), GET /api/quota, POST /admin/reset with an admin token, GET /health and GET /metrics")
         .arg(
             Arg::new("config")
                 .long("config")
@@ -543,7 +550,16 @@ pub fn cli() -> Command {
                 .env("RATEWARDEN_ADMIN_TOKEN")
                 .value_name("TOKEN")
                 .hide_env_values(true)
-                .help("Serve POST /admin/reset, authorized by this bearer token (at least 16 bytes); without it the route does not exist"),
+                .help("Serve POST /admin/reset, authorized by this bearer token (at least 16 bytes); without a token the route does not exist. Prefer the environment variable or --admin-token-file: a flag's value shows in `ps`"),
+        )
+        .arg(
+            Arg::new("admin-token-file")
+                .long("admin-token-file")
+                .env("RATEWARDEN_ADMIN_TOKEN_FILE")
+                .value_name("PATH")
+                .value_parser(value_parser!(PathBuf))
+                .conflicts_with("admin-token")
+                .help("Read the --admin-token from this file (surrounding whitespace and the final newline are ignored)"),
         )
         .arg(
             Arg::new("api-key")
@@ -686,9 +702,12 @@ impl Config {
                 flagged,
             },
             config_file,
-            admin_token: get("admin-token")
-                .map(|t| admin::AdminToken::new(&t))
-                .transpose()?,
+            admin_token: match m.get_one::<PathBuf>("admin-token-file") {
+                Some(path) => Some(admin::AdminToken::from_file(path)?),
+                None => get("admin-token")
+                    .map(|t| admin::AdminToken::new(&t))
+                    .transpose()?,
+            },
             api_keys: plans::ApiKeys::parse(
                 m.get_many::<String>("api-key")
                     .into_iter()

@@ -1,4 +1,4 @@
-//! Demo server: three rate-limited endpoints on the ratewarden crate.
+//! Demo server: six rate-limited endpoints on the ratewarden crate.
 //!
 //! `cargo run -p ratewarden-demo -- --help` lists the flags.
 

@@ -448,6 +448,54 @@ async fn an_operator_resets_a_client_with_the_admin_token() {
     assert_eq!(client.get("/api/search").await.remaining(), 59);
 }
 
+/// `--admin-token-file`: the token read from a file (its line end
+/// ignored) authorizes the reset route as the token itself would; a file
+/// that cannot be read or holds too short a token is refused, naming it.
+#[tokio::test]
+async fn the_admin_token_can_come_from_a_file() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ratewarden-demo-token");
+    std::fs::create_dir_all(&dir).unwrap();
+    let parse = |args: &[&str]| {
+        let matches = cli()
+            .try_get_matches_from(["ratewarden-demo"].iter().chain(args))
+            .map_err(|e| e.to_string())?;
+        Config::from_matches(&matches).map_err(|e| e.to_string())
+    };
+    let path = dir.join("token");
+    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+    let path = path.to_str().unwrap();
+    let config = parse(&["--admin-token-file", path]).unwrap();
+    let clock = ManualClock::new();
+    let mut with_admin = settings(&clock);
+    with_admin.admin_token = config.admin_token;
+    let operator = TestClient::new(start(&with_admin).await, None);
+    let reset = "/admin/reset?client=127.0.0.2";
+    let bearer = format!("Bearer {TOKEN}");
+    let done = operator
+        .send(Method::POST, reset, &[("authorization", bearer.as_str())])
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    let wrong = [("authorization", "Bearer wrong token of 24 bytes!")];
+    let refused = operator.send(Method::POST, reset, &wrong).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+
+    let missing = dir.join("no such file");
+    let error = parse(&["--admin-token-file", missing.to_str().unwrap()]).unwrap_err();
+    assert!(
+        error.contains("cannot read the admin token file") && error.contains("no such file"),
+        "{error}"
+    );
+    let short = dir.join("short");
+    std::fs::write(&short, "short\n").unwrap();
+    let error = parse(&["--admin-token-file", short.to_str().unwrap()]).unwrap_err();
+    assert!(
+        error.contains(short.to_str().unwrap()) && error.contains("at least 16 bytes (it is 5)"),
+        "{error}"
+    );
+    let both = parse(&["--admin-token-file", path, "--admin-token", TOKEN]).unwrap_err();
+    assert!(both.contains("cannot be used with"), "{both}");
+}
+
 #[tokio::test]
 async fn without_an_admin_token_there_is_no_reset_route() {
     let clock = ManualClock::new();

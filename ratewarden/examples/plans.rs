@@ -12,10 +12,10 @@ use ratewarden::{ClientIdentity, Plans, RateLimitLayer, Store};
 use tower::ServiceExt;
 
 /// What the application's authentication puts in a request.
+// Unformatted: the README quotes these lines as they are.
+#[rustfmt::skip]
 #[derive(Clone)]
-struct Customer {
-    plan: &'static str,
-}
+struct Customer { plan: &'static str } // what your authentication put in the request
 
 // Unformatted: the README quotes these lines as they are.
 #[rustfmt::skip]

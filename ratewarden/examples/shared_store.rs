@@ -16,7 +16,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     use std::sync::Arc;
     use ratewarden::{ClientIdentity, Limiter, Policy, RateLimitLayer, Rule, Store};
 
-    // ratewarden = { version = "0.1", features = ["redis"] }
+    // ratewarden = { path = "…", features = ["redis"] }
     let redis: Arc<dyn Store> = ratewarden::store::from_url("redis://127.0.0.1:6379").await?;
     let uploads = Limiter::builder()
         .rule(Rule::new("uploads", redis, Policy::gcra(100, Duration::from_secs(3600))?)?)

@@ -239,3 +239,17 @@ pub use layer::{
     Admitted, Gate, HeaderMode, MissingKey, RateLimit, RateLimitBody, RateLimitHeaders,
     RateLimitLayer, RateLimitLayerBuilder, Refusal,
 };
+
+// Every Rust block of the README, compiled as a reader's crate would be
+// (doctests are external crates) and run where it needs no server. The
+// README uses these features, and actix-web through ratewarden-actix.
+#[cfg(all(
+    doctest,
+    feature = "memory",
+    feature = "axum",
+    feature = "config",
+    feature = "grpc",
+    feature = "reqwest"
+))]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

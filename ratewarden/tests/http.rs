@@ -137,6 +137,36 @@ async fn the_61st_search_in_a_minute_is_refused_with_headers_and_json() {
     assert!(health.headers.get("ratelimit").is_none());
 }
 
+/// `RateLimitLayer::quota` is returned by an axum handler as it is: its
+/// body is one axum accepts, and what it says is the quota the client's
+/// next request on the limited route would find.
+#[tokio::test]
+async fn an_axum_handler_answers_with_the_quota_as_it_is() {
+    let clock = ManualClock::new();
+    let policy = Policy::sliding_log(60, Duration::from_secs(60)).unwrap();
+    let layer = RateLimitLayer::new(exact("search", policy, &clock), identity()).unwrap();
+    let quota = layer.clone();
+    let app = Router::new()
+        .route("/api/search", get(|| async { "results" }).layer(layer))
+        .route(
+            "/api/quota",
+            get(move |request: axum::extract::Request| {
+                let layer = quota.clone();
+                async move { layer.quota(&request.into_parts().0).await }
+            }),
+        );
+    let client = TestClient::new(serve(app).await, None);
+    for _ in 0..3 {
+        client.get("/api/search?q=rust").await;
+    }
+    let reply = client.get("/api/quota").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.header("ratelimit"), "\"search\";r=56;t=60");
+    assert_eq!(reply.json()["remaining"], 56);
+    // Asking spent nothing.
+    assert_eq!(client.get("/api/search?q=rust").await.remaining(), 56);
+}
+
 #[tokio::test]
 async fn retry_after_is_exactly_long_enough() {
     let clock = ManualClock::new();

@@ -1,7 +1,35 @@
 //! The README's Rust snippets are quoted from examples that compile
 //! (`examples/quickstart.rs`, `examples/shared_store.rs`,
 //! `examples/compositions.rs`, `examples/plans.rs`, `examples/outbound.rs`):
-//! this keeps the quotes true to them.
+//! this keeps the quotes true to them. A snippet's `use` lines and the
+//! lines rustdoc hides (`# `) are the README doctest's (`ReadmeDoctests`
+//! in src/lib.rs), not the example's; every other run of lines is quoted.
+
+/// The ```rust blocks of `section`, whatever their attributes
+/// (`rust,no_run`), as the runs of lines a reader sees besides `use` lines.
+fn quoted_runs(section: &str) -> Vec<Vec<String>> {
+    let mut blocks = Vec::new();
+    for block in section.split("```rust").skip(1) {
+        let Some((_attributes, code)) = block.split_once('\n') else {
+            continue;
+        };
+        let code = code.split("```").next().unwrap_or_default();
+        let mut runs = vec![String::new()];
+        for line in code.lines() {
+            let hidden = line == "#" || line.starts_with("# ");
+            if hidden || line.starts_with("use ") {
+                runs.push(String::new());
+            } else {
+                let run = runs.last_mut().expect("one run at least");
+                run.push_str(line);
+                run.push('\n');
+            }
+        }
+        runs.retain(|run| !run.trim().is_empty());
+        blocks.push(runs.iter().map(|run| run.trim_end().to_owned()).collect());
+    }
+    blocks
+}
 
 /// Checks that every ```rust block of the README section under `heading`
 /// (up to the next heading of the same level or above, `until`) appears in
@@ -23,16 +51,18 @@ fn assert_quoted(heading: &str, until: &str, example: &str, blocks: usize) {
         .split(until)
         .next()
         .unwrap();
-    let mut quoted = 0;
-    for block in section.split("```rust\n").skip(1) {
-        let code = block.split("```").next().unwrap().trim_end();
+    let quoted = quoted_runs(section);
+    for code in quoted.iter().flatten() {
         assert!(
-            source.contains(code),
+            source.contains(code.as_str()),
             "the README quotes what examples/{example} does not hold:\n{code}"
         );
-        quoted += 1;
     }
-    assert_eq!(quoted, blocks, "snippets found in the section {heading:?}");
+    assert_eq!(
+        quoted.len(),
+        blocks,
+        "snippets found in the section {heading:?}"
+    );
 }
 
 /// The README's section under `heading`, up to the next `until`.
@@ -53,7 +83,7 @@ fn section(heading: &str, until: &str) -> String {
 fn the_readme_first_example_is_examples_quickstart_whole() {
     let section = section("### Protect a route", "\n### ");
     let block = section
-        .split("```rust\n")
+        .split("```rust,no_run\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
         .expect("a rust block under \"Protect a route\"");

@@ -108,7 +108,7 @@ use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
 use ratewarden_core::{Admission, ConfigError, Decision, Limiter, PendingCheck, Plans, StoreError};
 use tower::{Layer, Service};
 
@@ -123,6 +123,19 @@ use crate::key::{ClientAddress, KeyExtractor};
 // `future` (the response future), `answers` (refusals and the layer's own
 // errors), `headers` (the rate-limit headers, written in one place),
 // `body`; `builder` checks every choice about the layer once, at `build`.
+//
+// ```text
+// RateLimit::call                  layer/service.rs: answered at once, or boxed with what is left
+// └ Shared::begin                  layer/gate.rs: every choice about the request, made once
+//   ├ classify                     skipped? key (KeyExtractor, ClientIdentity), cost, plan, or an error
+//   ├ count_only                   → an Admission to give back later (Limiter::check_admission)
+//   └ Limiter::try_check_cost      ratewarden-core/src/limiter.rs: the cost checked once, then the
+//     └ Road: one rule | tiers | steps   refusal caches, each rule's Store::decide_inline; a memory
+//                                  store decides here, anything else is a PendingCheck to await
+// Awaiting::gate                   Store::decide under timeout, breaker, fallback, failure policy
+// admitted → inner service, then HeaderWriter::write on its response (layer/headers.rs)
+// refused  → the layer's 429 at once, or the application's refusal, awaited (layer/answers.rs)
+// ```
 mod answers;
 mod body;
 mod builder;
@@ -338,6 +351,10 @@ impl RateLimitLayer {
     /// Found` if the layer would not limit such a request (see
     /// [`peek`](Self::peek)).
     ///
+    /// The body is a [`Full`], so that an axum handler can return the
+    /// response as it is (`http::Response<B>` is an `IntoResponse` for any
+    /// such body) and other servers collect it as any `http_body::Body`.
+    ///
     /// ```
     /// use std::sync::Arc;
     /// use std::time::Duration;
@@ -357,11 +374,11 @@ impl RateLimitLayer {
     /// assert_eq!(quota.headers()["ratelimit"], "\"search\";r=59;t=60");
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
-    pub async fn quota(&self, parts: &Parts) -> Response<Bytes> {
+    pub async fn quota(&self, parts: &Parts) -> Response<Full<Bytes>> {
         match self.peek_on(parts).await {
-            Some((decision, plan)) => self.shared.headers(plan).quota(&decision),
+            Some((decision, plan)) => self.shared.headers(plan).quota(&decision).map(Full::new),
             None => {
-                let mut response = Response::new(Bytes::from_static(NOT_LIMITED_BODY));
+                let mut response = Response::new(Full::new(Bytes::from_static(NOT_LIMITED_BODY)));
                 *response.status_mut() = StatusCode::NOT_FOUND;
                 response
                     .headers_mut()
