@@ -173,6 +173,7 @@ fn demo(stores: Stores) -> Router {
         admin_token: None,
         api_keys: Default::default(),
         file: None,
+        shadow: Vec::new(),
     };
     ratewarden_demo::app(&settings).expect("the demo's default limits are valid")
 }

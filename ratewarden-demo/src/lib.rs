@@ -231,7 +231,16 @@ pub struct Settings {
     /// The `--config` file's limits ([`load_limits`]): a route it names
     /// takes its limit from there unless a flag gave the route's count.
     pub file: Option<FileLimits>,
+    /// The routes (among [`ROUTES`]) whose limits are in shadow mode
+    /// (`--shadow`): decided and counted, never refused.
+    pub shadow: Vec<String>,
 }
+
+/// The names of the demo's six limited routes, as `--shadow` and the
+/// `RateLimit` header name them.
+pub const ROUTES: [&str; 6] = [
+    "feedback", "contact", "search", "login", "reports", "checkout",
+];
 
 /// The limits of a `--config` file, built by [`ratewarden::config`] on the
 /// demo's stores: `default`, the store `--store` names, and with
@@ -316,12 +325,14 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
                     endpoint.policy = policy;
                     limiter(settings, &endpoint)?
                 }
-                (None, Some(limiter)) => limiter.clone(),
+                (None, Some(limiter)) => shadowed(settings, endpoint.name, limiter)?,
                 (None, None) => limiter(settings, &endpoint)?,
             },
             None => limiter(settings, &endpoint)?,
         };
-        let layer = RateLimitLayer::new(limiter, settings.identity.clone())?;
+        let layer = RateLimitLayer::builder(limiter, settings.identity.clone())
+            .shadow_header()
+            .build()?;
         let handler: MethodRouter = match endpoint.name {
             "feedback" => post(|| async { json(r#"{"status":"received"}"#) }),
             "contact" => post(|| async { json(r#"{"status":"sent"}"#) }),
@@ -344,6 +355,7 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
     };
     let layer = RateLimitLayer::builder(limiter(settings, &login)?, settings.identity.clone())
         .count_only(|status| status == StatusCode::UNAUTHORIZED)
+        .shadow_header()
         .build()?;
     router = router.route(login.path, post(check_password).route_layer(layer.clone()));
     layers.push((login.name, layer));
@@ -364,6 +376,7 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
     let reports = Plans::new(plans::REPORT_PLANS[0].0, reports)?;
     let layer = RateLimitLayer::builder(reports, settings.identity.clone())
         .plan(|parts| parts.extensions.get::<plans::Plan>().map(|plan| plan.0))
+        .shadow_header()
         .build()?;
     let handler = get(|| async { json(r#"{"reports":[]}"#) });
     router = router.route("/api/reports", handler.route_layer(layer.clone()));
@@ -376,7 +389,9 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         path: "/api/checkout",
         policy: Policy::fixed_window(CHECKOUTS, HOUR)?,
     };
-    let layer = RateLimitLayer::new(limiter(settings, &checkout)?, settings.identity.clone())?;
+    let layer = RateLimitLayer::builder(limiter(settings, &checkout)?, settings.identity.clone())
+        .shadow_header()
+        .build()?;
     let handler = post(pay).with_state(layer.clone());
     router = router.route(checkout.path, handler.route_layer(layer.clone()));
     layers.push((checkout.name, layer));
@@ -455,17 +470,34 @@ fn json(body: &'static str) -> impl IntoResponse {
 
 fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigError> {
     let policy = endpoint.policy;
+    let shadow = settings.shadow.iter().any(|r| r == endpoint.name);
     let mut builder = Limiter::builder().shared_clock(settings.clock.clone());
     if let Some(local) = &settings.stores.local_tier {
         let name = format!("{}-local", endpoint.name);
-        builder =
-            builder.rule(Rule::new(name, local.clone(), policy)?.on_failure(settings.on_failure));
+        builder = builder.rule(
+            Rule::new(name, local.clone(), policy)?
+                .on_failure(settings.on_failure)
+                .with_shadow(shadow),
+        );
     }
     builder
         .rule(
             Rule::new(endpoint.name, settings.stores.deciding(&policy), policy)?
-                .on_failure(settings.on_failure),
+                .on_failure(settings.on_failure)
+                .with_shadow(shadow),
         )
+        .build()
+}
+
+/// `limiter`, a `--config` file's, with its rules in shadow mode when
+/// `--shadow` names its route; the file's own `shadow` keys otherwise.
+fn shadowed(settings: &Settings, route: &str, limiter: &Limiter) -> Result<Limiter, ConfigError> {
+    if !settings.shadow.iter().any(|r| r == route) {
+        return Ok(limiter.clone());
+    }
+    Limiter::builder()
+        .shared_clock(limiter.clock().clone())
+        .rules(limiter.rules().iter().map(|r| r.clone().with_shadow(true)))
         .build()
 }
 
@@ -572,6 +604,15 @@ pub fn cli() -> Command {
                 .help("An API key (at least 16 bytes) and its plan (free or pro) for GET /api/reports, sent as X-Api-Key; repeat for more, or comma-separate them in the environment"),
         )
         .arg(
+            Arg::new("shadow")
+                .long("shadow")
+                .env("RATEWARDEN_SHADOW")
+                .value_name("ROUTE")
+                .action(ArgAction::Append)
+                .value_delimiter(',')
+                .help("Put a route's limit in shadow mode (feedback, contact, search, login, reports or checkout): decided and counted, never refused; a response it would have refused carries X-RateLimit-Shadow: refused and counts in /metrics as outcome=\"shadow_refused\". Repeat for more, or comma-separate them"),
+        )
+        .arg(
             Arg::new("fail-closed")
                 .long("fail-closed")
                 .env("RATEWARDEN_FAIL_CLOSED")
@@ -612,6 +653,22 @@ fn with_feature_hint(error: ConfigError) -> ConfigError {
         }
         other => other,
     }
+}
+
+/// The `--shadow` routes, refusing a name that is not one of [`ROUTES`].
+fn shadow_routes<'a>(names: impl Iterator<Item = &'a String>) -> Result<Vec<String>, ConfigError> {
+    names
+        .map(|name| {
+            let name = name.trim();
+            match ROUTES.contains(&name) {
+                true => Ok(name.to_owned()),
+                false => Err(ConfigError::Invalid(format!(
+                    "--shadow {name:?}: no limited route has that name; the routes are {}",
+                    ROUTES.join(", ")
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// Memory stores by role, for their statistics.
@@ -658,6 +715,8 @@ pub struct Config {
     pub admin_token: Option<admin::AdminToken>,
     /// The API keys given, and their plans.
     pub api_keys: plans::ApiKeys,
+    /// The routes in shadow mode (`--shadow`), each one of [`ROUTES`].
+    pub shadow: Vec<String>,
 }
 
 impl Config {
@@ -714,6 +773,7 @@ impl Config {
                     .flatten()
                     .map(String::as_str),
             )?,
+            shadow: shadow_routes(m.get_many::<String>("shadow").into_iter().flatten())?,
         })
     }
 

@@ -46,6 +46,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         admin_token: config.admin_token.clone(),
         api_keys: config.api_keys.clone(),
         file,
+        shadow: config.shadow.clone(),
     };
     let metrics_router = metrics.router();
     let build = {
@@ -134,6 +135,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         ratewarden_demo::CHECKOUTS,
         ratewarden_demo::DECLINE_PENALTY
     );
+    if !config.shadow.is_empty() {
+        println!(
+            "  in shadow mode (counted, never refused; X-RateLimit-Shadow: refused where they \
+             would refuse): {}",
+            config.shadow.join(", ")
+        );
+    }
     println!("  GET  /api/quota      your quota on ?route=NAME (search), spending nothing");
     if settings.admin_token.is_some() {
         println!("  POST /admin/reset    ?client=ADDR[&route=NAME], Authorization: Bearer <token>");

@@ -7,7 +7,7 @@
 //!
 //! | series | type | labels |
 //! |---|---|---|
-//! | `ratewarden_decisions_total` | counter | `rule`, `store`, `outcome` (`allowed`, `refused`) |
+//! | `ratewarden_decisions_total` | counter | `rule`, `store`, `outcome` (`allowed`, `refused`, and `shadow_refused` for a rule in shadow mode) |
 //! | `ratewarden_store_errors_total` | counter | `rule`, `store`, `kind` |
 //! | `ratewarden_breaker_transitions_total` | counter | `rule`, `store`, `to` (`open`, `closed`) |
 //! | `ratewarden_breaker_open` | gauge | `rule`, `store`: 1 while the store's breaker is open or probing, 0 once it closed again (absent until it first opens) |

@@ -56,6 +56,7 @@ async fn settings(
         admin_token: None,
         api_keys: Default::default(),
         file: Some(file),
+        shadow: config.shadow,
     })
 }
 

@@ -27,6 +27,7 @@ fn settings(clock: &ManualClock) -> Settings {
         admin_token: None,
         api_keys: Default::default(),
         file: None,
+        shadow: Vec::new(),
     }
 }
 
@@ -284,6 +285,28 @@ fn command_line_defaults_and_overrides() {
         .try_get_matches_from(["ratewarden-demo", "--client-address", "xff:0"])
         .unwrap();
     assert!(Config::from_matches(&bad_source).is_err());
+
+    // Shadow mode by route name, repeated or comma-separated; an unknown
+    // name is refused, naming the routes.
+    let shadow = |args: &[&str]| {
+        Config::from_matches(
+            &cli()
+                .try_get_matches_from(["ratewarden-demo"].iter().chain(args))
+                .unwrap(),
+        )
+        .map(|c| c.shadow)
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(shadow(&[]).unwrap(), Vec::<String>::new());
+    assert_eq!(
+        shadow(&["--shadow", "search,login", "--shadow", "checkout"]).unwrap(),
+        ["search", "login", "checkout"]
+    );
+    let err = shadow(&["--shadow", "uploads"]).unwrap_err();
+    assert!(
+        err.contains("\"uploads\"") && err.contains("feedback, contact, search"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

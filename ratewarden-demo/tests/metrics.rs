@@ -47,6 +47,14 @@ fn value(samples: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -
         .unwrap_or_else(|| panic!("no sample {key} in {samples:#?}"))
 }
 
+fn memory_stores() -> Stores {
+    Stores {
+        primary: Arc::new(MemoryStore::new(100)),
+        local_tier: None,
+        leased: None,
+    }
+}
+
 fn settings(clock: &ManualClock, stores: Stores, search_per_minute: u32) -> Settings {
     Settings {
         limits: FlagLimits {
@@ -62,6 +70,7 @@ fn settings(clock: &ManualClock, stores: Stores, search_per_minute: u32) -> Sett
         admin_token: None,
         api_keys: Default::default(),
         file: None,
+        shadow: Vec::new(),
     }
 }
 
@@ -125,6 +134,29 @@ async fn metrics_show_what_the_limiter_did() {
             )
             .await;
         assert_eq!(reply.status, StatusCode::OK, "fail open");
+    }
+
+    // `--shadow feedback`: 7 posts against 5 per hour, all served, the last
+    // two counted as what the limit would have refused.
+    let shadow = Settings {
+        shadow: vec!["feedback".to_owned()],
+        ..settings(&clock, memory_stores(), 60)
+    };
+    let watched = TestClient::new(serve(app(&shadow).unwrap()).await, None);
+    for i in 1..=7 {
+        let reply = watched
+            .send(
+                http::Method::POST,
+                "/api/feedback",
+                &[("x-forwarded-for", "198.51.100.7")],
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "post {i}");
+        let flagged = reply
+            .headers
+            .get("x-ratelimit-shadow")
+            .map(|v| v.to_str().unwrap());
+        assert_eq!(flagged, (i > 5).then_some("refused"), "post {i}");
     }
 
     // The demo configures no fallback; a rule with one reports through the
@@ -196,6 +228,30 @@ async fn metrics_show_what_the_limiter_did() {
             ]
         ),
         4.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            decisions,
+            &[
+                ("rule", "feedback"),
+                ("store", "memory"),
+                ("outcome", "shadow_refused")
+            ]
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            decisions,
+            &[
+                ("rule", "feedback"),
+                ("store", "memory"),
+                ("outcome", "allowed")
+            ]
+        ),
+        5.0
     );
     let dead_search = [("rule", "search"), ("store", "unavailable")];
     assert_eq!(

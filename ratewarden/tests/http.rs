@@ -603,3 +603,58 @@ async fn a_whole_minute_wait_says_60_and_a_microsecond_says_1() {
     clock.advance(Duration::from_micros(1));
     assert_eq!(client.get("/api/search").await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_limit_in_shadow_mode_serves_everyone_and_says_so_when_asked() {
+    let clock = ManualClock::new();
+    let store: Arc<dyn Store> = Arc::new(AwaitedStore::default());
+    let per_minute = |n| Policy::fixed_window(n, Duration::from_secs(60)).unwrap();
+    let search = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new("trial", store.clone(), per_minute(2))
+                .unwrap()
+                .with_shadow(true),
+        )
+        .rule(Rule::new("search", store, per_minute(4)).unwrap())
+        .build()
+        .unwrap();
+    for shadow_header in [true, false] {
+        let builder = RateLimitLayer::builder(search.clone(), identity());
+        let builder = match shadow_header {
+            true => builder.shadow_header(),
+            false => builder,
+        };
+        let hits = Arc::new(AtomicUsize::new(0));
+        let client = TestClient::new(serve(app(builder.build().unwrap(), hits)).await, None);
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let reply = client.get("/api/search").await;
+            // The client's limit is the enforcing rule's alone.
+            assert_eq!(reply.header("ratelimit-policy"), "\"search\";q=4;w=60");
+            let shadow = reply
+                .headers
+                .get("x-ratelimit-shadow")
+                .map(|v| v.to_str().unwrap().to_owned());
+            seen.push((
+                reply.status.as_u16(),
+                reply.header("ratelimit").to_owned(),
+                shadow,
+            ));
+        }
+        let flag = |on: bool| (on && shadow_header).then(|| "refused".to_owned());
+        assert_eq!(
+            seen,
+            [
+                (200, "\"search\";r=3;t=60".to_owned(), flag(false)),
+                (200, "\"search\";r=2;t=60".to_owned(), flag(false)),
+                (200, "\"search\";r=1;t=60".to_owned(), flag(true)),
+                (200, "\"search\";r=0;t=60".to_owned(), flag(true)),
+                (429, "\"search\";r=0;t=60".to_owned(), flag(true)),
+            ],
+            "shadow header {shadow_header}"
+        );
+        // The second round starts from fresh counts.
+        clock.advance(Duration::from_secs(60));
+    }
+}
