@@ -57,7 +57,7 @@ use ratewarden::memory::MemoryStore;
 use ratewarden::store::DEFAULT_MEMORY_CAPACITY;
 use ratewarden::{
     AddressSource, ClientIdentity, Clock, ConfigError, FailurePolicy, Limiter, Plans, Policy,
-    RateLimitLayer, Rule, Store,
+    RateLimitLayer, RateLimitLayerBuilder, Rule, Store,
 };
 
 /// The limits of the three routes the flags set (feedback, contact and
@@ -330,9 +330,7 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
             },
             None => limiter(settings, &endpoint)?,
         };
-        let layer = RateLimitLayer::builder(limiter, settings.identity.clone())
-            .shadow_header()
-            .build()?;
+        let layer = route_layer(settings, limiter).build()?;
         let handler: MethodRouter = match endpoint.name {
             "feedback" => post(|| async { json(r#"{"status":"received"}"#) }),
             "contact" => post(|| async { json(r#"{"status":"sent"}"#) }),
@@ -353,9 +351,8 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         path: "/api/login",
         policy,
     };
-    let layer = RateLimitLayer::builder(limiter(settings, &login)?, settings.identity.clone())
+    let layer = route_layer(settings, limiter(settings, &login)?)
         .count_only(|status| status == StatusCode::UNAUTHORIZED)
-        .shadow_header()
         .build()?;
     router = router.route(login.path, post(check_password).route_layer(layer.clone()));
     layers.push((login.name, layer));
@@ -374,9 +371,8 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         reports.push((plan, limiter(settings, &endpoint)?));
     }
     let reports = Plans::new(plans::REPORT_PLANS[0].0, reports)?;
-    let layer = RateLimitLayer::builder(reports, settings.identity.clone())
+    let layer = route_layer(settings, reports)
         .plan(|parts| parts.extensions.get::<plans::Plan>().map(|plan| plan.0))
-        .shadow_header()
         .build()?;
     let handler = get(|| async { json(r#"{"reports":[]}"#) });
     router = router.route("/api/reports", handler.route_layer(layer.clone()));
@@ -389,9 +385,7 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         path: "/api/checkout",
         policy: Policy::fixed_window(CHECKOUTS, HOUR)?,
     };
-    let layer = RateLimitLayer::builder(limiter(settings, &checkout)?, settings.identity.clone())
-        .shadow_header()
-        .build()?;
+    let layer = route_layer(settings, limiter(settings, &checkout)?).build()?;
     let handler = post(pay).with_state(layer.clone());
     router = router.route(checkout.path, handler.route_layer(layer.clone()));
     layers.push((checkout.name, layer));
@@ -466,6 +460,16 @@ async fn check_password(body: String) -> impl IntoResponse {
 
 fn json(body: &'static str) -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/json")], body)
+}
+
+/// A route's layer as every route of the demo has it: the shadow header on,
+/// and the `--config` file's `[access]` lists, so that a reload changes them.
+fn route_layer(settings: &Settings, plans: impl Into<Plans>) -> RateLimitLayerBuilder {
+    let builder = RateLimitLayer::builder(plans, settings.identity.clone()).shadow_header();
+    match &settings.file {
+        Some(file) => builder.access(file.access().clone()),
+        None => builder,
+    }
 }
 
 fn limiter(settings: &Settings, endpoint: &Endpoint) -> Result<Limiter, ConfigError> {

@@ -266,3 +266,25 @@ async fn the_example_file_is_valid() {
         "gcra 2/s burst 30"
     );
 }
+
+#[tokio::test]
+async fn the_files_access_lists_guard_every_route() {
+    let clock = ManualClock::new();
+    let text = "[limits.search]\npolicy = \"fixed_window 2/minute\"\n\n[access]\ndeny = [\"127.0.0.3\"]\nallow = [\"127.0.0.2\"]\n";
+    let settings = settings(&file("access.toml", text), &[], &clock)
+        .await
+        .unwrap();
+    let server = serve(app(&settings).unwrap()).await;
+    let at = |last: u8| TestClient::new(server, Some(std::net::IpAddr::from([127, 0, 0, last])));
+    let denied = at(3);
+    for path in ["/api/search", "/api/reports"] {
+        let reply = denied.get(path).await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{path}: {reply:?}");
+    }
+    let login = denied.send(http::Method::POST, "/api/login", &[]).await;
+    assert_eq!(login.status, StatusCode::FORBIDDEN);
+    let allowed: Vec<u16> = futures_statuses(&at(2), 4).await;
+    assert_eq!(allowed, [200, 200, 200, 200]);
+    let limited: Vec<u16> = futures_statuses(&at(1), 3).await;
+    assert_eq!(limited, [200, 200, 429]);
+}

@@ -40,6 +40,13 @@
 //! [routes]
 //! "/api/search" = "search"
 //! "/api/feedback" = "feedback"
+//!
+//! # Clients refused outright (403) and clients never limited, by address
+//! # range and by client key (`ratewarden::access`; `Limits::access`).
+//! [access]
+//! allow = ["10.0.0.0/8", "2001:db8:cafe::/48"]
+//! deny = ["192.0.2.0/24"]
+//! deny_keys = ["0123456789abcdef0123456789abcdef"]
 //! ```
 //!
 //! [`Limits`] holds what a file built: a [`Limiter`] per limit, and per
@@ -84,6 +91,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+
+use crate::access::AccessList;
 use ratewarden_core::lease::{LeaseConfig, LeasedStore};
 use ratewarden_core::{
     Clock, ConfigError, FailurePolicy, Limiter, Policy, Rule, Store, SystemClock,
@@ -105,6 +114,22 @@ struct File {
     limits: BTreeMap<String, Spanned<LimitSpec>>,
     #[serde(default)]
     routes: BTreeMap<Spanned<String>, Spanned<String>>,
+    access: Option<AccessSpec>,
+}
+
+/// `[access]`: the allow and deny lists every layer built from the file
+/// gets ([`Limits::access`]).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AccessSpec {
+    #[serde(default)]
+    allow: Vec<Spanned<String>>,
+    #[serde(default)]
+    deny: Vec<Spanned<String>>,
+    #[serde(default)]
+    allow_keys: Vec<Spanned<String>>,
+    #[serde(default)]
+    deny_keys: Vec<Spanned<String>>,
 }
 
 /// One limit: the fields of a single rule, or `rules`.
@@ -177,6 +202,7 @@ pub struct Limits {
     /// The limits that name nothing but a policy.
     bare: BTreeMap<String, Policy>,
     routes: BTreeMap<String, String>,
+    access: AccessList,
 }
 
 impl fmt::Debug for Limits {
@@ -281,6 +307,7 @@ impl Limits {
             limiters: BTreeMap::new(),
             bare: BTreeMap::new(),
             routes: BTreeMap::new(),
+            access: AccessList::default(),
         }
     }
 
@@ -350,6 +377,32 @@ impl Limits {
         self.routes
             .iter()
             .filter_map(|(route, name)| Some((route.as_str(), self.limiters.get(name)?)))
+    }
+
+    /// The file's `[access]` lists, for each layer the application builds
+    /// from these limits ([`RateLimitLayerBuilder::access`](crate::RateLimitLayerBuilder::access)),
+    /// so that a reload changes them too; empty without the section.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// use ratewarden::access::Access;
+    /// let text = r#"
+    ///     [limits.search]
+    ///     store = "memory"
+    ///     policy = "60/minute"
+    ///
+    ///     [stores]
+    ///     memory = "memory://"
+    ///
+    ///     [access]
+    ///     deny = ["192.0.2.0/24"]
+    /// "#;
+    /// let limits = ratewarden::config::Limits::builder().parse(text, "limits.toml").await?;
+    /// assert_eq!(limits.access().check_addr([192, 0, 2, 9].into()), Access::Deny);
+    /// # Ok::<(), ratewarden::ConfigError>(()) }).unwrap();
+    /// ```
+    pub fn access(&self) -> &AccessList {
+        &self.access
     }
 
     /// The file read again, built on these limits' stores: see
@@ -471,6 +524,9 @@ impl Limits {
                 ));
             }
             next.routes.insert(route.into_inner(), limit.into_inner());
+        }
+        if let Some(access) = &file.access {
+            next.access = access_list(access, &at)?;
         }
         next.retire(self);
         Ok(next)
@@ -689,6 +745,35 @@ impl LimitSpec {
             }
         }
     }
+}
+
+/// The lists `[access]` describes; an entry that does not parse is refused
+/// at its line.
+fn access_list(
+    spec: &AccessSpec,
+    at: &impl Fn(std::ops::Range<usize>, String) -> ConfigError,
+) -> Result<AccessList, ConfigError> {
+    let mut list = AccessList::new();
+    let fail = |entry: &Spanned<String>, e: ConfigError| {
+        let message = e.to_string();
+        let message = message
+            .strip_prefix("invalid configuration: ")
+            .unwrap_or(&message);
+        at(entry.span(), message.to_owned())
+    };
+    for range in &spec.allow {
+        list = list.allow(range.get_ref()).map_err(|e| fail(range, e))?;
+    }
+    for range in &spec.deny {
+        list = list.deny(range.get_ref()).map_err(|e| fail(range, e))?;
+    }
+    for key in &spec.allow_keys {
+        list = list.allow_key(key.get_ref().parse().map_err(|e| fail(key, e))?);
+    }
+    for key in &spec.deny_keys {
+        list = list.deny_key(key.get_ref().parse().map_err(|e| fail(key, e))?);
+    }
+    Ok(list)
 }
 
 /// `message` about the text at `span` of `origin`: its line and column

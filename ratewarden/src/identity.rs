@@ -101,6 +101,25 @@ impl ClientKey {
     }
 }
 
+impl std::str::FromStr for ClientKey {
+    type Err = ConfigError;
+
+    /// A key as [`as_str`](ClientKey::as_str) writes it and a store holds
+    /// it: 32 lowercase hex digits (for naming a client in an
+    /// [`AccessList`](crate::access::AccessList) or a limits file).
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        let bytes = text.as_bytes();
+        match <[u8; KEY_LEN]>::try_from(bytes) {
+            Ok(key) if key.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) => {
+                Ok(ClientKey(key))
+            }
+            _ => Err(ConfigError::Invalid(format!(
+                "{text:?} is not a client key: {KEY_LEN} lowercase hex digits"
+            ))),
+        }
+    }
+}
+
 impl fmt::Display for ClientKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

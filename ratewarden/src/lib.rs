@@ -216,6 +216,7 @@
 // crate itself is not re-exported, which would name every item twice.
 pub use ratewarden_core::*;
 
+pub mod access;
 #[cfg(feature = "config")]
 pub mod config;
 pub mod identity;

@@ -753,3 +753,60 @@ async fn a_limit_in_shadow_mode_refuses_nothing_and_keeps_its_counts_when_switch
         "{message}"
     );
 }
+
+fn with_access(deny: &str) -> String {
+    format!(
+        r#"
+[stores]
+default = "memory://"
+
+[limits.search]
+policy = "fixed_window 2/minute"
+
+[access]
+allow = ["10.0.0.0/8"]
+deny = [{deny}]
+deny_keys = ["0123456789abcdef0123456789abcdef"]
+"#
+    )
+}
+
+#[tokio::test]
+async fn the_access_lists_come_from_the_file_and_change_with_a_reload() {
+    use ratewarden::access::Access;
+    let limits = parse(&with_access("\"192.0.2.0/24\"")).await.unwrap();
+    let access = limits.access();
+    assert_eq!(access.check_addr([192, 0, 2, 1].into()), Access::Deny);
+    assert_eq!(access.check_addr([10, 1, 1, 1].into()), Access::Allow);
+    assert_eq!(access.check_addr([198, 51, 100, 1].into()), Access::Limit);
+    let key = "0123456789abcdef0123456789abcdef".parse().unwrap();
+    assert_eq!(access.check_key(&key), Access::Deny);
+
+    let limits = limits.reload_from(&with_access("")).await.unwrap();
+    assert_eq!(
+        limits.access().check_addr([192, 0, 2, 1].into()),
+        Access::Limit
+    );
+    let limits = limits
+        .reload_from(&with_access("\"192.0.2.0/24\"").replace("[access]", "[access.x]"))
+        .await;
+    assert!(limits.is_err());
+
+    // A bad entry is refused at its line, naming what to write.
+    let err = parse(&with_access("\"192.0.2.1/24\""))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 10") && err.contains("did you mean 192.0.2.0/24"),
+        "{err}"
+    );
+    let err = parse(&with_access("").replace("0123456789abcdef", "XYZ"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 11") && err.contains("32 lowercase hex digits"),
+        "{err}"
+    );
+}

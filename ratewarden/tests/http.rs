@@ -658,3 +658,87 @@ async fn a_limit_in_shadow_mode_serves_everyone_and_says_so_when_asked() {
         clock.advance(Duration::from_secs(60));
     }
 }
+
+#[tokio::test]
+async fn a_denied_client_gets_403_without_a_store_call_and_an_allowed_one_is_not_limited() {
+    let clock = ManualClock::new();
+    let store = Arc::new(Recording::new(AwaitedStore::default()));
+    let search = limiter(
+        "search",
+        store.clone(),
+        Policy::fixed_window(2, Duration::from_secs(60)).unwrap(),
+        &clock,
+        FailurePolicy::Open,
+    );
+    let api_keys = identity().hasher("header:x-api-key");
+    let access = ratewarden::access::AccessList::new()
+        .allow("127.0.0.2")
+        .unwrap()
+        .deny("127.0.0.3/32")
+        .unwrap()
+        .allow("127.0.0.0/24")
+        .unwrap()
+        .deny("127.0.0.4")
+        .unwrap()
+        .deny_key(identity().key_for_addr(IpAddr::from([127, 0, 0, 5])))
+        .allow_key(api_keys.key(b"partner"));
+    let layer = RateLimitLayer::builder(search.clone(), identity())
+        .access(access.clone())
+        .build()
+        .unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let server = serve(app(layer, hits.clone())).await;
+    let at = |last: u8| TestClient::new(server, Some(IpAddr::from([127, 0, 0, last])));
+
+    // Denied by range: 403 every time, the handler and the store never
+    // reached, whatever forwarding header the client sends.
+    for client in [at(3), at(4)] {
+        for _ in 0..3 {
+            let reply = client.get("/api/search").await;
+            assert_eq!(reply.status, StatusCode::FORBIDDEN, "{reply:?}");
+            assert_eq!(reply.json()["error"], "forbidden");
+            assert!(reply.headers.get("ratelimit").is_none());
+        }
+        let spoofed = client.get_forwarded_for("/api/search", "127.0.0.2").await;
+        assert_eq!(spoofed.status, StatusCode::FORBIDDEN);
+    }
+    // Denied by key: the address's key is listed.
+    assert_eq!(at(5).get("/api/search").await.status, StatusCode::FORBIDDEN);
+    assert_eq!((hits.load(Ordering::SeqCst), store.calls()), (0, 0));
+
+    // Allowed: served past the limit, no store call, no rate-limit header.
+    for _ in 0..5 {
+        let reply = at(2).get("/api/search").await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        assert!(reply.headers.get("ratelimit").is_none());
+    }
+    assert_eq!((hits.load(Ordering::SeqCst), store.calls()), (5, 0));
+
+    // 127.0.1.9 is on neither list: limited as usual.
+    let limited = TestClient::new(server, Some(IpAddr::from([127, 0, 1, 9])));
+    let statuses: Vec<u16> = {
+        let mut s = Vec::new();
+        for _ in 0..3 {
+            s.push(limited.get("/api/search").await.status.as_u16());
+        }
+        s
+    };
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(store.calls(), 3);
+
+    // Keys other extractors derive are listed the same way.
+    let layer = RateLimitLayer::builder(search, identity())
+        .key(ratewarden::key::HeaderKey::new(&identity(), "x-api-key").unwrap())
+        .access(access)
+        .build()
+        .unwrap();
+    let server = serve(app(layer, hits.clone())).await;
+    let client = TestClient::new(server, Some(IpAddr::from([127, 0, 1, 10])));
+    for _ in 0..4 {
+        let reply = client
+            .send(Method::GET, "/api/search", &[("x-api-key", "partner")])
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    }
+    assert_eq!(store.calls(), 3);
+}

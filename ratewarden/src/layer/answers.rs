@@ -13,6 +13,8 @@ pub(super) enum Own {
     NoAddress,
     /// A cost above what a rule ever admits.
     Cost,
+    /// A client on the deny list ([`RateLimitLayerBuilder::access`]).
+    Denied,
 }
 
 /// The JSON body of an answer of the layer's own, and its message alone
@@ -38,6 +40,7 @@ impl Own {
             Own::MissingKey(status) => status,
             Own::NoAddress => StatusCode::INTERNAL_SERVER_ERROR,
             Own::Cost => StatusCode::PAYLOAD_TOO_LARGE,
+            Own::Denied => StatusCode::FORBIDDEN,
         }
     }
 
@@ -54,6 +57,7 @@ impl Own {
                 "cost_exceeds_limit",
                 "This request costs more than the rate limit ever admits."
             ),
+            Own::Denied => own_texts!("forbidden", "This client is not allowed here."),
         }
     }
 }

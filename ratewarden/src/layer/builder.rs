@@ -10,6 +10,7 @@ pub struct RateLimitLayerBuilder {
     pub(super) identity: ClientIdentity,
     pub(super) key: Option<Box<dyn KeyExtractor>>,
     pub(super) on_missing_key: MissingKey,
+    pub(super) access: AccessList,
     pub(super) skip: Option<Box<SkipFn>>,
     pub(super) cost: Option<Box<CostFn>>,
     pub(super) counts: Option<Box<CountsFn>>,
@@ -214,6 +215,40 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Refuses the clients `list` denies with `403 Forbidden` (gRPC
+    /// `PERMISSION_DENIED`) before any store is asked, and passes the
+    /// clients it allows unlimited, without rate-limit headers; see
+    /// [`crate::access`]. Replaces any list set before.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratewarden::access::AccessList;
+    /// use ratewarden::{ClientIdentity, Gate, Limiter, Policy, RateLimitLayer, Rule};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let store = std::sync::Arc::new(ratewarden::memory::MemoryStore::default());
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("api", store, Policy::fixed_window(1, Duration::from_secs(60))?)?)
+    ///     .build()?;
+    /// let layer = RateLimitLayer::builder(limiter, ClientIdentity::random()?)
+    ///     .access(AccessList::new().deny("192.0.2.0/24")?.allow("10.0.0.0/8")?)
+    ///     .build()?;
+    /// let from = |addr: [u8; 4]| {
+    ///     let mut request = http::Request::new(());
+    ///     request.extensions_mut().insert(std::net::SocketAddr::from((addr, 4000)));
+    ///     request.into_parts().0
+    /// };
+    /// let Gate::Respond(denied) = layer.gate(&from([192, 0, 2, 7])).await else { panic!() };
+    /// assert_eq!(denied.status(), 403);
+    /// for _ in 0..3 {
+    ///     assert!(matches!(layer.gate(&from([10, 0, 0, 1])).await, Gate::Pass));
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    pub fn access(mut self, list: AccessList) -> Self {
+        self.access = list;
+        self
+    }
+
     /// Writes `X-RateLimit-Shadow: refused` on each response a rule in
     /// shadow mode would have refused
     /// ([`RateLimitHeaders::with_shadow_header`]). Off by default.
@@ -297,6 +332,7 @@ impl RateLimitLayerBuilder {
                 key,
                 missing,
                 no_address_logged: AtomicBool::new(false),
+                access: self.access,
                 skip: self.skip,
                 cost: self.cost,
                 counts: self.counts,

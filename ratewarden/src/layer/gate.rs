@@ -192,6 +192,7 @@ impl Shared {
             Classified::Skip => return Step::Pass,
             Classified::Reject(status) => return Step::Respond(self.own(Own::MissingKey(status))),
             Classified::NoAddress => return Step::Respond(self.own(Own::NoAddress)),
+            Classified::Deny => return Step::Respond(self.own(Own::Denied)),
         };
         if self.counts.is_some() {
             return Step::Await(Awaiting::Admission(key, cost, plan));

@@ -112,7 +112,8 @@ use http_body_util::{BodyExt, Full};
 use ratewarden_core::{Admission, ConfigError, Decision, Limiter, PendingCheck, Plans, StoreError};
 use tower::{Layer, Service};
 
-use crate::identity::{ClientIdentity, ClientKey};
+use crate::access::{Access, AccessList};
+use crate::identity::{ClientIdentity, ClientKey, peer_addr};
 use crate::key::{ClientAddress, KeyExtractor};
 
 // A request's road, one file per role: `service` (`RateLimit::call`, where
@@ -209,6 +210,8 @@ struct Shared {
     /// Whether the missing-address error has been logged: once per layer,
     /// since every such request gets a 500 anyway.
     no_address_logged: AtomicBool,
+    /// Clients refused outright, and clients never limited.
+    access: AccessList,
     skip: Option<Box<SkipFn>>,
     cost: Option<Box<CostFn>>,
     counts: Option<Box<CountsFn>>,
@@ -279,6 +282,7 @@ impl RateLimitLayer {
             refusal: None,
             mode: HeaderMode::default(),
             shadow_header: false,
+            access: AccessList::default(),
             grpc: false,
         }
     }
@@ -327,7 +331,9 @@ impl RateLimitLayer {
                 .penalize(key.as_bytes(), units)
                 .await
                 .map(|()| true),
-            Classified::Skip | Classified::Reject(_) | Classified::NoAddress => Ok(false),
+            Classified::Skip | Classified::Deny | Classified::Reject(_) | Classified::NoAddress => {
+                Ok(false)
+            }
         }
     }
 
@@ -340,7 +346,9 @@ impl RateLimitLayer {
                 .await
                 .ok()
                 .map(|decision| (decision, plan)),
-            Classified::Skip | Classified::Reject(_) | Classified::NoAddress => None,
+            Classified::Skip | Classified::Deny | Classified::Reject(_) | Classified::NoAddress => {
+                None
+            }
         }
     }
 
@@ -394,6 +402,20 @@ impl Shared {
     /// answer it for want of a key or an address, or check it under its
     /// key, cost and plan. Made once per request, before any future.
     fn classify(&self, parts: &Parts) -> Classified {
+        // A denied client is refused before anything else, a skipped route
+        // included: the lists are about who, not what.
+        let mut allowed = false;
+        if self.access.has_ranges()
+            && let Some(addr) = self
+                .identity
+                .client_addr(&parts.headers, peer_addr(&parts.extensions))
+        {
+            match self.access.check_addr(addr) {
+                Access::Deny => return Classified::Deny,
+                Access::Allow => allowed = true,
+                Access::Limit => {}
+            }
+        }
         if self.skip.as_ref().is_some_and(|skip| skip(parts)) {
             return Classified::Skip;
         }
@@ -408,6 +430,12 @@ impl Shared {
                 Missing::Reject(status) => return Classified::Reject(*status),
             },
         };
+        match self.access.check_key(&key) {
+            Access::Deny => return Classified::Deny,
+            Access::Allow => return Classified::Skip,
+            Access::Limit if allowed => return Classified::Skip,
+            Access::Limit => {}
+        }
         let cost = self.cost.as_ref().map_or(1, |cost| cost(parts).max(1));
         let plan = self
             .choose

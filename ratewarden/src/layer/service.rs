@@ -25,6 +25,8 @@ pub struct RateLimit<S> {
 /// What the layer does with one request, decided before its future is built.
 pub(super) enum Classified {
     Skip,
+    /// On the layer's deny list.
+    Deny,
     Reject(StatusCode),
     /// Keyed by address, with none to be had: the server's mistake.
     NoAddress,
