@@ -123,6 +123,11 @@ impl AccessList {
         !self.allow.is_empty() || !self.deny.is_empty()
     }
 
+    /// Some key is listed, so each request's key must be looked up.
+    pub(crate) fn has_keys(&self) -> bool {
+        !self.allow_keys.is_empty() || !self.deny_keys.is_empty()
+    }
+
     /// What the lists say of a client at `addr`.
     pub fn check_addr(&self, addr: IpAddr) -> Access {
         let addr = addr.to_canonical();

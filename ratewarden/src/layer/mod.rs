@@ -430,11 +430,17 @@ impl Shared {
                 Missing::Reject(status) => return Classified::Reject(*status),
             },
         };
-        match self.access.check_key(&key) {
-            Access::Deny => return Classified::Deny,
-            Access::Allow => return Classified::Skip,
-            Access::Limit if allowed => return Classified::Skip,
-            Access::Limit => {}
+        // Looked up only when some key is listed, so that a layer without
+        // key lists does no lookup per request.
+        if self.access.has_keys() {
+            match self.access.check_key(&key) {
+                Access::Deny => return Classified::Deny,
+                Access::Allow => return Classified::Skip,
+                Access::Limit => {}
+            }
+        }
+        if allowed {
+            return Classified::Skip;
         }
         let cost = self.cost.as_ref().map_or(1, |cost| cost(parts).max(1));
         let plan = self
