@@ -84,6 +84,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
+use tracing::Instrument;
 
 use crate::decision::{Decision, Source};
 use crate::error::{ConfigError, StoreError};
@@ -92,6 +93,7 @@ use crate::time::{Clock, SystemClock, Timestamp, duration_to_micros as micros};
 
 pub(crate) mod rule;
 mod stats;
+mod trace;
 mod wait;
 
 use crate::failure::FailurePolicy;
@@ -99,6 +101,8 @@ use rule::{Applied, Charge, Holder, Local, StorageKey, Tried};
 pub use rule::{MAX_RULE_NAME, Rule};
 pub use stats::RuleStats;
 pub use wait::{MIN_RETRY, Permit, WaitError};
+
+use trace::Traced;
 
 /// The default bound on every call a rule makes ([`Rule::with_timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -235,6 +239,7 @@ struct Waiting {
     limiter: Limiter,
     key: SmallVec<[u8; 64]>,
     progress: Progress,
+    traced: Traced,
 }
 
 impl fmt::Debug for PendingCheck {
@@ -251,8 +256,14 @@ impl PendingCheck {
             limiter,
             key,
             progress,
+            traced,
         } = *self.0;
-        limiter.run_awaited(&key, progress).await.0
+        let awaited = limiter
+            .run_awaited(&key, progress)
+            .instrument(traced.span());
+        let decision = awaited.await.0;
+        traced.end(&decision);
+        decision
     }
 }
 
@@ -302,16 +313,23 @@ impl Limiter {
     ///
     /// [`Store::decide_inline`]: crate::Store::decide_inline
     pub async fn check(&self, key: &[u8]) -> Decision {
+        let traced = Traced::start(1);
         // Matched before the await, so that what `begin` returns is not kept
         // in this future's state: a match's scrutinee lives to its end.
         let progress = match self.begin(key, 1) {
-            Begun::Decided(decision) => return decision,
+            Begun::Decided(decision) => {
+                traced.end(&decision);
+                return decision;
+            }
             Begun::Waiting(progress) => progress,
         };
         // Boxed: the awaited path is a round trip away, beside which one
         // allocation is nothing, and its state (timers, refunds, abuse
         // writes) would otherwise be part of every `check`'s future.
-        Box::pin(self.run_awaited(key, progress)).await.0
+        let awaited = self.run_awaited(key, progress).instrument(traced.span());
+        let decision = Box::pin(awaited).await.0;
+        traced.end(&decision);
+        decision
     }
 
     /// [`check`](Self::check) without a future where none is needed: the
@@ -397,12 +415,17 @@ impl Limiter {
     }
 
     fn try_begin(&self, key: &[u8], cost: u32) -> Result<Decision, PendingCheck> {
+        let traced = Traced::start(cost);
         match self.begin(key, cost) {
-            Begun::Decided(decision) => Ok(decision),
+            Begun::Decided(decision) => {
+                traced.end(&decision);
+                Ok(decision)
+            }
             Begun::Waiting(progress) => Err(PendingCheck(Box::new(Waiting {
                 limiter: self.clone(),
                 key: SmallVec::from_slice(key),
                 progress,
+                traced,
             }))),
         }
     }
@@ -419,11 +442,18 @@ impl Limiter {
     /// so it gets no decision and no retry time.
     pub async fn check_cost(&self, key: &[u8], cost: u32) -> Result<Decision, ConfigError> {
         self.validate_cost(cost)?;
+        let traced = Traced::start(cost);
         let progress = match self.begin(key, cost) {
-            Begun::Decided(decision) => return Ok(decision),
+            Begun::Decided(decision) => {
+                traced.end(&decision);
+                return Ok(decision);
+            }
             Begun::Waiting(progress) => progress,
         };
-        Ok(Box::pin(self.run_awaited(key, progress)).await.0)
+        let awaited = self.run_awaited(key, progress).instrument(traced.span());
+        let decision = Box::pin(awaited).await.0;
+        traced.end(&decision);
+        Ok(decision)
     }
 
     /// [`check_cost`](Self::check_cost) for a request whose fate is known
@@ -460,13 +490,18 @@ impl Limiter {
     /// ```
     pub async fn check_admission(&self, key: &[u8], cost: u32) -> Result<Admission, ConfigError> {
         self.validate_cost(cost)?;
+        let traced = Traced::start(cost);
         let mut progress = self.start(cost);
         progress.keep_all = true;
         let now = progress.now;
         let (decision, kept) = match self.advance(key, &mut progress) {
             Some(decision) => (decision, progress.pending),
-            None => Box::pin(self.run_awaited(key, progress)).await,
+            None => {
+                let awaited = self.run_awaited(key, progress).instrument(traced.span());
+                Box::pin(awaited).await
+            }
         };
+        traced.end(&decision);
         let kept = if decision.allowed { kept } else { Kept::new() };
         Ok(Admission {
             decision,

@@ -25,6 +25,7 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_matches(&cli().get_matches())?;
+    log_to_stderr()?;
     // Before any limiter exists, so that every series is recorded.
     let mut metrics = Metrics::install()?;
     let (stores, memory) = config.open_stores().await?;
@@ -230,6 +231,31 @@ fn reload_on_hangup(
     _: std::path::PathBuf,
 ) -> std::io::Result<()> {
     Ok(())
+}
+
+/// Prints what the library and the demo log (admin resets, breaker
+/// transitions, store errors, a request without a client address) on
+/// stderr, at the levels `RUST_LOG` names (`info` unless set; for example
+/// `RUST_LOG=ratewarden_core=debug` adds each decision's span to the store
+/// errors logged within it). Stdout keeps the demo's own lines.
+fn log_to_stderr() -> Result<(), String> {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(text) if !text.trim().is_empty() => text
+            .parse::<Targets>()
+            .map_err(|e| format!("RUST_LOG={text:?}: {e}"))?,
+        _ => Targets::new().with_default(tracing::Level::INFO),
+    };
+    let output = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    tracing_subscriber::registry()
+        .with(output)
+        .with(filter)
+        .try_init()
+        .map_err(|e| format!("cannot install the log: {e}"))
 }
 
 /// An address a local curl can reach: loopback instead of "any".

@@ -1,6 +1,7 @@
-//! The demo binary, its limits file edited and `SIGHUP` sent while it
-//! serves: the new limit applies, what was counted stays counted, and a
-//! broken or emptied file leaves the limit and its counts in force.
+//! The demo binary as an operator runs it: its limits file edited and
+//! `SIGHUP` sent while it serves (the new limit applies, what was counted
+//! stays counted, and a broken or emptied file leaves the limit and its
+//! counts in force), and its log on stderr.
 #![cfg(unix)]
 
 use std::io::{BufRead, BufReader};
@@ -15,9 +16,18 @@ use ratewarden_test_support::http::TestClient;
 /// The demo on a free port with `--config path`; its address, and its
 /// output lines (stdout and stderr) as they come.
 fn spawn_demo(path: &std::path::Path) -> (Child, String, mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ratewarden-demo"))
-        .args(["--listen", "127.0.0.1:0", "--config"])
-        .arg(path)
+    spawn_demo_with(
+        Command::new(env!("CARGO_BIN_EXE_ratewarden-demo"))
+            .arg("--config")
+            .arg(path),
+    )
+}
+
+/// The demo `command` on a free port: its address, and its output lines
+/// (stdout and stderr) as they come.
+fn spawn_demo_with(command: &mut Command) -> (Child, String, mpsc::Receiver<String>) {
+    let mut child = command
+        .args(["--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -152,4 +162,47 @@ impl Drop for Killed {
         self.0.kill().ok();
         self.0.wait().ok();
     }
+}
+
+#[tokio::test]
+async fn the_log_on_stderr_says_who_reset_which_client() {
+    let token = "a token of sixteen bytes or more";
+    let (child, addr, lines) = spawn_demo_with(
+        Command::new(env!("CARGO_BIN_EXE_ratewarden-demo"))
+            .env("RATEWARDEN_ADMIN_TOKEN", token)
+            .env_remove("RUST_LOG"),
+    );
+    let child = Killed(child);
+    let client = TestClient::new(addr.parse().unwrap(), None);
+    let bearer = format!("Bearer {token}");
+    let reply = client
+        .send(
+            http::Method::POST,
+            "/admin/reset?client=192.0.2.1",
+            &[("authorization", bearer.as_str())],
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let refused = client
+        .send(http::Method::POST, "/admin/reset?client=192.0.2.1", &[])
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    let mut said = Vec::new();
+    while said.len() < 2 {
+        let line = lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the demo logs the resets");
+        if line.contains("admin reset") {
+            said.push(line);
+        }
+    }
+    assert!(
+        said[0].contains("INFO") && said[0].contains("routes=") && !said[0].contains(token),
+        "{said:?}"
+    );
+    assert!(
+        said[1].contains("WARN") && said[1].contains("refused"),
+        "{said:?}"
+    );
+    drop(child);
 }
