@@ -152,6 +152,28 @@ impl fmt::Debug for Limiter {
     }
 }
 
+/// The progress of `$limiter.begin($key, $cost)`, or, when it decided,
+/// `return $answer(decision)` from the enclosing function; in a
+/// `ratewarden.decision` span ([`Limiter::begin_in_span`]) when a
+/// subscriber wants one. The two roads are matched apart: one `match` of
+/// either road's answer made every decision a copy of it, about 60
+/// instructions (callgrind of the composition bench).
+macro_rules! begun_or_return {
+    ($limiter:ident, $key:expr, $cost:expr, $answer:expr) => {
+        if trace::wanted() {
+            match $limiter.begin_in_span($key, $cost) {
+                Begun::Decided(decision) => return $answer(decision),
+                Begun::Waiting(progress) => progress,
+            }
+        } else {
+            match $limiter.begin($key, $cost) {
+                Begun::Decided(decision) => return $answer(decision),
+                Begun::Waiting(progress) => progress,
+            }
+        }
+    };
+}
+
 /// The road a request takes through a limiter's rules, chosen when the
 /// limiter is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,20 +333,7 @@ impl Limiter {
     pub async fn check(&self, key: &[u8]) -> Decision {
         // Matched before the await, so that what `begin` returns is not kept
         // in this future's state: a match's scrutinee lives to its end.
-        // The traced road is matched apart: one `match` of either road's
-        // answer made every decision a copy of it, about 60 instructions
-        // (callgrind of the composition bench).
-        let progress = if trace::wanted() {
-            match self.begin_in_span(key, 1) {
-                Begun::Decided(decision) => return decision,
-                Begun::Waiting(progress) => progress,
-            }
-        } else {
-            match self.begin(key, 1) {
-                Begun::Decided(decision) => return decision,
-                Begun::Waiting(progress) => progress,
-            }
-        };
+        let progress = begun_or_return!(self, key, 1, std::convert::identity);
         // Boxed: the awaited path is a round trip away, beside which one
         // allocation is nothing, and its state (timers, refunds, abuse
         // writes) would otherwise be part of every `check`'s future.
@@ -433,18 +442,7 @@ impl Limiter {
     }
 
     fn try_begin(&self, key: &[u8], cost: u32) -> Result<Decision, PendingCheck> {
-        // Apart, as in `check`.
-        let progress = if trace::wanted() {
-            match self.begin_in_span(key, cost) {
-                Begun::Decided(decision) => return Ok(decision),
-                Begun::Waiting(progress) => progress,
-            }
-        } else {
-            match self.begin(key, cost) {
-                Begun::Decided(decision) => return Ok(decision),
-                Begun::Waiting(progress) => progress,
-            }
-        };
+        let progress = begun_or_return!(self, key, cost, Ok);
         Err(PendingCheck(Box::new(Waiting {
             limiter: self.clone(),
             key: SmallVec::from_slice(key),
@@ -464,18 +462,7 @@ impl Limiter {
     /// so it gets no decision and no retry time.
     pub async fn check_cost(&self, key: &[u8], cost: u32) -> Result<Decision, ConfigError> {
         self.validate_cost(cost)?;
-        // Apart, as in `check`.
-        let progress = if trace::wanted() {
-            match self.begin_in_span(key, cost) {
-                Begun::Decided(decision) => return Ok(decision),
-                Begun::Waiting(progress) => progress,
-            }
-        } else {
-            match self.begin(key, cost) {
-                Begun::Decided(decision) => return Ok(decision),
-                Begun::Waiting(progress) => progress,
-            }
-        };
+        let progress = begun_or_return!(self, key, cost, Ok);
         Ok(Box::pin(self.run_awaited(key, progress)).await.0)
     }
 

@@ -14,7 +14,7 @@ use ratewarden::{
 use ratewarden_conformance::broken::Unavailable as Failing;
 use ratewarden_demo::prometheus::Metrics;
 use ratewarden_demo::{FlagLimits, Settings, Stores, app};
-use ratewarden_test_support::http::{TestClient, serve};
+use ratewarden_test_support::http::{Reply, TestClient, serve};
 
 const SECRET: &str = "metrics test secret of 32+ bytes";
 
@@ -45,6 +45,12 @@ fn value(samples: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -
     *samples
         .get(&key)
         .unwrap_or_else(|| panic!("no sample {key} in {samples:#?}"))
+}
+
+/// `client`'s request `method path` from the address `ip`, forwarded by
+/// the one proxy the settings trust.
+async fn from(client: &TestClient, method: http::Method, path: &str, ip: &str) -> Reply {
+    client.send(method, path, &[("x-forwarded-for", ip)]).await
 }
 
 fn memory_stores() -> Stores {
@@ -126,13 +132,7 @@ async fn metrics_show_what_the_limiter_did() {
         None,
     );
     for _ in 0..4 {
-        let reply = dead
-            .send(
-                http::Method::GET,
-                "/api/search",
-                &[("x-forwarded-for", "198.51.100.1")],
-            )
-            .await;
+        let reply = from(&dead, http::Method::GET, "/api/search", "198.51.100.1").await;
         assert_eq!(reply.status, StatusCode::OK, "fail open");
     }
 
@@ -144,13 +144,13 @@ async fn metrics_show_what_the_limiter_did() {
     };
     let watched = TestClient::new(serve(app(&shadow).unwrap()).await, None);
     for i in 1..=7 {
-        let reply = watched
-            .send(
-                http::Method::POST,
-                "/api/feedback",
-                &[("x-forwarded-for", "198.51.100.7")],
-            )
-            .await;
+        let reply = from(
+            &watched,
+            http::Method::POST,
+            "/api/feedback",
+            "198.51.100.7",
+        )
+        .await;
         assert_eq!(reply.status, StatusCode::OK, "post {i}");
         let flagged = reply
             .headers
