@@ -229,30 +229,15 @@ async fn metrics_show_what_the_limiter_did() {
         ),
         4.0
     );
-    assert_eq!(
-        value(
-            &s,
-            decisions,
-            &[
-                ("rule", "feedback"),
-                ("store", "memory"),
-                ("outcome", "shadow_refused")
-            ]
-        ),
-        2.0
-    );
-    assert_eq!(
-        value(
-            &s,
-            decisions,
-            &[
-                ("rule", "feedback"),
-                ("store", "memory"),
-                ("outcome", "allowed")
-            ]
-        ),
-        5.0
-    );
+    // `--shadow feedback`: five admitted, two that would have been refused.
+    for (outcome, n) in [("shadow_refused", 2.0), ("allowed", 5.0)] {
+        let labels = [
+            ("rule", "feedback"),
+            ("store", "memory"),
+            ("outcome", outcome),
+        ];
+        assert_eq!(value(&s, decisions, &labels), n, "{outcome}");
+    }
     let dead_search = [("rule", "search"), ("store", "unavailable")];
     assert_eq!(
         value(
