@@ -77,7 +77,9 @@ pub struct Decision {
     pub allowed: bool,
     /// The policy's limit.
     pub limit: u32,
-    /// Units that could still be admitted now, after this request.
+    /// Units that could still be admitted now, after this request; in the
+    /// answer of a peek ([`Limiter::peek`](crate::Limiter::peek)), which
+    /// spends nothing, the units available now.
     pub remaining: u32,
     /// Time until the key is back to its full quota if no further request
     /// is admitted.

@@ -495,7 +495,7 @@ impl Limiter {
     ///         attempt.refund().await; // successes do not count
     ///     }
     /// }
-    /// assert_eq!(limiter.peek(b"alice").await.remaining, 1); // one failure counted
+    /// assert_eq!(limiter.peek(b"alice").await.remaining, 2); // one failure counted
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     pub async fn check_admission(&self, key: &[u8], cost: u32) -> Result<Admission, ConfigError> {
@@ -527,8 +527,10 @@ impl Limiter {
 
     /// The decision [`check`](Self::check) would make for `key` now,
     /// changing nothing: no unit counted in any store, no window opened or
-    /// expiry moved, no statistic, no abuse event. Its `remaining` is what
-    /// that request would leave, as in its own decision. The first rule that
+    /// expiry moved, no statistic, no abuse event. Its `remaining` is the
+    /// units available now, what the `RateLimit` header's `r` means: a
+    /// fresh key of 3 per minute has 3, and a request admitted now would
+    /// leave 2. The first rule that
     /// would refuse answers; if all would admit, the one with the fewest
     /// units left, as for `check`. A standing refusal in a rule's refusal
     /// cache answers for that rule; a store that fails or times out leaves
@@ -548,9 +550,10 @@ impl Limiter {
     ///     .clock(ManualClock::new())
     ///     .rule(Rule::new("search", store, Policy::fixed_window(3, Duration::from_secs(60))?)?)
     ///     .build()?;
+    /// assert_eq!(limiter.peek(b"client:1").await.remaining, 3);
     /// limiter.check(b"client:1").await;
     /// for _ in 0..10 {
-    ///     assert_eq!(limiter.peek(b"client:1").await.remaining, 1); // spends nothing
+    ///     assert_eq!(limiter.peek(b"client:1").await.remaining, 2); // spends nothing
     /// }
     /// assert_eq!(limiter.check(b"client:1").await.remaining, 1);
     /// # Ok::<(), ratewarden_core::ConfigError>(()) }).unwrap();
@@ -672,7 +675,7 @@ impl Limiter {
     ///     .build()?;
     /// assert!(limiter.check(b"card:42").await.allowed);
     /// limiter.penalize(b"card:42", 5).await?; // the payment failed
-    /// assert_eq!(limiter.peek(b"card:42").await.remaining, 3);
+    /// assert_eq!(limiter.peek(b"card:42").await.remaining, 4);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     pub async fn penalize(&self, key: &[u8], cost: u32) -> Result<(), StoreError> {

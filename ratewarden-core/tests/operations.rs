@@ -34,7 +34,7 @@ async fn a_peek_answers_the_tightest_tier_and_spends_nothing() {
     for _ in 0..10 {
         let peeked = limiter.peek(b"k").await;
         assert!(peeked.allowed);
-        assert_eq!(peeked.remaining, 1, "the tighter tier's count");
+        assert_eq!(peeked.remaining, 2, "the tighter tier's count");
         assert_eq!(peeked.source.rule, Some("daily"));
         assert_eq!(peeked.source.policy, Some(&per_minute(3)));
     }
@@ -134,7 +134,7 @@ async fn a_reset_restores_every_tier_and_forgets_the_refusal_cache() {
     );
     assert_eq!(
         limiter.peek(b"bob").await.remaining,
-        1,
+        2,
         "bob's usage is kept"
     );
 }
@@ -263,18 +263,15 @@ async fn a_penalty_charges_every_tier_even_over_the_limit() {
     assert_eq!(waiting.retry_after, Duration::from_secs(4));
     clock.advance(Duration::from_secs(4));
     assert!(limiter.check(b"card").await.allowed);
-    // What the daily tier would leave after one more request.
+    // What the daily tier has left now.
     let daily = limiter.rule("daily").unwrap();
-    assert_eq!(
-        daily.peek(b"card", &clock).await.remaining,
-        10 - 4 - 3 - 1 - 1
-    );
+    assert_eq!(daily.peek(b"card", &clock).await.remaining, 10 - 4 - 3 - 1);
 
     let e = limiter.penalize(b"card", 5).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     assert_eq!(
         daily.peek(b"card", &clock).await.remaining,
-        1,
+        2,
         "nothing charged"
     );
     // A store that is down: the error is returned, nothing is decided.

@@ -128,7 +128,7 @@ async fn a_key_over_the_bound_never_reaches_a_store() {
     // `r:` and 14 bytes: the longest key the store accepts.
     let fits = [b'a'; BOUND - 2];
     assert!(limiter.check(&fits).await.allowed);
-    assert_eq!(limiter.peek(&fits).await.remaining, 3);
+    assert_eq!(limiter.peek(&fits).await.remaining, 4);
     limiter.penalize(&fits, 1).await.unwrap();
     limiter.reset(&fits).await.unwrap();
     assert_eq!(spy.longest.load(Ordering::SeqCst), BOUND);

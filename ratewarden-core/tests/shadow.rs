@@ -132,7 +132,7 @@ async fn the_client_is_shown_the_enforcing_rules_quota() {
             peeked.remaining,
             peeked.source.shadow_refused
         ),
-        (Some("search-b"), 1, true)
+        (Some("search-b"), 2, true)
     );
 }
 
@@ -161,7 +161,7 @@ async fn an_enforcing_refusal_gives_back_what_the_shadow_rule_admitted() {
     let alone = self::limiter(&clock, [shadow]);
     let d = alone.peek(b"k").await;
     assert!(d.allowed);
-    assert_eq!(d.remaining, 1, "what a request would leave of 4 - 2");
+    assert_eq!(d.remaining, 2, "4 - 2 left");
 }
 
 #[tokio::test]
@@ -182,7 +182,7 @@ async fn every_shadow_rule_admitting_shows_the_tightest_of_them() {
     let d = limiter.check(b"k").await;
     assert_eq!((d.source.rule, d.remaining), (Some("b"), 1));
     let peeked = limiter.peek(b"k").await;
-    assert_eq!((peeked.source.rule, peeked.remaining), (Some("b"), 0));
+    assert_eq!((peeked.source.rule, peeked.remaining), (Some("b"), 1));
     limiter.check(b"k").await;
     let d = limiter.check(b"k").await;
     assert!(d.allowed && d.source.shadow_refused, "{d:?}");

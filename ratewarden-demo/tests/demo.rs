@@ -362,13 +362,13 @@ async fn the_quota_is_told_without_being_spent() {
     for _ in 0..10 {
         let quota = client.get("/api/quota").await;
         assert_eq!(quota.status, StatusCode::OK);
-        // What the next search would leave, as its own response would say.
-        assert_eq!(quota.remaining(), 56);
+        // What the client has left now, as the last search's response said.
+        assert_eq!(quota.remaining(), 57);
         assert_eq!(quota.header("cache-control"), "no-store");
         quota.assert_consistent("search", 60);
         let body: serde_json::Value = serde_json::from_str(&quota.body).unwrap();
         assert_eq!(body["allowed"], true);
-        assert_eq!(body["remaining"], 56);
+        assert_eq!(body["remaining"], 57);
         assert_eq!(body["policy"], "search");
     }
     assert_eq!(
@@ -377,7 +377,7 @@ async fn the_quota_is_told_without_being_spent() {
         "the quota requests spent nothing"
     );
     let feedback = client.get("/api/quota?route=feedback").await;
-    assert_eq!(feedback.remaining(), 4, "the next post would leave 4");
+    assert_eq!(feedback.remaining(), 5, "no post yet: all 5 left");
     let unknown = client.get("/api/quota?route=nope").await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     assert!(
@@ -606,7 +606,7 @@ async fn an_api_key_chooses_the_plan_and_usage_carries_over() {
         .await;
     assert_eq!(quota.status, StatusCode::OK);
     assert_eq!(quota.limit(), 100);
-    assert_eq!(quota.remaining(), 89);
+    assert_eq!(quota.remaining(), 90);
     let mut admitted = 0;
     while client.send(Method::GET, "/api/reports", &pro).await.status == StatusCode::OK {
         admitted += 1;

@@ -117,9 +117,9 @@ async fn failures_are_counted_exactly(store: Arc<dyn Store>) {
     assert_eq!(counted, wrong, "{refused} refused");
     assert!(counted < LIMIT, "the run stays under the limit");
     assert_eq!(refused, 0, "successes never exhausted the quota");
-    // Exactly the failures are counted: the next request would leave this.
+    // Exactly the failures are counted: what is left is the rest.
     let left = limiter.peek(&client_key()).await.remaining;
-    assert_eq!(left, LIMIT - wrong - 1);
+    assert_eq!(left, LIMIT - wrong);
 
     // Successes alone never lock the client out; failures do, at the limit.
     for _ in 0..3 * LIMIT {
@@ -193,7 +193,7 @@ async fn a_burst_of_right_passwords_leaves_no_lockout(store: Arc<dyn Store>) {
     }
     let peeked = limiter.peek(&client_key()).await;
     let failed = limiter.stats()[0].refund_failures;
-    assert_eq!(peeked.remaining, 4, "{peeked:?}, {failed} refunds failed");
+    assert_eq!(peeked.remaining, 5, "{peeked:?}, {failed} refunds failed");
 }
 
 #[cfg(feature = "redis")]

@@ -161,8 +161,8 @@ async fn an_axum_handler_answers_with_the_quota_as_it_is() {
     }
     let reply = client.get("/api/quota").await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-    assert_eq!(reply.header("ratelimit"), "\"search\";r=56;t=60");
-    assert_eq!(reply.json()["remaining"], 56);
+    assert_eq!(reply.header("ratelimit"), "\"search\";r=57;t=60");
+    assert_eq!(reply.json()["remaining"], 57);
     // Asking spent nothing.
     assert_eq!(client.get("/api/search?q=rust").await.remaining(), 56);
 }

@@ -227,11 +227,12 @@ impl RateLimitHeaders {
 
     /// The `200 OK` answer to a quota request, from a peeked `decision`
     /// ([`Limiter::peek`](ratewarden_core::Limiter::peek)): the headers of
-    /// [`write`](Self::write), exactly as a decided request's response
-    /// carries them, and a JSON body.
+    /// [`write`](Self::write) and a JSON body. `remaining` is the units the
+    /// client has now, as the last admitted response said (a fresh client
+    /// of 60 per minute has 60).
     ///
     /// ```json
-    /// {"allowed":true,"limit":60,"remaining":59,"reset":60,"retry_after":0,
+    /// {"allowed":true,"limit":60,"remaining":60,"reset":60,"retry_after":0,
     ///  "policy":"search","window":60}
     /// ```
     pub fn quota(&self, decision: &Decision) -> Response<Bytes> {

@@ -378,8 +378,8 @@ impl RateLimitLayer {
     /// let (parts, ()) = request.into_parts();
     /// let quota = layer.quota(&parts).await;
     /// assert_eq!(quota.status(), 200);
-    /// // What the client's next request would leave, as its response would say.
-    /// assert_eq!(quota.headers()["ratelimit"], "\"search\";r=59;t=60");
+    /// // A fresh client: its whole quota is there.
+    /// assert_eq!(quota.headers()["ratelimit"], "\"search\";r=60;t=60");
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     pub async fn quota(&self, parts: &Parts) -> Response<Full<Bytes>> {

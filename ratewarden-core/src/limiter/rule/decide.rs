@@ -811,7 +811,7 @@ impl Rule {
     /// statistic and reported to no breaker (a peek is not a decision), but
     /// an open breaker is respected. The escalation's durable store is not
     /// asked: a request reaches it only when sampled, and its refusals are
-    /// in the refusal cache.
+    /// in the refusal cache. Its `remaining` is the units available now.
     pub(crate) async fn peek_at(
         &self,
         key: &[u8],
@@ -854,6 +854,13 @@ impl Rule {
             }
             Decision::degraded(self.on_failure, &self.policy, self.store.name())
         };
+        // A client is told what it has now, as the `RateLimit` header's
+        // `r` means: a store's peek says what the request would leave,
+        // which for an admission is `cost` fewer. A refusal's is already
+        // what is free now; a failure policy's knows nothing to add to.
+        if d.allowed && !d.source.degraded {
+            d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+        }
         self.label(&mut d);
         d
     }
