@@ -138,13 +138,3 @@ fn the_readme_quotes_the_grpc_example_verbatim() {
 fn the_readme_quotes_the_limits_file_example_verbatim() {
     assert_quoted("### Limits from a file", "\n## ", "limits_file.rs", 1);
 }
-
-#[test]
-fn the_readme_quotes_the_reqwest_example_verbatim() {
-    assert_quoted(
-        "### Wait for a permit with reqwest",
-        "\n### ",
-        "outbound_reqwest.rs",
-        1,
-    );
-}
