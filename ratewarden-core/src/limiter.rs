@@ -589,13 +589,7 @@ impl Limiter {
                 d.retry_after = Duration::ZERO;
                 shadow_refused = true;
             }
-            let shown = match &tightest {
-                None => true,
-                Some((_, true)) if !shadow => true,
-                Some((_, false)) if shadow => false,
-                Some((t, _)) => tighter(Some(t), &d),
-            };
-            if shown {
+            if shown(tightest.as_ref().map(|(t, s)| (t, *s)), &d, shadow) {
                 tightest = Some((d, shadow));
             }
         }
@@ -1041,15 +1035,12 @@ impl Limiter {
         if i < last || p.keep_all {
             p.pending.extend(charges.iter().map(|c| (i, *c)));
         }
-        // A client is shown the enforcing rules' quota: a shadow rule's
-        // only while no enforcing rule has admitted.
         let shadow = rule.is_shadow();
-        let shown = match (p.tightest_shadow, shadow) {
-            (true, false) => true,
-            (false, true) => p.tightest.is_none(),
-            _ => tighter(p.tightest.as_ref(), &decision),
-        };
-        if shown {
+        if shown(
+            p.tightest.as_ref().map(|t| (t, p.tightest_shadow)),
+            &decision,
+            shadow,
+        ) {
             p.tightest = Some(decision);
             p.tightest_shadow = shadow;
         }
@@ -1228,6 +1219,22 @@ fn tighter(tightest: Option<&Decision>, decision: &Decision) -> bool {
             (true, false) => true,
             (false, true) => false,
             _ => decision.remaining < t.remaining,
+        },
+    }
+}
+
+/// Whether an admission `decision`, from a rule in shadow mode or not
+/// (`shadow`), is the one to show a client rather than `tightest`, the one
+/// shown so far and whether its rule is in shadow mode: a client is shown
+/// the enforcing rules' quota, a shadow rule's only while no enforcing rule
+/// has admitted; among the same kind, as [`tighter`] says.
+fn shown(tightest: Option<(&Decision, bool)>, decision: &Decision, shadow: bool) -> bool {
+    match tightest {
+        None => true,
+        Some((t, t_shadow)) => match (t_shadow, shadow) {
+            (true, false) => true,
+            (false, true) => false,
+            _ => tighter(Some(t), decision),
         },
     }
 }

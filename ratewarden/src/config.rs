@@ -754,12 +754,10 @@ fn access_list(
     at: &impl Fn(std::ops::Range<usize>, String) -> ConfigError,
 ) -> Result<AccessList, ConfigError> {
     let mut list = AccessList::new();
-    let fail = |entry: &Spanned<String>, e: ConfigError| {
-        let message = e.to_string();
-        let message = message
-            .strip_prefix("invalid configuration: ")
-            .unwrap_or(&message);
-        at(entry.span(), message.to_owned())
+    // The reason alone: `at` says it is invalid configuration, and where.
+    let fail = |entry: &Spanned<String>, e: ConfigError| match e {
+        ConfigError::Invalid(reason) => at(entry.span(), reason),
+        other => at(entry.span(), other.to_string()),
     };
     for range in &spec.allow {
         list = list.allow(range.get_ref()).map_err(|e| fail(range, e))?;
