@@ -32,9 +32,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_core::algorithm::{self, KeyState, Verdict};
+use ratewarden_core::ban::{self, BanState};
 use ratewarden_core::{
-    Algorithm, Capabilities, ConfigError, Decision, ErrorKind, Key, Policy, Refund, Request, Store,
-    StoreError, Timestamp,
+    Algorithm, Ban, Capabilities, ConfigError, Decision, ErrorKind, Key, Policy, Refund, Request,
+    Store, StoreError, Timestamp,
 };
 
 /// One defect a [`BrokenStore`] has, and the scenario meant to catch it.
@@ -141,6 +142,21 @@ pub enum Defect {
     /// charge is meant to hold back longer, is never charged
     /// (`penalty_is_counted`).
     PenaltyOnlyWhenItFits,
+    /// Restarts a key's ban on every request refused while it lasts, as a
+    /// ban set with `SET … EX` on each refusal would: a client that keeps
+    /// retrying is never let back in (`bans_are_exact`).
+    BanExtendedByRefusals,
+    /// Declares bans and accepts a banning policy, then never bans: a store
+    /// that stubbed the ban out (`bans_are_exact`).
+    BanIgnored,
+    /// Forgets the key's state on a reset but keeps its ban, as a store
+    /// keeping the ban under a key of its own and deleting only the state's
+    /// would: the customer an operator let back in stays locked out
+    /// (`bans_are_exact`).
+    BanSurvivesReset,
+    /// Declares no bans, yet its `check_policy` accepts a banning policy,
+    /// which it then decides without the ban (`bans_are_exact`).
+    BanAcceptedUndeclared,
 }
 
 /// The longest window whose state a [`Defect::LongWindowsForgotten`] store
@@ -152,7 +168,7 @@ const HUGE_KEY_BOUND: usize = 2 << 20;
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 26] = [
+    pub const ALL: [Defect; 30] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
@@ -179,6 +195,10 @@ impl Defect {
         Defect::ResetKeepsPrevious,
         Defect::StatePerPolicy,
         Defect::PenaltyOnlyWhenItFits,
+        Defect::BanExtendedByRefusals,
+        Defect::BanIgnored,
+        Defect::BanSurvivesReset,
+        Defect::BanAcceptedUndeclared,
     ];
 
     /// The store name of a [`BrokenStore`] with this defect.
@@ -210,6 +230,10 @@ impl Defect {
             Defect::ResetKeepsPrevious => "broken-reset-keeps-previous",
             Defect::StatePerPolicy => "broken-state-per-policy",
             Defect::PenaltyOnlyWhenItFits => "broken-penalty-only-when-it-fits",
+            Defect::BanExtendedByRefusals => "broken-ban-extended-by-refusals",
+            Defect::BanIgnored => "broken-ban-ignored",
+            Defect::BanSurvivesReset => "broken-ban-survives-reset",
+            Defect::BanAcceptedUndeclared => "broken-ban-accepted-undeclared",
         }
     }
 }
@@ -311,6 +335,8 @@ struct Entry {
     /// Units the key admits beyond its limit: the negative count of a
     /// [`Defect::GhostRefundCredits`] refund; zero otherwise.
     credit: u32,
+    /// The key's ban ([`ratewarden_core::ban`]), beside its state.
+    ban: Option<BanState>,
 }
 
 type MapKey = (Algorithm, Vec<u8>);
@@ -373,6 +399,7 @@ impl Core {
     fn capabilities(&self) -> Capabilities {
         let mut capabilities = Capabilities::new(self.algorithms).with_key_capacity(self.capacity);
         capabilities.shared = self.shared;
+        capabilities.bans = !self.has(Defect::BanAcceptedUndeclared);
         capabilities
     }
 
@@ -387,6 +414,13 @@ impl Core {
                 algorithm: policy.algorithm(),
             })
         }
+    }
+
+    /// The policy's ban, as this store applies it.
+    fn ban<'p>(&self, policy: &'p Policy) -> Option<&'p Ban> {
+        policy
+            .ban()
+            .filter(|_| !self.has(Defect::BanIgnored) && !self.has(Defect::BanAcceptedUndeclared))
     }
 
     /// The bound [`Store::max_key_len`] declares.
@@ -508,6 +542,7 @@ impl Core {
                 tick,
                 last_now: now,
                 credit: 0,
+                ban: None,
             },
         );
         keys.high_water = keys.high_water.max(keys.map.len());
@@ -580,6 +615,9 @@ impl Core {
         let now = now.as_micros();
         let key = self.map_key(policy, key);
         let mut keys = self.lock();
+        if let Some(ban) = self.ban(policy) {
+            return Ok(self.decide_banned(&mut keys, key, policy, ban, cost, now));
+        }
         let split = self.has(Defect::LockReleasedBeforeWrite);
         let (mut state, last_now, credit) = match keys.map.get_mut(&key) {
             Some(e) if split => (e.state.clone(), Some(e.last_now), e.credit),
@@ -613,6 +651,49 @@ impl Core {
 }
 
 impl Core {
+    /// A decision under `ban`, whole under the lock: the ban's refusal
+    /// while it lasts, touching the key; else the algorithm, a refusal of
+    /// which is a breach.
+    fn decide_banned(
+        &self,
+        keys: &mut Keys,
+        key: MapKey,
+        policy: &Policy,
+        ban: &Ban,
+        cost: u32,
+        now: u64,
+    ) -> Decision {
+        let (mut state, last_now, mut banned) = match keys.map.get_mut(&key) {
+            Some(e) => (e.state.take(), Some(e.last_now), e.ban.take()),
+            None => (None, None, None),
+        };
+        let answer = match ban::banned(&banned, now) {
+            Some(refused) => {
+                if self.has(Defect::BanExtendedByRefusals)
+                    && let Some(b) = banned.as_mut()
+                {
+                    let offences = b.offences.saturating_sub(1);
+                    b.until = now + ban.length_micros(offences);
+                }
+                (refused, true)
+            }
+            None => {
+                let verdict = self.transition(&mut state, last_now, policy, cost, now);
+                if verdict.allowed {
+                    (verdict, false)
+                } else {
+                    ban::breach(&mut banned, ban, now, verdict)
+                }
+            }
+        };
+        let allowed = answer.0.allowed;
+        self.store(keys, key.clone(), state, now, allowed);
+        if let Some(entry) = keys.map.get_mut(&key) {
+            entry.ban = banned;
+        }
+        Decision::from_ban_verdict(answer, policy, self.name)
+    }
+
     /// `refund`, or (`inline`) `refund_inline`.
     fn refund(&self, refund: Refund<'_>, inline: bool) -> Result<(), StoreError> {
         let request = refund.request();
@@ -664,6 +745,16 @@ impl Core {
         let t = now.as_micros();
         let map_key = self.map_key(policy, key);
         let mut keys = self.lock();
+        if self.ban(policy).is_some() {
+            let banned = keys.map.get(&map_key).and_then(|e| e.ban);
+            if let Some(refused) = ban::banned(&banned, t) {
+                return Ok(Decision::from_ban_verdict(
+                    (refused, true),
+                    policy,
+                    self.name,
+                ));
+            }
+        }
         let Some(entry) = keys.map.get(&map_key) else {
             let verdict = self.transition(&mut None, None, policy, cost, t);
             if self.has(Defect::PeekOpensWindow) && policy.algorithm() == Algorithm::FixedWindow {
@@ -699,6 +790,13 @@ impl Core {
             }) = keys.map.get_mut(&map_key)
         {
             *current = 0;
+            return Ok(());
+        }
+        if self.has(Defect::BanSurvivesReset)
+            && let Some(entry) = keys.map.get_mut(&map_key)
+            && entry.ban.is_some()
+        {
+            entry.state = None;
             return Ok(());
         }
         if let Some(entry) = keys.map.remove(&map_key) {

@@ -352,6 +352,17 @@ scenarios! {
     /// applied to the same state, so a penalty records its units whether or
     /// not they fit, within its bounds.
     penalty_is_counted in operations => "a late charge recorded only when it fits, so an over-limit key is never charged",
+    /// Per algorithm, a key hammering every 700 ms under a policy with a
+    /// [`Ban`](ratewarden_core::Ban) (the third refusal in a minute bans for
+    /// 20 s, doubling up to 80 s): every decision and every fourth
+    /// request's peek is the reference's ([`ratewarden_core::ban`] over
+    /// [`algorithm::apply`](ratewarden_core::algorithm::apply)), flagged
+    /// [`banned`](ratewarden_core::Source::banned) exactly when it is a
+    /// ban's refusal; a reset lifts a ban, and offences are forgiven after
+    /// a quiet spell. A store that declares no
+    /// [`bans`](ratewarden_core::Capabilities::bans) must refuse a banning
+    /// policy in `check_policy`.
+    bans_are_exact in operations => "a ban that extends itself on every refused request, never ends, or is silently ignored",
 }
 
 /// Runs every scenario in [`SCENARIOS`] order, one after the other, each

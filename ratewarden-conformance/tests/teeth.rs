@@ -155,6 +155,12 @@ teeth! {
     penalty_is_counted {
         PenaltyOnlyWhenItFits => ["sliding_log", "with the penalties counted", "whether or not they fit"],
     }
+    bans_are_exact {
+        BanExtendedByRefusals => ["sliding_log", "retry_after 19.3s (banned), but", "retry_after 18.6s (banned)", "never extends itself"],
+        BanIgnored => ["sliding_log", "request 4", "retry_after 7.2s, but", "retry_after 20s (banned)", "third refusal in a minute bans"],
+        BanSurvivesReset => ["sliding_log", "request 150", "(banned), but", "admitted"],
+        BanAcceptedUndeclared => ["declares no bans", "accepted", "would be ignored"],
+    }
 }
 
 /// The table's first direction: a scenario with no broken store it is

@@ -44,6 +44,10 @@ pub struct Source {
     /// [`Rule::with_shadow`](crate::Rule::with_shadow)). Set on the
     /// limiter's answer, whichever rule that answer names.
     pub shadow_refused: bool,
+    /// A refusal of the policy's [`Ban`](crate::Ban): the key was banned
+    /// by this request's refusal or is serving a ban (see
+    /// [`ban`](crate::ban)). Set by the store.
+    pub banned: bool,
 }
 
 impl Source {
@@ -58,6 +62,7 @@ impl Source {
             escalated: false,
             cached: false,
             shadow_refused: false,
+            banned: false,
         }
     }
 }
@@ -102,6 +107,19 @@ impl Decision {
             Duration::from_micros(verdict.retry_after_us),
             store,
         )
+    }
+
+    /// [`from_verdict`](Self::from_verdict) of what [`ban::decide`](crate::ban::decide)
+    /// returns: the verdict, and whether it is a ban's refusal
+    /// ([`Source::banned`]).
+    pub fn from_ban_verdict(
+        (verdict, banned): (Verdict, bool),
+        policy: &Policy,
+        store: &'static str,
+    ) -> Self {
+        let mut d = Decision::from_verdict(verdict, policy, store);
+        d.source.banned = banned;
+        d
     }
 
     /// A decision under `policy` answered by `store`, with no flags set on

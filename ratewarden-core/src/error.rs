@@ -63,6 +63,15 @@ pub enum ConfigError {
         /// The algorithm that was asked for.
         algorithm: Algorithm,
     },
+    /// The store does not keep bans ([`Capabilities::bans`](crate::Capabilities::bans)).
+    #[error(
+        "the {store} store does not keep bans: use a store that does (memory, redis, postgres), \
+         or drop the policy's ban"
+    )]
+    UnsupportedBan {
+        /// The store's name.
+        store: &'static str,
+    },
     /// A secret used to derive client keys is too short to resist guessing.
     #[error("secret must be at least {min} bytes, got {got}")]
     SecretTooShort {

@@ -876,6 +876,9 @@ impl Store for LeasedStore {
                 (false, true) => &LEASE_ALGORITHMS[1..],
                 (false, false) => &[],
             },
+            // Units spent from a lease are refused locally, unseen by the
+            // shared store that would count them toward a ban.
+            bans: false,
             ..shared
         }
     }
@@ -886,14 +889,18 @@ impl Store for LeasedStore {
     /// they count each unit at the instant it is admitted, so a unit
     /// leased now and spent later would be freed too early and the fleet
     /// could exceed its limit (see the [module docs](self)). Then refuses
-    /// a store on its server's clock, and whatever the shared store
-    /// refuses.
+    /// a ban, which a lease cannot count (a refusal from leased units
+    /// never reaches the shared store), a store on its server's clock, and
+    /// whatever the shared store refuses.
     fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
         if !LEASE_ALGORITHMS.contains(&policy.algorithm()) {
             return Err(ConfigError::UnsupportedAlgorithm {
                 store: "leased",
                 algorithm: policy.algorithm(),
             });
+        }
+        if policy.ban().is_some() {
+            return Err(ConfigError::UnsupportedBan { store: "leased" });
         }
         if self.shared.capabilities().server_clock {
             return Err(ConfigError::Invalid(format!(

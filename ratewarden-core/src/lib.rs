@@ -26,6 +26,7 @@
 
 mod abuse;
 pub mod algorithm;
+pub mod ban;
 mod counter;
 mod decision;
 mod error;
@@ -51,6 +52,7 @@ pub use error::{ConfigError, ErrorKind, StoreError};
 pub use failure::{BreakerConfig, BreakerState, FailurePolicy};
 // For the `ratewarden` crate's header values; not part of the API.
 pub use algorithm::Algorithm;
+pub use ban::Ban;
 #[doc(hidden)]
 pub use intern::intern;
 pub use invalidation::Invalidations;

@@ -1270,6 +1270,7 @@ fn copied(decision: &Decision) -> Decision {
             cached: source.cached,
             // A store's answer, which only a limiter marks.
             shadow_refused: false,
+            banned: source.banned,
         },
     }
 }

@@ -7,6 +7,7 @@ pub mod parse;
 use std::time::Duration;
 
 use crate::algorithm::Algorithm;
+use crate::ban::Ban;
 use crate::error::ConfigError;
 use crate::time::duration_to_micros;
 
@@ -61,7 +62,9 @@ pub const MAX_LIMIT: u32 = 1_000_000_000;
 /// ## Grammar
 ///
 /// ```text
-/// policy    = [ algorithm ] count ( "/" | "per" ) period [ "burst" count ]
+/// policy    = [ algorithm ] count ( "/" | "per" ) period [ "burst" count ] [ ban ]
+/// ban       = "ban" "after" count ( "in" | "within" ) period "for" period
+///             [ "growing" "x" count "up" "to" period ]
 /// algorithm = "sliding_log" | "fixed_window" | "sliding_window" | "gcra"
 /// period    = [ count ] unit
 /// count     = decimal digits, at least 1
@@ -93,6 +96,8 @@ pub const MAX_LIMIT: u32 = 1_000_000_000;
 /// | `sliding_window 100/90s` | `Policy::sliding_window(100, 90 s)` |
 /// | `gcra 10/s` | `Policy::gcra(10, 1 s)` |
 /// | `gcra 10/s burst 20` | `Policy::gcra_with_burst(10, 1 s, 20)` |
+/// | `5/min ban after 3 in 10min for 15min` | `Policy::sliding_log(5, 60 s)` [`with_ban`](Policy::with_ban)`(Ban::new(3, 600 s, 900 s))` |
+/// | `… for 15min growing x2 up to 1d` | the same ban [`growing`](crate::Ban::growing)`(2, 86 400 s)` |
 ///
 /// A policy's `Display` is this text with the algorithm always named and
 /// the largest unit that divides the period (`sliding_log 60/min`,
@@ -126,6 +131,7 @@ pub struct Policy {
     // `window_us / limit`, divided once here: a 64-bit division cost a GCRA
     // decision more than the rest of its arithmetic.
     emission_us: u64,
+    ban: Option<Ban>,
 }
 
 impl Policy {
@@ -162,6 +168,7 @@ impl Policy {
             rate: limit,
             per_us: window_us,
             emission_us: window_us / u64::from(limit),
+            ban: None,
         })
     }
 
@@ -261,6 +268,28 @@ impl Policy {
         policy.rate = rate;
         policy.per_us = per_us;
         Ok(policy)
+    }
+
+    /// The same policy with a [`Ban`]: a key refused `ban.after()` times
+    /// within `ban.within()` is then refused outright for the ban's length,
+    /// by the store, in the same step as the decision (see
+    /// [`ban`](crate::ban)). A store that cannot keep bans refuses such a
+    /// policy when a rule is built ([`Capabilities::bans`](crate::Capabilities::bans)).
+    /// Written in text as `… ban after 3 in 10min for 15min [growing x2 up to 1d]`.
+    pub const fn with_ban(mut self, ban: Ban) -> Self {
+        self.ban = Some(ban);
+        self
+    }
+
+    /// The policy's ban, if it has one.
+    pub const fn ban(&self) -> Option<&Ban> {
+        self.ban.as_ref()
+    }
+
+    /// The same policy without its ban.
+    pub const fn without_ban(mut self) -> Self {
+        self.ban = None;
+        self
     }
 
     /// The algorithm.

@@ -158,8 +158,9 @@ use std::num::NonZeroUsize;
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 use ratewarden_core::algorithm;
+use ratewarden_core::ban;
 use ratewarden_core::{
-    Algorithm, Capabilities, ConfigError, Decision, Key, Policy, Refund, Request, Store,
+    Algorithm, Ban, Capabilities, ConfigError, Decision, Key, Policy, Refund, Request, Store,
     StoreError, Timestamp,
 };
 use shard::{Digest, KeyHasher, Shard};
@@ -480,6 +481,9 @@ impl MemoryStore {
     #[inline(always)]
     fn decided(&self, request: Request<'_>) -> Decision {
         let policy = request.policy();
+        if let Some(ban) = policy.ban() {
+            return self.decided_banned(request, ban);
+        }
         let digest = self.digest(policy, request.key());
         let verdict = lock(&self.shards[self.shard_index(digest)]).decide(
             digest,
@@ -488,6 +492,22 @@ impl MemoryStore {
             request.now().as_micros(),
         );
         Decision::from_verdict(verdict, policy, NAME)
+    }
+
+    /// [`decided`](Self::decided) under a ban; out of line, so that a
+    /// policy without one pays a test of its ban and nothing else.
+    #[inline(never)]
+    fn decided_banned(&self, request: Request<'_>, ban: &Ban) -> Decision {
+        let policy = request.policy();
+        let digest = self.digest(policy, request.key());
+        let answer = lock(&self.shards[self.shard_index(digest)]).decide_banned(
+            digest,
+            self.ban_digest(policy, request.key()),
+            (policy, ban),
+            request.cost(),
+            request.now().as_micros(),
+        );
+        Decision::from_ban_verdict(answer, policy, NAME)
     }
 
     fn refunded(&self, refund: Refund<'_>) {
@@ -508,12 +528,15 @@ impl MemoryStore {
     fn peeked(&self, request: Request<'_>) -> Decision {
         let policy = request.policy();
         let digest = self.digest(policy, request.key());
-        let verdict = lock(&self.shards[self.shard_index(digest)]).peek(
-            digest,
-            policy,
-            request.cost(),
-            request.now().as_micros(),
-        );
+        let now = request.now().as_micros();
+        let shard = lock(&self.shards[self.shard_index(digest)]);
+        if policy.ban().is_some() {
+            let state = shard.ban_state(self.ban_digest(policy, request.key()));
+            if let Some(refused) = ban::banned(&state, now) {
+                return Decision::from_ban_verdict((refused, true), policy, NAME);
+            }
+        }
+        let verdict = shard.peek(digest, policy, request.cost(), now);
         Decision::from_verdict(verdict, policy, NAME)
     }
 
@@ -530,7 +553,19 @@ impl MemoryStore {
 
     fn forget(&self, key: Key<'_>, policy: &Policy) {
         let digest = self.digest(policy, key.as_bytes());
-        lock(&self.shards[self.shard_index(digest)]).remove(digest);
+        let mut shard = lock(&self.shards[self.shard_index(digest)]);
+        shard.remove(digest);
+        // A ban is lifted with the state, whether or not the policy has one
+        // now: a reset leaves the key as one never seen.
+        shard.remove(self.ban_digest(policy, key.as_bytes()));
+    }
+
+    /// Where the store keeps the ban record of `key` under `policy`'s
+    /// algorithm: in the shard of the key's state ([`Self::digest`]), so
+    /// that a decision changes both under one lock.
+    fn ban_digest(&self, policy: &Policy, key: &[u8]) -> Digest {
+        self.hasher
+            .digest(BAN_TAGS + algorithm_tag(policy.algorithm()), key)
     }
 
     /// What the store keeps of `key` under `policy`'s algorithm.
@@ -574,7 +609,9 @@ impl Store for MemoryStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(&Algorithm::ALL).with_key_capacity(self.capacity)
+        Capabilities::new(&Algorithm::ALL)
+            .with_key_capacity(self.capacity)
+            .with_bans()
     }
 
     fn max_key_len(&self) -> usize {
@@ -631,6 +668,9 @@ impl Store for MemoryStore {
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock()
 }
+
+/// The first of the secrets that digest ban records, one per algorithm.
+const BAN_TAGS: usize = 4;
 
 /// Which of the store's secrets digests a key under `algorithm`, so that
 /// the same key under two algorithms holds two independent states (see

@@ -30,8 +30,9 @@ use std::hash::Hasher;
 use std::mem;
 
 use hashbrown::HashTable;
-use ratewarden_core::Policy;
 use ratewarden_core::algorithm::{self, KeyState, Verdict};
+use ratewarden_core::ban::{self, BanState};
+use ratewarden_core::{Ban, Policy};
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// A shard of capacity `c` moves a touched key only if it has not moved in
@@ -143,8 +144,9 @@ pub(crate) struct Digest {
     check: u64,
 }
 
-/// How many algorithms a [`KeyHasher`] keeps a secret for: tags `0..TAGS`.
-pub(crate) const TAGS: usize = 4;
+/// How many secrets a [`KeyHasher`] keeps: one per algorithm (tags 0 to 3)
+/// and one per algorithm for the key's ban record (4 to 7).
+pub(crate) const TAGS: usize = 8;
 
 /// The keyed function a [`Digest`] is made of: SipHash-1-3 with a 128-bit
 /// output, under a 128-bit secret key of the store's own for each
@@ -316,6 +318,43 @@ impl Shard {
         verdict
     }
 
+    /// [`decide`](Self::decide) under a ban ([`ban::decide`]), the ban's
+    /// record at `ban_digest` in this same shard, so that both change under
+    /// one lock. A banned key's record is touched, as a refused key is, so
+    /// that a flood of fresh keys cannot evict an offender that keeps
+    /// hammering; nothing else is written while the ban lasts.
+    pub(crate) fn decide_banned(
+        &mut self,
+        digest: Digest,
+        ban_digest: Digest,
+        (policy, ban): (&Policy, &Ban),
+        cost: u32,
+        now: u64,
+    ) -> (Verdict, bool) {
+        if let Some(refused) = ban::banned(&self.ban_state(ban_digest), now) {
+            self.update(ban_digest, |_| ());
+            return (refused, true);
+        }
+        let verdict = self.decide(digest, policy, cost, now);
+        if verdict.allowed {
+            return (verdict, false);
+        }
+        self.update(ban_digest, |slot| {
+            let mut state = slot.as_ref().and_then(ban_record::decode);
+            let answer = ban::breach(&mut state, ban, now, verdict);
+            *slot = state.map(ban_record::encode);
+            answer
+        })
+    }
+
+    /// The ban record at `ban_digest`, read without touching it.
+    pub(crate) fn ban_state(&self, ban_digest: Digest) -> Option<BanState> {
+        self.table
+            .find(ban_digest.index, |e| e.digest == ban_digest)
+            .and_then(|e| e.state.as_ref())
+            .and_then(ban_record::decode)
+    }
+
     /// The verdict [`decide`](Self::decide) would give, changing nothing:
     /// the key is neither touched nor inserted.
     pub(crate) fn peek(&self, digest: Digest, policy: &Policy, cost: u32, now: u64) -> Verdict {
@@ -446,6 +485,40 @@ impl Shard {
     #[cfg(test)]
     pub(crate) fn records(&self) -> usize {
         self.order.len()
+    }
+}
+
+/// A ban record in the shard's table, which holds one type, the
+/// algorithms' [`KeyState`]: the record rides in the three-word sliding
+/// window variant, under a secret of its own (so no algorithm ever reads
+/// it, nor it an algorithm's state), and shares the table's bound, its
+/// eviction order and its touches. A type of its own would have grown every
+/// entry past its one cache line.
+mod ban_record {
+    use super::{BanState, KeyState};
+
+    pub(super) fn encode(s: BanState) -> KeyState {
+        KeyState::SlidingWindow {
+            start: s.until,
+            current: s.start,
+            previous: (u64::from(s.offences) << 32) | u64::from(s.breaches),
+        }
+    }
+
+    pub(super) fn decode(state: &KeyState) -> Option<BanState> {
+        match *state {
+            KeyState::SlidingWindow {
+                start,
+                current,
+                previous,
+            } => Some(BanState {
+                until: start,
+                offences: (previous >> 32) as u32,
+                start: current,
+                breaches: previous as u32,
+            }),
+            _ => None,
+        }
     }
 }
 

@@ -29,9 +29,30 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
+/// The part of the key that names a ban record under `algorithm`: no
+/// algorithm's tag has a `-`, so a ban record never shares a key with a
+/// state.
+pub(crate) fn ban_tag(algorithm: Algorithm) -> &'static [u8] {
+    match algorithm {
+        Algorithm::SlidingLog => b"ban-log",
+        Algorithm::FixedWindow => b"ban-fw",
+        Algorithm::SlidingWindow => b"ban-sw",
+        Algorithm::Gcra => b"ban-gcra",
+    }
+}
+
 /// The Redis key of `key` under `algorithm`.
 pub(crate) fn redis_key(prefix: &[u8], key: &[u8], algorithm: Algorithm) -> Vec<u8> {
-    let tag = algorithm_tag(algorithm);
+    tagged_key(prefix, key, algorithm_tag(algorithm))
+}
+
+/// The Redis key of `key`'s ban record under `algorithm`, in the same
+/// cluster slot as its state (the hash tag is the storage key's).
+pub(crate) fn ban_key(prefix: &[u8], key: &[u8], algorithm: Algorithm) -> Vec<u8> {
+    tagged_key(prefix, key, ban_tag(algorithm))
+}
+
+fn tagged_key(prefix: &[u8], key: &[u8], tag: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + 20 + tag.len() + key.len());
     out.extend_from_slice(prefix);
     // The tag holds a hash of the caller's key, not the key, so that a `{`

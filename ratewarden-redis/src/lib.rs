@@ -225,7 +225,8 @@ pub use script::{refund_script_source, script_source};
 pub use url::URL_SCHEMES;
 
 use error::store_error;
-use script::{refund_script, refunded, script, verdict};
+pub use script::ban_script_source;
+use script::{ban_script, ban_verdict, refund_script, refunded, script, verdict};
 
 /// The name this store reports in decisions and errors.
 pub const NAME: &str = "redis";
@@ -537,7 +538,18 @@ impl RedisStore {
     async fn run(&self, request: Request<'_>, mode: Mode) -> Result<Value, StoreError> {
         let policy = request.policy();
         let key = self.redis_key(request.key(), policy.algorithm());
-        let mut invocation = script(policy.algorithm()).key(key);
+        // A penalty never touches a ban: the plain script, as for a policy
+        // without one.
+        let ban = policy.ban().filter(|_| mode != Mode::Penalize);
+        let mut invocation = match ban {
+            Some(_) => {
+                let ban_key = key::ban_key(&self.inner.prefix, request.key(), policy.algorithm());
+                let mut invocation = ban_script(policy.algorithm()).key(key);
+                invocation.key(ban_key);
+                invocation
+            }
+            None => script(policy.algorithm()).key(key),
+        };
         if self.inner.server_clock {
             invocation.arg("server");
         } else {
@@ -550,10 +562,13 @@ impl RedisStore {
             .arg(self.inner.margin_ms);
         if policy.algorithm() == Algorithm::Gcra {
             invocation.arg(policy.emission_interval_micros());
-        } else if mode != Mode::Decide {
+        } else if mode != Mode::Decide || ban.is_some() {
             invocation.arg(0);
         }
         match mode {
+            Mode::Decide if ban.is_some() => {
+                invocation.arg("decide");
+            }
             Mode::Decide => {}
             Mode::Peek => {
                 invocation.arg("peek");
@@ -561,6 +576,14 @@ impl RedisStore {
             Mode::Penalize => {
                 invocation.arg("penalize");
             }
+        }
+        if let Some(ban) = ban {
+            invocation
+                .arg(ban.after())
+                .arg(ban.within_micros())
+                .arg(ban.block_micros())
+                .arg(ban.factor())
+                .arg(ban.max_micros());
         }
         self.invoke(invocation).await
     }
@@ -584,7 +607,7 @@ impl RedisStore {
     /// Deletes `key` and announces `reset` (the key as the caller named
     /// it) to every instance that listens: one round trip (two on a
     /// cluster).
-    async fn delete(&self, key: Vec<u8>, reset: &[u8]) -> Result<(), StoreError> {
+    async fn delete(&self, key: [Vec<u8>; 2], reset: &[u8]) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("DEL").arg(&key).ignore();
         pipe.cmd("PUBLISH")
@@ -597,7 +620,7 @@ impl RedisStore {
             // `PUBLISH` beside a key of another slot: two calls, the delete
             // first, so that no instance hears of a reset not yet made.
             Conn::Cluster(mut c) => {
-                let deleted = redis::cmd("DEL").arg(key).query_async::<i64>(&mut c).await;
+                let deleted = redis::cmd("DEL").arg(&key).query_async::<i64>(&mut c).await;
                 match deleted {
                     Ok(_) => redis::cmd("PUBLISH")
                         .arg(&self.inner.notice_channel)
@@ -654,6 +677,20 @@ impl RedisStore {
     }
 }
 
+/// A decision or peek script's reply as a decision: a ban script's (with
+/// its fifth integer) when `policy` has a ban.
+fn decision(value: Value, policy: &Policy) -> Result<Decision, StoreError> {
+    if policy.ban().is_some() {
+        Ok(Decision::from_ban_verdict(
+            ban_verdict(value)?,
+            policy,
+            NAME,
+        ))
+    } else {
+        Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
+    }
+}
+
 #[async_trait]
 impl Store for RedisStore {
     fn name(&self) -> &'static str {
@@ -661,7 +698,7 @@ impl Store for RedisStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut capabilities = Capabilities::new(ALGORITHMS).shared();
+        let mut capabilities = Capabilities::new(ALGORITHMS).shared().with_bans();
         capabilities.server_clock = self.inner.server_clock;
         capabilities
     }
@@ -681,7 +718,7 @@ impl Store for RedisStore {
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         let policy = request.policy();
         let value = self.in_time(self.bounded(self.run(request, Mode::Decide)).await)?;
-        Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
+        decision(value, policy)
     }
 
     /// One `EVALSHA` of the algorithm's decision script, told to write
@@ -691,7 +728,7 @@ impl Store for RedisStore {
     async fn peek(&self, request: Request<'_>) -> Result<Decision, StoreError> {
         let policy = request.policy();
         let value = self.in_time(self.bounded(self.run(request, Mode::Peek)).await)?;
-        Ok(Decision::from_verdict(verdict(value)?, policy, NAME))
+        decision(value, policy)
     }
 
     /// One `EVALSHA` of the algorithm's decision script, told to record
@@ -709,7 +746,11 @@ impl Store for RedisStore {
     /// keeps one Redis key per client key, so the reset is atomic.
     async fn reset(&self, key: Key<'_>, policy: &Policy) -> Result<(), StoreError> {
         let redis_key = self.redis_key(key.as_bytes(), policy.algorithm());
-        self.in_time(self.bounded(self.delete(redis_key, key.as_bytes())).await)
+        let ban_key = key::ban_key(&self.inner.prefix, key.as_bytes(), policy.algorithm());
+        self.in_time(
+            self.bounded(self.delete([redis_key, ban_key], key.as_bytes()))
+                .await,
+        )
     }
 
     /// One `EVALSHA` of the algorithm's refund script; see the

@@ -40,6 +40,35 @@ pub fn script_source(algorithm: Algorithm) -> &'static str {
     source!(algorithm, "")
 }
 
+/// The source of `$algorithm`'s decision script under a ban: the header,
+/// the algorithm's body as a function, then `scripts/ban.lua` around it.
+macro_rules! ban_source {
+    ($algorithm:expr) => {
+        match $algorithm {
+            Algorithm::SlidingLog => ban_source!(@ "sliding_log"),
+            Algorithm::FixedWindow => ban_source!(@ "fixed_window"),
+            Algorithm::SlidingWindow => ban_source!(@ "sliding_window"),
+            Algorithm::Gcra => ban_source!(@ "gcra"),
+        }
+    };
+    (@ $body:literal) => {
+        concat!(
+            include_str!("scripts/header.lua"),
+            "local function verdict()\n",
+            include_str!(concat!("scripts/", $body, ".lua")),
+            "end\n",
+            include_str!("scripts/ban.lua"),
+        )
+    };
+}
+
+/// The Lua source of the script that applies `algorithm` under a policy's
+/// [`Ban`](ratewarden_core::Ban), as the store sends it; exposed for audit
+/// like [`script_source`].
+pub fn ban_script_source(algorithm: Algorithm) -> &'static str {
+    ban_source!(algorithm)
+}
+
 /// The Lua source of the script that refunds an admission under
 /// `algorithm` (see [`Store::refund`](ratewarden_core::Store::refund)), as the
 /// store sends it; exposed for audit like [`script_source`].
@@ -51,6 +80,9 @@ pub fn refund_script_source(algorithm: Algorithm) -> &'static str {
 // SHA-1 that `EVALSHA` names.
 static SCRIPTS: LazyLock<[Script; 4]> =
     LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(script_source(a))));
+
+static BAN_SCRIPTS: LazyLock<[Script; 4]> =
+    LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(ban_script_source(a))));
 
 static REFUND_SCRIPTS: LazyLock<[Script; 4]> =
     LazyLock::new(|| Algorithm::ALL.map(|a| Script::new(refund_script_source(a))));
@@ -67,6 +99,11 @@ pub(crate) fn script(algorithm: Algorithm) -> &'static Script {
     &SCRIPTS[algorithm_index(algorithm)]
 }
 
+/// The decision script of `algorithm` under a ban.
+pub(crate) fn ban_script(algorithm: Algorithm) -> &'static Script {
+    &BAN_SCRIPTS[algorithm_index(algorithm)]
+}
+
 /// The refund script of `algorithm`.
 pub(crate) fn refund_script(algorithm: Algorithm) -> &'static Script {
     &REFUND_SCRIPTS[algorithm_index(algorithm)]
@@ -75,6 +112,18 @@ pub(crate) fn refund_script(algorithm: Algorithm) -> &'static Script {
 /// Reads a decision script's `{allowed, remaining, reset_after_us,
 /// retry_after_us}` without trusting it: anything else is a protocol error.
 pub(crate) fn verdict(value: Value) -> Result<Verdict, StoreError> {
+    let (verdict, banned) = verdict_of(value, false)?;
+    debug_assert!(!banned);
+    Ok(verdict)
+}
+
+/// Reads a ban script's reply: [`verdict`]'s four integers and a fifth, 1
+/// for a ban's refusal.
+pub(crate) fn ban_verdict(value: Value) -> Result<(Verdict, bool), StoreError> {
+    verdict_of(value, true)
+}
+
+fn verdict_of(value: Value, ban: bool) -> Result<(Verdict, bool), StoreError> {
     let Value::Array(items) = value else {
         return Err(protocol(format!(
             "expected an array of 4 integers, got {value:?}"
@@ -89,20 +138,26 @@ pub(crate) fn verdict(value: Value) -> Result<Verdict, StoreError> {
             ))),
         })
         .collect::<Result<_, _>>()?;
-    let [allowed, remaining, reset, retry] = ints[..] else {
-        return Err(protocol(format!("expected 4 integers, got {}", ints.len())));
+    let (allowed, remaining, reset, retry, banned) = match (ban, &ints[..]) {
+        (false, &[a, r, s, t]) => (a, r, s, t, 0),
+        (true, &[a, r, s, t, b]) if b <= 1 => (a, r, s, t, b),
+        _ => {
+            let n = if ban { 5 } else { 4 };
+            return Err(protocol(format!("expected {n} integers, got {:?}", ints)));
+        }
     };
     if allowed > 1 {
         return Err(protocol(format!(
             "expected 0 or 1 for allowed, got {allowed}"
         )));
     }
-    Ok(Verdict {
+    let verdict = Verdict {
         allowed: allowed == 1,
         remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
         reset_after_us: reset.unsigned_abs(),
         retry_after_us: retry.unsigned_abs(),
-    })
+    };
+    Ok((verdict, banned == 1))
 }
 
 /// Reads a refund script's reply, 0 (nothing to give back) or 1.

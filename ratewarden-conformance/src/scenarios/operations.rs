@@ -5,8 +5,9 @@
 use crate::call;
 
 use ratewarden_core::{Algorithm, Clock, Decision, Policy};
+use std::time::Duration;
 
-use crate::support::{MS, Probe, S, T0, crowd_of_tasks, evidence, fail, policy};
+use crate::support::{MS, Probe, S, T0, crowd_of_tasks, dur, evidence, fail, policy};
 use crate::{Failure, ScenarioResult, StoreFactory};
 
 /// One step of the peek table: at `at` µs after t0, peek every cost on the
@@ -492,6 +493,139 @@ pub(crate) async fn penalty_is_counted(factory: &dyn StoreFactory) -> ScenarioRe
             "{algorithm}: penalties on a key over its limit and on a new key decided as the \
              reference's penalize (limit {PENALTY_LIMIT}, {} steps)",
             PENALTY_TABLE.len()
+        ));
+    }
+    parts.extend(skipped);
+    evidence(parts)
+}
+
+const BAN_LIMIT: u32 = 2;
+const BAN_WINDOW: u64 = 10 * S;
+/// One request every 700 ms for 420 s: a key that hammers through bans of
+/// growing length, has one lifted by a reset, goes quiet past `max`, and
+/// is banned again for the first length.
+const BAN_STEPS: u64 = 600;
+const BAN_RESET_AT: u64 = 150;
+const BAN_QUIET_FROM: u64 = 250;
+const BAN_QUIET_UNTIL: u64 = 580;
+
+/// The ban every algorithm is tried under: the third refusal in a minute
+/// bans for 20 s, 40 s, then 80 s at most.
+fn the_ban() -> Result<ratewarden_core::Ban, Failure> {
+    ratewarden_core::Ban::new(3, Duration::from_secs(60), Duration::from_secs(20))
+        .and_then(|b| b.growing(2, Duration::from_secs(80)))
+        .map_err(|e| Failure(format!("the scenario's ban is refused: {e}")))
+}
+
+pub(crate) async fn bans_are_exact(factory: &dyn StoreFactory) -> ScenarioResult {
+    let probe = Probe::new(factory).await?;
+    let ban = the_ban()?;
+    if !probe.store.capabilities().bans {
+        // A store that keeps no bans must say so when a rule is built, not
+        // accept the policy and decide without its ban.
+        let p = policy(
+            probe.store.capabilities().algorithms[0],
+            BAN_LIMIT,
+            BAN_WINDOW,
+        )?;
+        return match probe.store.check_policy(&p.with_ban(ban)) {
+            Err(e) => evidence(vec![format!(
+                "the {} store declares no bans and refuses a banning policy: {e}",
+                probe.store.name()
+            )]),
+            Ok(()) => fail(format!(
+                "the {} store declares no bans (Capabilities::bans) but its check_policy \
+                 accepted \"{}\": the ban would be ignored",
+                probe.store.name(),
+                p.with_ban(ban)
+            )),
+        };
+    }
+    let (algorithms, skipped) = probe.supported(&Algorithm::ALL);
+    let mut parts = Vec::new();
+    for algorithm in algorithms {
+        let p = policy(algorithm, BAN_LIMIT, BAN_WINDOW)?.with_ban(ban);
+        let key = format!("ban/{algorithm}").into_bytes();
+        // The reference: the algorithm's state and the ban's, by
+        // `ratewarden_core::ban`.
+        let (mut state, mut banned) = (None, None);
+        let (mut bans, mut longest, mut during) = (0, 0u64, 0);
+        let mut after_quiet = None;
+        for i in 0..BAN_STEPS {
+            if (BAN_QUIET_FROM..BAN_QUIET_UNTIL).contains(&i) {
+                continue;
+            }
+            let at = i * 700 * MS;
+            probe.at(at);
+            let now = T0 + at;
+            if i == BAN_RESET_AT {
+                if let Err(e) = call::reset(&probe.store, &key, &p).await {
+                    return fail(format!("{algorithm}: a reset returned an error: {e}"));
+                }
+                (state, banned) = (None, None);
+            }
+            if i % 4 == 0 {
+                let expected = match ratewarden_core::ban::banned(&banned, now) {
+                    Some(v) => v,
+                    None => ratewarden_core::algorithm::peek(&state, &p, 1, now),
+                };
+                let expected = Decision::from_verdict(expected, &p, "reference");
+                let got = peek(&probe, &key, &p, 1, "before a request").await?;
+                if seen(&got) != seen(&expected) {
+                    return fail(format!(
+                        "{algorithm}: a peek before request {i} at t0+{} ms was {}, but {}: a \
+                         peek reports a ban and records nothing",
+                        at / 1_000,
+                        show(&got),
+                        show(&expected)
+                    ));
+                }
+            }
+            let (expected, is_ban) = ratewarden_core::ban::decide(&mut banned, &ban, now, || {
+                ratewarden_core::algorithm::apply(&mut state, &p, 1, now)
+            });
+            let got = probe.hit(&key, &p, 1).await?;
+            let expected = Decision::from_verdict(expected, &p, "reference");
+            if seen(&got) != seen(&expected) || got.source.banned != is_ban {
+                return fail(format!(
+                    "{algorithm}: request {i} at t0+{} ms was {}{}, but {}{} under \"{p}\": the \
+                     third refusal in a minute bans, a banned key's refusals record nothing \
+                     (a ban never extends itself), and a ban ends exactly on time",
+                    at / 1_000,
+                    show(&got),
+                    if got.source.banned { " (banned)" } else { "" },
+                    show(&expected),
+                    if is_ban { " (banned)" } else { "" },
+                ));
+            }
+            if is_ban {
+                if i >= BAN_QUIET_UNTIL {
+                    after_quiet.get_or_insert(expected.retry_after);
+                }
+                during += 1;
+                if expected.retry_after.as_micros() as u64 > longest {
+                    longest = expected.retry_after.as_micros() as u64;
+                    bans += 1;
+                }
+            }
+        }
+        if after_quiet != Some(ban.block()) {
+            return fail(format!(
+                "{algorithm}: the first ban after the quiet spell was {after_quiet:?}; the \
+                 scenario is meant to show offences forgiven"
+            ));
+        }
+        if bans < 3 || during == 0 {
+            return fail(format!(
+                "{algorithm}: the scenario banned its key {bans} times; it is meant to ban it \
+                 with growing lengths"
+            ));
+        }
+        parts.push(format!(
+            "{algorithm}: a key hammering every 700 ms under \"{p}\" decided and peeked as the \
+             reference: {during} ban refusals, bans growing to {}, a reset lifting one, \
+             offences forgiven after a quiet spell",
+            dur(longest)
         ));
     }
     parts.extend(skipped);

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::{Algorithm, MAX_LOG_LIMIT, Policy};
+use crate::ban::Ban;
 use crate::error::ConfigError;
 
 /// The algorithm of a policy written without one.
@@ -293,6 +294,48 @@ impl<'a> Parser<'a> {
         Ok(count.saturating_mul(micros))
     }
 
+    /// One of `words`, or an error saying which was expected.
+    fn keyword(&mut self, words: &[&str]) -> Result<(), ParsePolicyError> {
+        let expected = words
+            .iter()
+            .map(|w| format!("{w:?}"))
+            .collect::<Vec<_>>()
+            .join(" or ");
+        match self.bump() {
+            Some((_, Tok::Word(w))) if words.iter().any(|k| k.eq_ignore_ascii_case(w)) => Ok(()),
+            Some((column, tok)) => {
+                Err(self.error(column, format!("expected {expected}, found {tok}")))
+            }
+            None => Err(self.error(self.end_column(), format!("expected {expected} at the end"))),
+        }
+    }
+
+    /// What follows `ban`: `after N in P for P [growing xF up to P]`.
+    fn ban(&mut self) -> Result<Ban, ParsePolicyError> {
+        self.keyword(&["after"])?;
+        let after = self.count("a ban's refusal count")?;
+        self.keyword(&["in", "within"])?;
+        let within = Duration::from_micros(self.period()?);
+        self.keyword(&["for"])?;
+        let block = Duration::from_micros(self.period()?);
+        let refused = |e| ParsePolicyError::refused(self.input, e, None);
+        let ban = Ban::new(after, within, block).map_err(refused)?;
+        match self.peek() {
+            Some((_, Tok::Word(w))) if w.eq_ignore_ascii_case("growing") => {
+                self.bump();
+                // `x2` is one word and a number: `x` then `2`, or `x 2`.
+                self.keyword(&["x"])?;
+                let factor = self.count("a ban's growth factor")?;
+                self.keyword(&["up"])?;
+                self.keyword(&["to"])?;
+                let max = Duration::from_micros(self.period()?);
+                ban.growing(factor, max)
+                    .map_err(|e| ParsePolicyError::refused(self.input, e, None))
+            }
+            _ => Ok(ban),
+        }
+    }
+
     fn policy(&mut self) -> Result<Policy, ParsePolicyError> {
         let algorithm = match self.peek() {
             Some((column, Tok::Word(word))) => {
@@ -325,9 +368,11 @@ impl<'a> Parser<'a> {
             }
         }
         let per_us = self.period()?;
-        let burst = match self.bump() {
+        let burst = match self.peek() {
             None => None,
+            Some((_, Tok::Word(w))) if w.eq_ignore_ascii_case("ban") => None,
             Some((column, Tok::Word(w))) if w.eq_ignore_ascii_case("burst") => {
+                self.bump();
                 if let Some(a) = algorithm.filter(|a| *a != Algorithm::Gcra) {
                     return Err(self.error(
                         column,
@@ -342,30 +387,45 @@ impl<'a> Parser<'a> {
             Some((column, tok)) => {
                 return Err(self.error(
                     column,
-                    format!("unexpected {tok} after the period; only \"burst N\" may follow"),
+                    format!(
+                        "unexpected {tok} after the period; only \"burst N\" or \"ban …\" may \
+                         follow"
+                    ),
+                ));
+            }
+        };
+        let ban = match self.bump() {
+            None => None,
+            Some((_, Tok::Word(w))) if w.eq_ignore_ascii_case("ban") => Some(self.ban()?),
+            Some((column, tok)) => {
+                return Err(self.error(
+                    column,
+                    format!("unexpected {tok} after the burst; only \"ban …\" may follow"),
                 ));
             }
         };
         if let Some((column, tok)) = self.bump() {
-            return Err(self.error(column, format!("unexpected {tok} after the burst")));
+            return Err(self.error(column, format!("unexpected {tok} after the ban")));
         }
         let per = Duration::from_micros(per_us);
         let built = match burst {
             Some(burst) => Policy::gcra_with_burst(limit, per, burst),
             None => Policy::new(algorithm.unwrap_or(DEFAULT_ALGORITHM), limit, per),
         };
-        built.map_err(|e| {
-            let hint = match (&e, algorithm) {
-                (ConfigError::LimitTooLarge { .. }, None) if limit > MAX_LOG_LIMIT => {
-                    Some(format!(
-                        "a policy without an algorithm is a sliding_log; name another for a \
+        built
+            .map(|p| ban.map_or(p, |b| p.with_ban(b)))
+            .map_err(|e| {
+                let hint = match (&e, algorithm) {
+                    (ConfigError::LimitTooLarge { .. }, None) if limit > MAX_LOG_LIMIT => {
+                        Some(format!(
+                            "a policy without an algorithm is a sliding_log; name another for a \
                          larger limit, such as \"sliding_window {limit}/…\""
-                    ))
-                }
-                _ => None,
-            };
-            ParsePolicyError::refused(self.input, e, hint)
-        })
+                        ))
+                    }
+                    _ => None,
+                };
+                ParsePolicyError::refused(self.input, e, hint)
+            })
     }
 }
 
@@ -461,6 +521,21 @@ impl fmt::Display for Period {
     }
 }
 
+/// A [`Period`] with its count even when it is 1 (`1d`): a ban's lengths
+/// read as durations, not as a rate's "per minute".
+struct Counted(u64);
+
+impl fmt::Display for Counted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = Period(self.0).to_string();
+        if shown.starts_with(|c: char| c.is_ascii_digit()) {
+            f.write_str(&shown)
+        } else {
+            write!(f, "1{shown}")
+        }
+    }
+}
+
 impl fmt::Display for Policy {
     /// The policy as text that parses back to it: `sliding_log 60/min`,
     /// `gcra 10/s burst 20`.
@@ -474,6 +549,23 @@ impl fmt::Display for Policy {
         )?;
         if let Some(burst) = self.burst() {
             write!(f, " burst {burst}")?;
+        }
+        if let Some(ban) = self.ban() {
+            write!(
+                f,
+                " ban after {} in {} for {}",
+                ban.after(),
+                Counted(ban.within_micros()),
+                Counted(ban.block_micros())
+            )?;
+            if ban.factor() > 1 || ban.max_micros() != ban.block_micros() {
+                write!(
+                    f,
+                    " growing x{} up to {}",
+                    ban.factor(),
+                    Counted(ban.max_micros())
+                )?;
+            }
         }
         Ok(())
     }
@@ -573,6 +665,53 @@ mod tests {
         );
         assert_eq!(parse("1/1500us").window(), Duration::from_micros(1500));
         assert_eq!(parse("1/1500µs").window(), Duration::from_micros(1500));
+    }
+
+    #[test]
+    fn bans_parse_display_and_refuse_what_ban_new_refuses() {
+        let ban = Ban::new(3, 10 * MINUTE, 15 * MINUTE).unwrap();
+        let login = Policy::fixed_window(5, MINUTE).unwrap().with_ban(ban);
+        for s in [
+            "fixed_window 5/min ban after 3 in 10min for 15min",
+            "fixed_window 5/min BAN after 3 within 10 minutes for 900s",
+        ] {
+            assert_eq!(parse(s), login, "{s}");
+        }
+        let text = "fixed_window 5/min ban after 3 in 10min for 15min";
+        assert_eq!(login.to_string(), text);
+        let growing = login.with_ban(ban.growing(2, DAY).unwrap());
+        let text = "fixed_window 5/min ban after 3 in 10min for 15min growing x2 up to 1d";
+        assert_eq!(growing.to_string(), text);
+        assert_eq!(parse(text), growing);
+        assert_eq!(
+            parse("gcra 10/s burst 20 ban after 1 in 1s for 1min growing x 3 up to 1h")
+                .ban()
+                .map(|b| (b.after(), b.factor(), b.max())),
+            Some((1, 3, Duration::from_secs(3600)))
+        );
+        for (input, expected) in [
+            ("5/min ban", "expected \"after\" at the end"),
+            (
+                "5/min ban after 0 in 1min for 1min",
+                "refusal count must be from 1",
+            ),
+            (
+                "5/min ban after 3 for 1min",
+                "expected \"in\" or \"within\", found \"for\"",
+            ),
+            (
+                "5/min ban after 3 in 1min for 1min growing x2 up to 30s",
+                "longest length",
+            ),
+            (
+                "5/min ban after 3 in 1min for 1min soon",
+                "unexpected \"soon\" after the ban",
+            ),
+            ("5/min soon", "only \"burst N\" or \"ban …\" may follow"),
+        ] {
+            let e = error(input);
+            assert!(e.contains(expected), "{input:?}: {e}");
+        }
     }
 
     #[test]

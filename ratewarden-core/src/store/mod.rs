@@ -35,6 +35,11 @@ pub struct Capabilities {
     /// passed to it, so that hosts with skewed clocks agree. A store in this
     /// mode cannot be driven by a manual clock.
     pub server_clock: bool,
+    /// The store applies a policy's [`Ban`](crate::Ban) in the same atomic
+    /// step as its algorithm (see [`ban`](crate::ban)). A store without
+    /// this refuses a banning policy at construction
+    /// ([`Store::check_policy`]'s default does), rather than ignore it.
+    pub bans: bool,
 }
 
 impl Capabilities {
@@ -46,6 +51,7 @@ impl Capabilities {
             key_capacity: None,
             shared: false,
             server_clock: false,
+            bans: false,
         }
     }
 
@@ -64,6 +70,12 @@ impl Capabilities {
     /// Decides on its own server's clock.
     pub const fn server_clock(mut self) -> Self {
         self.server_clock = true;
+        self
+    }
+
+    /// Applies bans.
+    pub const fn with_bans(mut self) -> Self {
+        self.bans = true;
         self
     }
 }
@@ -193,16 +205,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Refuses a policy the store cannot apply. Called when a rule is built,
     /// so a bad combination fails at start-up rather than at the first
     /// request. The default checks the algorithm against
-    /// [`Capabilities::algorithms`].
+    /// [`Capabilities::algorithms`], and a [`Ban`](crate::Ban) against
+    /// [`Capabilities::bans`].
     fn check_policy(&self, policy: &Policy) -> Result<(), ConfigError> {
-        if self.capabilities().algorithms.contains(&policy.algorithm()) {
-            Ok(())
-        } else {
-            Err(ConfigError::UnsupportedAlgorithm {
+        let capabilities = self.capabilities();
+        if !capabilities.algorithms.contains(&policy.algorithm()) {
+            return Err(ConfigError::UnsupportedAlgorithm {
                 store: self.name(),
                 algorithm: policy.algorithm(),
-            })
+            });
         }
+        if policy.ban().is_some() && !capabilities.bans {
+            return Err(ConfigError::UnsupportedBan { store: self.name() });
+        }
+        Ok(())
     }
 
     /// Atomically applies the request's policy to its key for its cost at

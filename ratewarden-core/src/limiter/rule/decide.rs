@@ -411,8 +411,13 @@ impl Rule {
         keep: bool,
     ) -> Option<Charge> {
         // A shadow rule's refusal is not one to repeat: it refused nothing.
+        // Under a ban, only the ban's refusals are: the store counts every
+        // other refusal toward the ban, so it must see them.
         if let (false, Some(cache)) = (
-            decision.allowed || holder.is_none() || self.shadow,
+            decision.allowed
+                || holder.is_none()
+                || self.shadow
+                || (self.policy.ban().is_some() && !decision.source.banned),
             &self.refusals,
         ) {
             cache.put(key, now, decision, ticket);
@@ -789,6 +794,9 @@ impl Rule {
             self.counters.allowed.bump();
         } else {
             self.counters.refused.bump();
+            if decision.source.banned {
+                bump(&self.counters.banned);
+            }
         }
         #[cfg(feature = "metrics")]
         self.metric_keys.count(decision);

@@ -1,6 +1,7 @@
 //! The keys of the series a rule counts per decision, built once per rule:
-//! `ratewarden_decisions_total` for its usual decisions (and its refusals in
-//! shadow mode), and
+//! `ratewarden_decisions_total` for its usual decisions (outcome `allowed`,
+//! `refused`, `banned` for a ban's refusals, `shadow_refused` for its
+//! refusals in shadow mode), and
 //! `ratewarden_fallbacks_total`, which a rule whose store is down counts on
 //! every decision.
 //!
@@ -41,11 +42,24 @@ struct StoreKeys {
     store: &'static str,
     allowed: Key,
     refused: Key,
+    banned: Key,
 }
 
 /// The outcome label of a refusal by a rule in shadow mode, which refused
 /// nothing.
 const SHADOW_REFUSED: &str = "shadow_refused";
+
+/// The outcome label of a refusal of a policy's ban.
+const BANNED: &str = "banned";
+
+/// The outcome label of `decision`.
+fn outcome(decision: &Decision) -> &'static str {
+    match (decision.allowed, decision.source.banned) {
+        (true, _) => "allowed",
+        (false, false) => "refused",
+        (false, true) => BANNED,
+    }
+}
 
 impl StoreKeys {
     fn new(rule: &'static str, store: &'static str) -> Self {
@@ -65,6 +79,7 @@ impl StoreKeys {
             store,
             allowed: key("allowed"),
             refused: key("refused"),
+            banned: key(BANNED),
         }
     }
 }
@@ -154,14 +169,14 @@ impl DecisionKeys {
             .flatten()
             .find(|k| k.store == store);
         match known {
-            Some(keys) => increment(if decision.allowed {
-                &keys.allowed
-            } else {
-                &keys.refused
+            Some(keys) => increment(match (decision.allowed, decision.source.banned) {
+                (true, _) => &keys.allowed,
+                (false, false) => &keys.refused,
+                (false, true) => &keys.banned,
             }),
             None => metrics::counter!(DECISIONS,
                 "rule" => self.rule,
-                "outcome" => if decision.allowed { "allowed" } else { "refused" },
+                "outcome" => outcome(decision),
                 "store" => store)
             .increment(1),
         }
