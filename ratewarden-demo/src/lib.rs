@@ -144,6 +144,17 @@ const HOUR: Duration = Duration::from_secs(3600);
 
 /// `POST /api/login`: failed attempts allowed per client, per 15 minutes.
 pub const LOGIN_FAILURES: u32 = 5;
+
+/// `POST /api/login`'s ban: a client refused twice in 15 minutes is banned
+/// for an hour, four times longer on each repeat, up to a day.
+pub const LOGIN_BAN: &str = "ban after 2 in 15min for 1h growing x4 up to 1d";
+
+/// `policy` with [`LOGIN_BAN`].
+fn login_ban(policy: Policy) -> Result<Policy, ConfigError> {
+    format!("{policy} {LOGIN_BAN}")
+        .parse()
+        .map_err(|e| ConfigError::Invalid(format!("{e}")))
+}
 const DAY: Duration = Duration::from_secs(86_400);
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -204,7 +215,13 @@ impl Stores {
     /// is sound for the policy's algorithm, else the primary store.
     pub fn deciding(&self, policy: &Policy) -> Arc<dyn Store> {
         match &self.leased {
-            Some(leased) if LEASE_ALGORITHMS.contains(&policy.algorithm()) => leased.clone(),
+            // A lease cannot count a ban's refusals: those policies decide
+            // in the shared store.
+            Some(leased)
+                if LEASE_ALGORITHMS.contains(&policy.algorithm()) && policy.ban().is_none() =>
+            {
+                leased.clone()
+            }
             _ => self.primary.clone(),
         }
     }
@@ -343,8 +360,22 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         layers.push((endpoint.name, layer));
     }
     // The login route counts only failures: a client that knows its
-    // password is never locked out, one that guesses is after five.
-    let policy = Policy::fixed_window(LOGIN_FAILURES, 15 * MINUTE)?;
+    // password is never locked out, one that guesses is after five, and
+    // one that keeps guessing is banned (where the store keeps bans).
+    let mut policy = Policy::fixed_window(LOGIN_FAILURES, 15 * MINUTE)?;
+    if settings
+        .stores
+        .deciding(&login_ban(policy)?)
+        .capabilities()
+        .bans
+    {
+        policy = login_ban(policy)?;
+    } else {
+        tracing::info!(
+            store = settings.stores.primary.name(),
+            "the store keeps no bans: POST /api/login is limited without one"
+        );
+    }
     let login = Endpoint {
         name: "login",
         method: "POST",

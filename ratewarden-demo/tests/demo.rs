@@ -570,6 +570,67 @@ async fn the_login_counts_only_failed_attempts() {
     assert_eq!(login("demo").await.status, StatusCode::OK);
 }
 
+#[tokio::test]
+async fn a_client_that_keeps_guessing_is_banned_until_an_operator_resets_it() {
+    let clock = ManualClock::new();
+    let mut with_admin = settings(&clock);
+    with_admin.admin_token = Some(ratewarden_demo::admin::AdminToken::new(TOKEN).unwrap());
+    let addr = start(&with_admin).await;
+    let client = TestClient::new(addr, Some("127.0.0.2".parse().unwrap()));
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let login = |password: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .send_body(
+                    Method::POST,
+                    "/api/login",
+                    &form,
+                    format!("password={password}"),
+                )
+                .await
+        }
+    };
+    let retry_after = |reply: &ratewarden_test_support::http::Reply| -> u64 {
+        reply.headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    for _ in 0..5 {
+        assert_eq!(login("guess").await.status, StatusCode::UNAUTHORIZED);
+    }
+    // The first refusal waits for the window's end; the second bans for
+    // an hour, and a ban's refusals never lengthen it.
+    let first = login("guess").await;
+    assert_eq!(first.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&first), 15 * 60);
+    let banned = login("guess").await;
+    assert_eq!(retry_after(&banned), 3600);
+    for _ in 0..10 {
+        clock.advance(Duration::from_secs(60));
+        let reply = login("demo").await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(retry_after(&reply) < 3600, "{:?}", reply.headers);
+    }
+    assert_eq!(retry_after(&login("demo").await), 3600 - 600);
+    // Past the window, still banned: the ban outlasts it.
+    clock.advance(Duration::from_secs(20 * 60));
+    assert_eq!(login("demo").await.status, StatusCode::TOO_MANY_REQUESTS);
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    let done = client
+        .send(
+            Method::POST,
+            "/admin/reset?client=127.0.0.2&route=login",
+            &auth,
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{done:?}");
+    assert_eq!(login("demo").await.status, StatusCode::OK);
+}
+
 const PRO_KEY: &str = "a pro key of 16+ bytes";
 
 #[tokio::test]

@@ -193,6 +193,12 @@ impl Capabilities {
 ///   whether or not they fit, within its bounds, exactly as
 ///   [`algorithm::penalize`](crate::algorithm::penalize): a key already
 ///   over its limit waits longer, a new key is created charged.
+/// * `bans_are_exact` — a policy's [`Ban`](crate::Ban) is applied as
+///   [`ban`](crate::ban) says, in the same atomic step as the decision (and
+///   in a peek, which records nothing): a banned key's refusals record
+///   nothing, so a ban never extends itself; a reset lifts it. A store that
+///   does not declare [`Capabilities::bans`] refuses a banning policy in
+///   [`check_policy`](Store::check_policy), as the default does.
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// A short, stable name (`"memory"`, `"redis"`, …), reported in every
