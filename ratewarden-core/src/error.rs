@@ -65,8 +65,8 @@ pub enum ConfigError {
     },
     /// The store does not keep bans ([`Capabilities::bans`](crate::Capabilities::bans)).
     #[error(
-        "the {store} store does not keep bans: use a store that does (memory, redis, postgres), \
-         or drop the policy's ban"
+        "the {store} store does not keep bans: use a store that does (memory, redis, postgres) \
+         without leases, or drop the policy's ban"
     )]
     UnsupportedBan {
         /// The store's name.

@@ -745,7 +745,9 @@ mod tests {
         let store = MemoryStore::new(1_234);
         assert_eq!(
             store.capabilities(),
-            Capabilities::new(&Algorithm::ALL).with_key_capacity(1_234)
+            Capabilities::new(&Algorithm::ALL)
+                .with_key_capacity(1_234)
+                .with_bans()
         );
         assert_eq!(store.name(), "memory");
         assert_eq!(MemoryStore::default().capacity(), DEFAULT_CAPACITY);

@@ -47,6 +47,12 @@
 //!   the `connections` module's source for the measurements). A
 //!   connection whose statement did not finish cleanly is closed, never
 //!   reused, and the next call opens a fresh one.
+//! * **Bans** ([`Policy::with_ban`]): `decide_banned` wraps the
+//!   algorithm's function in the same statement. It takes the key's state
+//!   row lock, reads its row in `bans` (one per key and algorithm, created
+//!   by a refusal), and while banned answers the ban's refusal and writes
+//!   nothing; a refusal otherwise updates that row. A policy without a ban
+//!   runs the algorithm's own function, as before.
 //! * **Failure**: every call is bounded by a timeout (server-side
 //!   `statement_timeout`, a bound on waiting for a connection, and a
 //!   client-side timer). A dead or slow database is a [`StoreError`] within
@@ -104,7 +110,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ratewarden_core::{
-    AbuseEvent, AbuseSink, Algorithm, Capabilities, Clock, Decision, ErrorKind, Key, Policy,
+    AbuseEvent, AbuseSink, Algorithm, Ban, Capabilities, Clock, Decision, ErrorKind, Key, Policy,
     Refund, Request, Store, StoreError, Timestamp,
 };
 use sqlx::postgres::PgPool;
@@ -160,6 +166,9 @@ struct Shared {
     decide_sql: [String; 4],
     refund_sql: [String; 4],
     peek_sql: [String; 4],
+    /// `decide_banned` and `peek_banned`, for a policy with a ban.
+    decide_banned_sql: String,
+    peek_banned_sql: String,
     reset_sql: [String; 4],
     penalize_sql: [String; 4],
     sweep_sql: Vec<(&'static str, String)>,
@@ -207,21 +216,34 @@ impl Shared {
             )
         });
         // The state tables are named after their algorithms.
-        // The delete and its notice in one statement, sent when it commits.
+        // The deletes (the state and its ban) and the notice in one
+        // statement, sent when it commits.
         let reset_sql = Algorithm::ALL.map(|a| {
             format!(
-                "WITH gone AS (DELETE FROM {s}.{a} WHERE key_hash = sha256($1)) \
+                "WITH gone AS (DELETE FROM {s}.{a} WHERE key_hash = sha256($1)), \
+                 lifted AS (DELETE FROM {s}.bans WHERE key_hash = sha256($1) \
+                 AND algorithm = '{a}') \
                  SELECT pg_notify($2, CASE WHEN octet_length($1) <= {named} \
                  THEN encode($1, 'hex') ELSE '*' END)",
                 a = a.as_str(),
                 named = notices::NAMED
             )
         });
+        let decide_banned_sql = format!(
+            "SELECT allowed, remaining, reset_after_us, retry_after_us, banned \
+             FROM {s}.decide_banned($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        );
+        let peek_banned_sql = format!(
+            "SELECT allowed, remaining, reset_after_us, retry_after_us, banned \
+             FROM {s}.peek_banned($1, $2, $3, $4, $5, $6, $7)"
+        );
         Shared {
             connections,
             pool,
             schema: b.schema.clone(),
             decide_sql,
+            decide_banned_sql,
+            peek_banned_sql,
             refund_sql,
             peek_sql,
             reset_sql,
@@ -427,6 +449,9 @@ impl PostgresStore {
         } else {
             Some(to_i64(now)?)
         };
+        if let Some(ban) = policy.ban() {
+            return self.banned(asked, request, ban, now).await;
+        }
         let index = algorithm_index(policy.algorithm());
         let (sql, what) = match asked {
             Asked::Decide => (&shared.decide_sql[index], "decision"),
@@ -458,6 +483,57 @@ impl PostgresStore {
     }
 }
 
+impl PostgresStore {
+    /// [`decision`](Self::decision) under a ban: one statement of
+    /// `decide_banned` or `peek_banned` (schema version 5), which wraps the
+    /// algorithm's own function.
+    async fn banned(
+        &self,
+        asked: Asked,
+        request: Request<'_>,
+        ban: &Ban,
+        now: Option<i64>,
+    ) -> Result<Decision, StoreError> {
+        let policy = request.policy();
+        let shared = &self.inner.shared;
+        let (sql, what) = match asked {
+            Asked::Decide => (&shared.decide_banned_sql, "decision"),
+            Asked::Peek => (&shared.peek_banned_sql, "peek"),
+        };
+        let mut query = sqlx::query_as::<_, (bool, i64, i64, i64, bool)>(sql)
+            .bind(policy.algorithm().as_str())
+            .bind(request.key())
+            .bind(i64::from(policy.limit()))
+            .bind(policy.window_micros() as i64)
+            .bind(i64::from(request.cost()))
+            .bind(now)
+            .bind(shared.gc_slack_us);
+        if asked == Asked::Decide {
+            // Ban durations are validated to at most MAX_WINDOW: bigints.
+            query = query
+                .bind(shared.record_refusals.then_some(shared.abuse_retention_us))
+                .bind(i64::from(ban.after()))
+                .bind(ban.within_micros() as i64)
+                .bind(ban.block_micros() as i64)
+                .bind(i64::from(ban.factor()))
+                .bind(ban.max_micros() as i64);
+        }
+        let mut checkout = shared.checkout(what).await?;
+        let answer = timeout_at(checkout.deadline(), query.fetch_one(checkout.connection())).await;
+        let (allowed, remaining, reset_after, retry_after, banned) = checkout.end(what, answer)?;
+        let mut decision = Decision::new(
+            allowed,
+            policy,
+            u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
+            Duration::from_micros(u64::try_from(reset_after).unwrap_or(0)),
+            Duration::from_micros(u64::try_from(retry_after).unwrap_or(0)),
+            NAME,
+        );
+        decision.source.banned = banned;
+        Ok(decision)
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     /// Told of every key another instance of the fleet resets, through
@@ -472,7 +548,7 @@ impl Store for PostgresStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut capabilities = Capabilities::new(&Algorithm::ALL).shared();
+        let mut capabilities = Capabilities::new(&Algorithm::ALL).shared().with_bans();
         capabilities.server_clock = self.inner.shared.server_clock;
         capabilities
     }

@@ -14,7 +14,7 @@ use crate::quote_ident;
 
 /// The schema version this build creates and understands: the number of the
 /// last embedded migration.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The embedded migrations, in order. Applied ones are never edited (their
 /// checksums are checked against deployed schemas); changes are new files.
@@ -35,11 +35,18 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "penalties",
         include_str!("../migrations/0004_penalties.sql"),
     ),
+    (5, "bans", include_str!("../migrations/0005_bans.sql")),
 ];
 
-/// The tables that hold per-key state, switched between logged and
-/// unlogged.
-const STATE_TABLES: [&str; 4] = ["sliding_log", "fixed_window", "sliding_window", "gcra"];
+/// The tables that hold per-key state, bans included, switched between
+/// logged and unlogged.
+const STATE_TABLES: [&str; 5] = [
+    "sliding_log",
+    "fixed_window",
+    "sliding_window",
+    "gcra",
+    "bans",
+];
 
 /// What building a store asks of its schema.
 pub(crate) struct SchemaPlan<'a> {

@@ -9,11 +9,12 @@ use ratewarden_core::{ConfigError, StoreError, Timestamp};
 use crate::{NAME, PostgresStore, Shared, to_i64};
 
 /// Every table with an `expires_at` column.
-const SWEPT_TABLES: [&str; 5] = [
+const SWEPT_TABLES: [&str; 6] = [
     "sliding_log",
     "fixed_window",
     "sliding_window",
     "gcra",
+    "bans",
     "abuse_events",
 ];
 
@@ -49,7 +50,7 @@ pub(crate) fn sweep_statements(s: &str) -> Vec<(&'static str, String)> {
 pub struct SweepReport {
     /// Rows deleted in total.
     pub deleted: u64,
-    /// State rows deleted.
+    /// State rows deleted (ban rows among them).
     pub state_rows: u64,
     /// Abuse events deleted.
     pub abuse_events: u64,

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratewarden_core::{
-    AbuseEvent, AbuseSink, Algorithm, ConfigError, ErrorKind, ManualClock, Policy, Store, Timestamp,
+    AbuseEvent, AbuseSink, Algorithm, Ban, ConfigError, ErrorKind, ManualClock, Policy, Store,
+    Timestamp,
 };
 use ratewarden_postgres::{BuildError, PostgresStore, SCHEMA_VERSION};
 use ratewarden_test_support::policy;
@@ -131,6 +132,54 @@ async fn one_statement_per_decision() {
     drop(store);
 }
 
+/// A policy with a ban is decided in one statement as well; its ban is a
+/// row of `bans` that `psql` shows, and a reset deletes it with the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_is_decided_in_the_decisions_statement_and_a_reset_deletes_its_row() {
+    let (store, db) = store_in_own_database("ban_stmts").await;
+    let ban = Ban::new(2, Duration::from_secs(60), Duration::from_secs(600)).unwrap();
+    let policies: Vec<Policy> = counted_policies()
+        .into_iter()
+        .map(|p| p.with_ban(ban))
+        .collect();
+    warm_up(&store, &policies, T0).await;
+    let before = statement_calls(&db).await;
+    let n = 40;
+    let mut banned = 0;
+    for i in 0..n {
+        let p = &policies[i % 4];
+        let d = call::decide(&store, b"banned key", p, 1, at(i as u64))
+            .await
+            .unwrap();
+        banned += usize::from(d.source.banned);
+    }
+    assert_eq!(statement_calls(&db).await - before, n as i64);
+    // Ten requests per policy of limit 3: three admitted, one refused, the
+    // second refusal bans, and the five after it are the ban's.
+    assert_eq!(banned, 4 * 6);
+    let bans = format!(
+        "SELECT count(*) FROM \"{}\".bans WHERE until_us > 0",
+        store.schema()
+    );
+    let rows: i64 = sqlx::query_scalar(&bans)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 4);
+    for p in &policies {
+        call::reset(&store, b"banned key", p).await.unwrap();
+        let d = call::decide(&store, b"banned key", p, 1, at(100))
+            .await
+            .unwrap();
+        assert!(d.allowed, "{p}: {d:?}");
+    }
+    let rows: i64 = sqlx::query_scalar(&bans)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
 /// Every state row and abuse event of `store`'s schema, as text.
 async fn all_rows(store: &PostgresStore) -> String {
     let mut rows = String::new();
@@ -139,6 +188,7 @@ async fn all_rows(store: &PostgresStore) -> String {
         "fixed_window",
         "sliding_window",
         "gcra",
+        "bans",
         "abuse_events",
     ] {
         let text: Option<String> = sqlx::query_scalar(&format!(
@@ -359,7 +409,7 @@ async fn sweeps_remove_expired_rows_in_bounded_batches() {
 
 /// Rows for a table's sweep plan, `$1` the row number: expiring at `$1`,
 /// so that 100 of them expire before 101.
-const PLANNED_ROWS: [(&str, &str); 5] = [
+const PLANNED_ROWS: [(&str, &str); 6] = [
     (
         "sliding_log",
         "INSERT INTO {s}.sliding_log SELECT sha256(i::text::bytea), ARRAY[i], i FROM {rows} i",
@@ -375,6 +425,10 @@ const PLANNED_ROWS: [(&str, &str); 5] = [
     (
         "gcra",
         "INSERT INTO {s}.gcra SELECT sha256(i::text::bytea), i, i FROM {rows} i",
+    ),
+    (
+        "bans",
+        "INSERT INTO {s}.bans SELECT sha256(i::text::bytea), 'gcra', i, 1, i, 0, i FROM {rows} i",
     ),
     (
         "abuse_events",
@@ -447,7 +501,7 @@ async fn sweeps_never_scan_the_table() {
         .sweep(Timestamp::from_micros(101), 1000)
         .await
         .unwrap();
-    assert_eq!(report.state_rows, 4 * 100, "{report:?}");
+    assert_eq!(report.state_rows, 5 * 100, "{report:?}");
     assert_eq!(report.abuse_events, 100, "{report:?}");
 }
 
@@ -605,6 +659,7 @@ async fn objects_live_in_the_configured_schema() {
         [
             "_sqlx_migrations",
             "abuse_events",
+            "bans",
             "fixed_window",
             "gcra",
             "sliding_log",

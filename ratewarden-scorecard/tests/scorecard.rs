@@ -53,6 +53,10 @@ fn every_broken_store_fails_the_scorecard() {
         "reset-keeps-previous",
         "state-per-policy",
         "penalty-only-when-it-fits",
+        "ban-extended-by-refusals",
+        "ban-ignored",
+        "ban-survives-reset",
+        "ban-accepted-undeclared",
     ];
     assert_eq!(
         defects.len(),
