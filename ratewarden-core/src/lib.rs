@@ -23,6 +23,25 @@
 //! assert_eq!(refused.retry_after_us, 3600 * 1_000_000 - 1);
 //! # Ok::<(), ratewarden_core::ConfigError>(())
 //! ```
+//!
+//! # Metrics
+//!
+//! With the `metrics` feature, every [`Limiter`] reports through the
+//! `metrics` facade, to whichever recorder the application installs (a
+//! Prometheus exporter, StatsD, …); without a recorder nothing is kept.
+//!
+//! | series | type | labels |
+//! |---|---|---|
+//! | `ratewarden_decisions_total` | counter | `rule`, `store`, `outcome`: `allowed`, `refused`, `banned` (a [`Ban`]'s refusal), `shadow_refused` (a rule in shadow mode) |
+//! | `ratewarden_store_errors_total` | counter | `rule`, `store`, `kind` |
+//! | `ratewarden_breaker_transitions_total` | counter | `rule`, `store`, `to` (`open`, `closed`) |
+//! | `ratewarden_breaker_open` | gauge | `rule`, `store`: 1 while the store's breaker is open or probing, 0 once it closed again (absent until it first opens) |
+//! | `ratewarden_fallbacks_total` | counter | `rule` |
+//! | `ratewarden_store_call_seconds` | histogram | `rule`, `store`, `op` (`decide`, `refund`); awaited calls only, timeouts included |
+//! | `ratewarden_memory_keys`, `ratewarden_memory_capacity` | gauge | `store`: set by `ratewarden_memory::MemoryStore::report_metrics` (its `metrics` feature) |
+//! | `ratewarden_memory_evictions_total` | counter | `store`, likewise |
+//!
+//! No label holds a client's key or address.
 
 mod abuse;
 pub mod algorithm;

@@ -3,21 +3,10 @@
 //! The limiter reports through the `metrics` facade (the `metrics` feature
 //! of the `ratewarden` crate); this module installs a Prometheus recorder and
 //! renders it on the demo's own router, on the same port, so the demo needs
-//! no second listener. Series:
-//!
-//! | series | type | labels |
-//! |---|---|---|
-//! | `ratewarden_decisions_total` | counter | `rule`, `store`, `outcome` (`allowed`, `refused`, and `shadow_refused` for a rule in shadow mode) |
-//! | `ratewarden_store_errors_total` | counter | `rule`, `store`, `kind` |
-//! | `ratewarden_breaker_transitions_total` | counter | `rule`, `store`, `to` (`open`, `closed`) |
-//! | `ratewarden_breaker_open` | gauge | `rule`, `store`: 1 while the store's breaker is open or probing, 0 once it closed again (absent until it first opens) |
-//! | `ratewarden_fallbacks_total` | counter | `rule` |
-//! | `ratewarden_store_call_seconds` | histogram | `rule`, `store`, `op` (`decide`, `refund`); awaited calls only, timeouts included |
-//! | `ratewarden_memory_keys`, `ratewarden_memory_capacity` | gauge | `store` (`primary`, `local`) |
-//! | `ratewarden_memory_evictions_total` | counter | `store` |
-//!
-//! The memory-store series are read from the stores when `/metrics` is
-//! scraped, so they cost the request path nothing.
+//! no second listener. The series are the library's (`ratewarden_core`'s
+//! docs, Metrics); the memory stores' (`store="primary"`, `"local"`) are
+//! reported (`MemoryStore::report_metrics`) when `/metrics` is scraped, so
+//! they cost the request path nothing.
 //!
 //! The endpoint is not rate limited and says which keys a store holds only
 //! by count; put it behind the network boundary a scraper reaches, as any
@@ -79,11 +68,7 @@ impl Metrics {
     /// The current metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         for (name, store) in &self.memory {
-            metrics::gauge!("ratewarden_memory_keys", "store" => *name).set(store.len() as f64);
-            metrics::gauge!("ratewarden_memory_capacity", "store" => *name)
-                .set(store.capacity() as f64);
-            metrics::counter!("ratewarden_memory_evictions_total", "store" => *name)
-                .absolute(store.evictions());
+            store.report_metrics(name);
         }
         // Histograms are folded into their buckets by upkeep; at scrape
         // time is often enough and needs no background task.

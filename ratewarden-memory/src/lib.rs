@@ -429,6 +429,26 @@ impl MemoryStore {
         Ok(self.decided(Request::new(self, key, policy, cost, now)?))
     }
 
+    /// Sets the store's series in whichever `metrics` recorder is
+    /// installed, labelled `store="{label}"`: the gauges
+    /// `ratewarden_memory_keys` and `ratewarden_memory_capacity`, and the
+    /// counter `ratewarden_memory_evictions_total`. The store keeps these
+    /// counts itself (reading them takes each shard's lock once), so call
+    /// this when they are wanted: before rendering a scrape, or from a
+    /// timer. With the `metrics` feature.
+    ///
+    /// ```
+    /// let store = ratewarden_memory::MemoryStore::new(1_000);
+    /// store.report_metrics("primary"); // no recorder installed: nothing kept
+    /// ```
+    #[cfg(feature = "metrics")]
+    pub fn report_metrics(&self, label: &'static str) {
+        metrics::gauge!("ratewarden_memory_keys", "store" => label).set(self.len() as f64);
+        metrics::gauge!("ratewarden_memory_capacity", "store" => label).set(self.capacity() as f64);
+        metrics::counter!("ratewarden_memory_evictions_total", "store" => label)
+            .absolute(self.evictions());
+    }
+
     /// The same as [`Store::refund`], without the future; `admitted` is
     /// the decision being undone.
     pub fn refund_sync(
