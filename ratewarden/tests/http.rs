@@ -686,6 +686,14 @@ async fn a_denied_client_gets_403_without_a_store_call_and_an_allowed_one_is_not
         .access(access.clone())
         .build()
         .unwrap();
+    // A denied client asking for its quota is forbidden too, not "not
+    // limited".
+    let mut request = http::Request::new(());
+    request
+        .extensions_mut()
+        .insert(std::net::SocketAddr::from(([127, 0, 0, 3], 4000)));
+    let (parts, ()) = request.into_parts();
+    assert_eq!(layer.quota(&parts).await.status(), StatusCode::FORBIDDEN);
     let hits = Arc::new(AtomicUsize::new(0));
     let server = serve(app(layer, hits.clone())).await;
     let at = |last: u8| TestClient::new(server, Some(IpAddr::from([127, 0, 0, last])));

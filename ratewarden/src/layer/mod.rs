@@ -338,7 +338,11 @@ impl RateLimitLayer {
     }
 
     async fn peek_on(&self, parts: &Parts) -> Option<(Decision, usize)> {
-        match self.shared.classify(parts) {
+        self.peek_classified(self.shared.classify(parts)).await
+    }
+
+    async fn peek_classified(&self, classified: Classified) -> Option<(Decision, usize)> {
+        match classified {
             Classified::Check(key, cost, plan) => self
                 .shared
                 .limiter(plan)
@@ -355,9 +359,10 @@ impl RateLimitLayer {
     /// The answer to a client asking for its quota, for a route of its own
     /// (`GET /api/quota`) that the layer does not wrap: `200 OK` with the
     /// rate-limit headers a decided request's response carries and a JSON
-    /// body ([`RateLimitHeaders::quota`]), spending nothing; `404 Not
-    /// Found` if the layer would not limit such a request (see
-    /// [`peek`](Self::peek)).
+    /// body ([`RateLimitHeaders::quota`]), spending nothing; the layer's
+    /// own `403 Forbidden` for a client its [access list](RateLimitLayerBuilder::access)
+    /// denies; `404 Not Found` if the layer would not limit such a request
+    /// (see [`peek`](Self::peek)).
     ///
     /// The body is a [`Full`], so that an axum handler can return the
     /// response as it is (`http::Response<B>` is an `IntoResponse` for any
@@ -383,7 +388,11 @@ impl RateLimitLayer {
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     pub async fn quota(&self, parts: &Parts) -> Response<Full<Bytes>> {
-        match self.peek_on(parts).await {
+        let classified = self.shared.classify(parts);
+        if let Classified::Deny = classified {
+            return self.shared.own(Own::Denied).map(Full::new);
+        }
+        match self.peek_classified(classified).await {
             Some((decision, plan)) => self.shared.headers(plan).quota(&decision).map(Full::new),
             None => {
                 let mut response = Response::new(Full::new(Bytes::from_static(NOT_LIMITED_BODY)));
