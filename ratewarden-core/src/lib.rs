@@ -47,6 +47,7 @@ mod abuse;
 pub mod algorithm;
 pub mod ban;
 mod counter;
+mod customers;
 mod decision;
 mod error;
 mod failure;
@@ -66,6 +67,10 @@ pub use abuse::{ABUSE_TRACKED_KEYS, AbuseEvent, AbuseSink};
 /// Re-exported so that a store crate implements [`Store`] with
 /// `#[ratewarden_core::async_trait]` and no dependency of its own.
 pub use async_trait::async_trait;
+pub use customers::{
+    CustomerLimit, CustomerLimits, CustomerLimitsBuilder, DEFAULT_CUSTOMERS_CACHED,
+    DEFAULT_LIMIT_TTL, LimitSource, Resolved, StaticLimits,
+};
 pub use decision::{Decision, Source};
 pub use error::{ConfigError, ErrorKind, StoreError};
 pub use failure::{BreakerConfig, BreakerState, FailurePolicy};
