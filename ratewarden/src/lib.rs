@@ -219,6 +219,7 @@ pub use ratewarden_core::*;
 pub mod access;
 #[cfg(feature = "config")]
 pub mod config;
+pub mod customers;
 pub mod identity;
 pub mod key;
 pub mod layer;
