@@ -98,6 +98,7 @@
 mod builder;
 mod connections;
 mod error;
+mod limits;
 mod notices;
 mod schema;
 mod sweep;
@@ -119,6 +120,7 @@ use tokio::time::{Instant, timeout_at};
 
 pub use builder::PostgresStoreBuilder;
 pub use error::BuildError;
+pub use limits::{LIMITS_TABLE_EXAMPLE, PostgresLimitSource};
 pub use schema::SCHEMA_VERSION;
 pub use sweep::SweepReport;
 pub use url::URL_SCHEMES;
