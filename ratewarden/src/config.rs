@@ -41,6 +41,18 @@
 //! "/api/search" = "search"
 //! "/api/feedback" = "feedback"
 //!
+//! # Limits per customer (`Limits::customers`, `CustomerLimits`): plans,
+//! # which may differ in algorithm and window, the default plan, and
+//! # customers' own limits, a plan's name or limits of their own. An
+//! # application adds its own source (a table) with
+//! # `LimitsBuilder::customer_source`, read after these overrides.
+//! [customers.api]
+//! store = "shared"
+//! default = "free"
+//! plans = { free = "100/hour", pro = "gcra 20/s burst 100" }
+//! overrides = { acme = "pro", bigco = "fixed_window 5000/hour" }
+//! ttl_s = 60                     # a changed limit applies within it
+//!
 //! # Clients refused outright (403) and clients never limited, by address
 //! # range and by client key (`ratewarden::access`; `Limits::access`).
 //! [access]
@@ -97,8 +109,29 @@ use ratewarden_core::lease::{LeaseConfig, LeasedStore};
 use ratewarden_core::{
     Clock, ConfigError, FailurePolicy, Limiter, Policy, Rule, Store, SystemClock,
 };
+use ratewarden_core::{CustomerLimit, CustomerLimits, LimitSource, StaticLimits, StoreError};
 use serde::Deserialize;
 use toml::Spanned;
+
+/// A file's customer overrides, then the application's source.
+#[derive(Debug)]
+struct FileFirst {
+    file: StaticLimits,
+    then: Option<Arc<dyn LimitSource>>,
+}
+
+#[ratewarden_core::async_trait]
+impl LimitSource for FileFirst {
+    async fn limit(&self, customer: &str) -> Result<Option<CustomerLimit>, StoreError> {
+        if let Some(limit) = self.file.limit(customer).await? {
+            return Ok(Some(limit));
+        }
+        match &self.then {
+            Some(source) => source.limit(customer).await,
+            None => Ok(None),
+        }
+    }
+}
 use tower::Service;
 use tower::util::{Oneshot, ServiceExt};
 
@@ -115,6 +148,21 @@ struct File {
     #[serde(default)]
     routes: BTreeMap<Spanned<String>, Spanned<String>>,
     access: Option<AccessSpec>,
+    #[serde(default)]
+    customers: BTreeMap<String, Spanned<CustomersSpec>>,
+}
+
+/// `[customers.NAME]`: a [`CustomerLimits`] counted in rule `NAME`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CustomersSpec {
+    store: Option<Spanned<String>>,
+    default: Spanned<String>,
+    plans: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    overrides: BTreeMap<String, Spanned<String>>,
+    ttl_s: Option<Spanned<u64>>,
+    capacity: Option<Spanned<usize>>,
 }
 
 /// `[access]`: the allow and deny lists every layer built from the file
@@ -203,6 +251,9 @@ pub struct Limits {
     bare: BTreeMap<String, Policy>,
     routes: BTreeMap<String, String>,
     access: AccessList,
+    customers: BTreeMap<String, CustomerLimits>,
+    /// The application's sources of customer limits, by name.
+    sources: Arc<BTreeMap<String, Arc<dyn LimitSource>>>,
 }
 
 impl fmt::Debug for Limits {
@@ -221,6 +272,7 @@ pub struct LimitsBuilder {
     given: BTreeMap<String, Arc<dyn Store>>,
     clock: Arc<dyn Clock>,
     allow_empty: bool,
+    sources: BTreeMap<String, Arc<dyn LimitSource>>,
 }
 
 impl fmt::Debug for LimitsBuilder {
@@ -237,6 +289,18 @@ impl LimitsBuilder {
     /// named [`DEFAULT_STORE`] decides every rule that names none.
     pub fn store(mut self, name: impl Into<String>, store: Arc<dyn Store>) -> Self {
         self.given.insert(name.into(), store);
+        self
+    }
+
+    /// Where `[customers.NAME]` reads the limits of customers the file
+    /// does not list (a table of the application's, say), at every load
+    /// and reload. A source for a name the file does not have is unused.
+    pub fn customer_source(
+        mut self,
+        name: impl Into<String>,
+        source: Arc<dyn LimitSource>,
+    ) -> Self {
+        self.sources.insert(name.into(), source);
         self
     }
 
@@ -269,13 +333,15 @@ impl LimitsBuilder {
     }
 
     fn empty(self, origin: String, path: Option<PathBuf>) -> Limits {
-        Limits::empty(
+        let mut limits = Limits::empty(
             origin,
             path,
             Arc::new(self.given),
             self.clock,
             self.allow_empty,
-        )
+        );
+        limits.sources = Arc::new(self.sources);
+        limits
     }
 }
 
@@ -308,6 +374,8 @@ impl Limits {
             bare: BTreeMap::new(),
             routes: BTreeMap::new(),
             access: AccessList::default(),
+            customers: BTreeMap::new(),
+            sources: Arc::default(),
         }
     }
 
@@ -317,6 +385,7 @@ impl Limits {
             given: BTreeMap::new(),
             clock: Arc::new(SystemClock),
             allow_empty: false,
+            sources: BTreeMap::new(),
         }
     }
 
@@ -405,6 +474,31 @@ impl Limits {
         &self.access
     }
 
+    /// The limits of `[customers.NAME]`, for a
+    /// [`CustomerLayer`](crate::customers::CustomerLayer).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let text = r#"
+    ///     [stores]
+    ///     default = "memory://"
+    ///
+    ///     [customers.api]
+    ///     default = "free"
+    ///     plans = { free = "fixed_window 100/hour", pro = "gcra 20/s burst 100" }
+    ///     overrides = { acme = "pro", bigco = "fixed_window 5000/hour" }
+    /// "#;
+    /// let limits = ratewarden::config::Limits::builder().parse(text, "limits.toml").await?;
+    /// let api = limits.customers("api").unwrap();
+    /// assert_eq!(&*api.resolve(Some("acme")).await.name, "plan:pro");
+    /// assert_eq!(&*api.resolve(Some("bigco")).await.name, "own:fixed_window 5000/h");
+    /// assert_eq!(&*api.resolve(Some("anyone")).await.name, "plan:free");
+    /// # Ok::<(), ratewarden::ConfigError>(()) }).unwrap();
+    /// ```
+    pub fn customers(&self, name: &str) -> Option<&CustomerLimits> {
+        self.customers.get(name)
+    }
+
     /// The file read again, built on these limits' stores: see
     /// [reloading](self#reloading). Refused, with these limits untouched,
     /// if the file does not load; refused for limits that were not read
@@ -440,6 +534,7 @@ impl Limits {
             self.clock.clone(),
             self.allow_empty,
         );
+        next.sources = self.sources.clone();
         for (name, url) in &file.stores {
             if self.given.contains_key(name) {
                 return Err(at(
@@ -527,6 +622,20 @@ impl Limits {
         }
         if let Some(access) = &file.access {
             next.access = access_list(access, &at)?;
+        }
+        for (name, spec) in file.customers {
+            if rule_names.contains_key(&name) {
+                return Err(at(
+                    spec.span(),
+                    format!(
+                        "customers {name:?} count in rule {name:?}, as limit {:?} does; rules of \
+                         one name share their counts, so name one otherwise",
+                        rule_names[&name]
+                    ),
+                ));
+            }
+            let built = next.customer_limits(self, &name, spec, &at)?;
+            next.customers.insert(name, built);
         }
         next.retire(self);
         Ok(next)
@@ -623,6 +732,74 @@ impl Limits {
             );
         self.leases.insert(id, (store, leased.clone()));
         Ok(leased)
+    }
+
+    /// `[customers.NAME]`'s limits: its plans, its overrides read before
+    /// the application's source for `name`, if it gave one.
+    fn customer_limits(
+        &mut self,
+        before: &Limits,
+        name: &str,
+        spec: Spanned<CustomersSpec>,
+        at: &impl Fn(std::ops::Range<usize>, String) -> ConfigError,
+    ) -> Result<CustomerLimits, ConfigError> {
+        let span = spec.span();
+        let spec = spec.into_inner();
+        let default_store = Spanned::new(span.clone(), DEFAULT_STORE.to_owned());
+        let store = self.store(
+            before,
+            spec.store.as_ref().unwrap_or(&default_store),
+            None,
+            at,
+        )?;
+        let mut builder = CustomerLimits::builder(name, store)
+            .shared_clock(self.clock.clone())
+            .default(spec.default.get_ref());
+        if !spec.plans.contains_key(spec.default.get_ref()) {
+            let plans: Vec<&str> = spec.plans.keys().map(String::as_str).collect();
+            return Err(at(
+                spec.default.span(),
+                format!(
+                    "the default plan {:?} is not one of the plans ({})",
+                    spec.default.get_ref(),
+                    plans.join(", ")
+                ),
+            ));
+        }
+        for (plan, text) in &spec.plans {
+            ratewarden_core::parse_policies(text.get_ref())
+                .map_err(|e| at(text.span(), e.to_string()))?;
+            builder = builder.plan(plan, text.get_ref());
+        }
+        let mut overrides = StaticLimits::new();
+        for (customer, limit) in spec.overrides {
+            let limit = if spec.plans.contains_key(limit.get_ref()) {
+                CustomerLimit::Plan(limit.into_inner())
+            } else {
+                CustomerLimit::policies(limit.get_ref()).map_err(|e| {
+                    let plans: Vec<&str> = spec.plans.keys().map(String::as_str).collect();
+                    at(
+                        limit.span(),
+                        format!(
+                            "neither a plan ({}) nor limits of its own: {e}",
+                            plans.join(", ")
+                        ),
+                    )
+                })?
+            };
+            overrides = overrides.with(customer, limit);
+        }
+        builder = builder.source(FileFirst {
+            file: overrides,
+            then: self.sources.get(name).cloned(),
+        });
+        if let Some(ttl) = &spec.ttl_s {
+            builder = builder.ttl(Duration::from_secs(*ttl.get_ref()));
+        }
+        if let Some(capacity) = &spec.capacity {
+            builder = builder.capacity(*capacity.get_ref());
+        }
+        builder.build().map_err(|e| at(span, e.to_string()))
     }
 
     fn rule(

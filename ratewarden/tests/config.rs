@@ -810,3 +810,83 @@ async fn the_access_lists_come_from_the_file_and_change_with_a_reload() {
         "{err}"
     );
 }
+
+fn with_customers(acme: &str) -> String {
+    format!(
+        r#"
+[stores]
+default = "memory://"
+
+[limits.search]
+policy = "fixed_window 2/minute"
+
+[customers.api]
+default = "free"
+plans = {{ free = "fixed_window 2/minute", pro = "fixed_window 5/minute", burst = "gcra 10/s burst 20" }}
+overrides = {{ acme = "{acme}" }}
+ttl_s = 10
+"#
+    )
+}
+
+/// A source of the application's, read after the file's overrides.
+#[derive(Debug)]
+struct Billing;
+
+#[ratewarden::async_trait]
+impl ratewarden::LimitSource for Billing {
+    async fn limit(
+        &self,
+        customer: &str,
+    ) -> Result<Option<ratewarden::CustomerLimit>, ratewarden::StoreError> {
+        Ok((customer == "globex" || customer == "acme")
+            .then(|| ratewarden::CustomerLimit::Plan("burst".into())))
+    }
+}
+
+#[tokio::test]
+async fn customer_limits_come_from_the_file_and_keep_their_usage_across_a_reload() {
+    let limits = Limits::builder()
+        .clock(Arc::new(ManualClock::new()))
+        .customer_source("api", Arc::new(Billing))
+        .parse(&with_customers("pro"), "limits.toml")
+        .await
+        .unwrap();
+    let api = limits.customers("api").unwrap();
+    let acme = api.resolve(Some("acme")).await;
+    assert_eq!(&*acme.name, "plan:pro", "the file's override comes first");
+    assert_eq!(&*api.resolve(Some("globex")).await.name, "plan:burst");
+    assert_eq!(&*api.resolve(Some("initech")).await.name, "plan:free");
+    for _ in 0..3 {
+        assert!(acme.limiter.check(b"acme").await.allowed);
+    }
+    // Moved to limits of its own by a reload: the three already counted
+    // stay counted (same rule, same algorithm).
+    let limits = limits
+        .reload_from(&with_customers("fixed_window 4/minute"))
+        .await
+        .unwrap();
+    let acme = limits.customers("api").unwrap().resolve(Some("acme")).await;
+    assert_eq!(&*acme.name, "own:fixed_window 4/min");
+    assert_eq!(acme.limiter.check(b"acme").await.remaining, 0);
+    assert!(!acme.limiter.check(b"acme").await.allowed);
+
+    // Errors name their line.
+    for (text, expected) in [
+        (
+            with_customers("platinum"),
+            "line 11, column 22: `overrides = { acme = \"platinum\" }`: neither a plan (burst, free, pro) nor limits of its own",
+        ),
+        (
+            with_customers("pro").replace("default = \"free\"", "default = \"gold\""),
+            "line 9, column 11: `default = \"gold\"`: the default plan \"gold\" is not one of the plans (burst, free, pro)",
+        ),
+        (
+            with_customers("pro").replace("[customers.api]", "[customers.search]"),
+            "customers \"search\" count in rule \"search\", as limit \"search\" does",
+        ),
+    ] {
+        let err = parse(&text).await.unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}");
+    }
+}
