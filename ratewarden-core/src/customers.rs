@@ -158,9 +158,12 @@ pub struct CustomerLimits {
     inner: Arc<Inner>,
 }
 
+/// Builds the limiter of a list of policies.
+type Build = dyn Fn(&[Policy]) -> Result<Limiter, ConfigError> + Send + Sync;
+
 struct Inner {
     rule: String,
-    store: Arc<dyn Store>,
+    build: Arc<Build>,
     clock: Arc<dyn Clock>,
     /// The default first.
     plans: Vec<(String, Resolved)>,
@@ -192,6 +195,7 @@ impl CustomerLimits {
         CustomerLimitsBuilder {
             rule: rule.to_owned(),
             store,
+            build: None,
             clock: None,
             plans: Vec::new(),
             default: None,
@@ -304,7 +308,7 @@ impl CustomerLimits {
                     return Ok(resolved.clone());
                 }
                 let inner = &self.inner;
-                let limiter = limiter(&inner.rule, &inner.store, &inner.clock, policies)?;
+                let limiter = (inner.build)(policies)?;
                 let resolved = Resolved { name, limiter };
                 lock(&inner.overrides).insert(resolved.name.clone(), resolved.clone());
                 Ok(resolved)
@@ -333,6 +337,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct CustomerLimitsBuilder {
     rule: String,
     store: Arc<dyn Store>,
+    build: Option<Arc<Build>>,
     clock: Option<Arc<dyn Clock>>,
     plans: Vec<(String, String)>,
     default: Option<String>,
@@ -396,6 +401,20 @@ impl CustomerLimitsBuilder {
         self
     }
 
+    /// Builds each limit's limiter with `build` instead of
+    /// [`Rule::tiers`] on the builder's store: for limiters composed by
+    /// hand (a memory tier in front, a fallback, a failure policy). Every
+    /// limiter it builds must count in the same rules, named as
+    /// [`Rule::tiers`] names them, for usage to carry over between limits,
+    /// and read the builder's clock.
+    pub fn limiter_with(
+        mut self,
+        build: impl Fn(&[Policy]) -> Result<Limiter, ConfigError> + Send + Sync + 'static,
+    ) -> Self {
+        self.build = Some(Arc::new(build));
+        self
+    }
+
     /// The clock every limiter reads; the system clock unless set. The
     /// TTL is measured on its [`monotonic`](Clock::monotonic) reading.
     pub fn shared_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -419,6 +438,13 @@ impl CustomerLimitsBuilder {
             invalid("customer limits need a cache of at least one customer".into())
         })?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(crate::SystemClock));
+        let build: Arc<Build> = match self.build {
+            Some(build) => build,
+            None => {
+                let (rule, store, clock) = (self.rule.clone(), self.store.clone(), clock.clone());
+                Arc::new(move |policies: &[Policy]| limiter(&rule, &store, &clock, policies))
+            }
+        };
         let mut plans: Vec<(String, Resolved)> = Vec::new();
         for (name, text) in &self.plans {
             if plans.iter().any(|(n, _)| n == name) {
@@ -426,8 +452,7 @@ impl CustomerLimitsBuilder {
             }
             let policies =
                 parse_policies(text).map_err(|e| invalid(format!("plan {name:?}: {e}")))?;
-            let limiter = limiter(&self.rule, &self.store, &clock, &policies)
-                .map_err(|e| invalid(format!("plan {name:?}: {e}")))?;
+            let limiter = build(&policies).map_err(|e| invalid(format!("plan {name:?}: {e}")))?;
             let resolved = Resolved {
                 name: format!("plan:{name}").into(),
                 limiter,
@@ -448,7 +473,7 @@ impl CustomerLimitsBuilder {
         Ok(CustomerLimits {
             inner: Arc::new(Inner {
                 rule: self.rule,
-                store: self.store,
+                build,
                 clock,
                 plans,
                 source: self.source.unwrap_or_else(|| Arc::new(StaticLimits::new())),
