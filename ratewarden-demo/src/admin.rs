@@ -27,6 +27,7 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use ratewarden::customers::CustomerLayer;
 use ratewarden::{ClientIdentity, ConfigError, RateLimitLayer};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -92,23 +93,50 @@ impl AdminToken {
     }
 }
 
+/// How a route is limited: one layer, or its customer's.
+#[derive(Clone)]
+pub enum Limited {
+    /// A [`RateLimitLayer`] of its own.
+    Layer(RateLimitLayer),
+    /// Its customer's limit ([`CustomerLayer`]).
+    Customers(CustomerLayer),
+}
+
+impl Limited {
+    /// The caller's quota on this route.
+    async fn quota(&self, parts: &Parts) -> Response {
+        match self {
+            Limited::Layer(layer) => layer.quota(parts).await.into_response(),
+            Limited::Customers(layer) => layer.quota(parts).await.into_response(),
+        }
+    }
+
+    /// Forgets `key`'s usage under every limit of the route.
+    async fn reset(&self, key: &[u8]) -> Result<(), ratewarden::StoreError> {
+        match self {
+            Limited::Layer(layer) => layer.plans().reset(key).await,
+            Limited::Customers(layer) => layer.limits().reset(key).await,
+        }
+    }
+}
+
 /// The limited routes by name, and how their clients are keyed.
 #[derive(Clone)]
 pub struct Routes {
-    layers: Arc<[(&'static str, RateLimitLayer)]>,
+    layers: Arc<[(&'static str, Limited)]>,
     identity: ClientIdentity,
 }
 
 impl Routes {
     /// The routes' layers, by rule name.
-    pub fn new(layers: Vec<(&'static str, RateLimitLayer)>, identity: ClientIdentity) -> Self {
+    pub fn new(layers: Vec<(&'static str, Limited)>, identity: ClientIdentity) -> Self {
         Routes {
             layers: layers.into(),
             identity,
         }
     }
 
-    fn find(&self, name: &str) -> Option<&RateLimitLayer> {
+    fn find(&self, name: &str) -> Option<&Limited> {
         self.layers.iter().find(|(n, _)| *n == name).map(|(_, l)| l)
     }
 
@@ -140,7 +168,7 @@ pub async fn quota(
 ) -> Response {
     let name = target.route.as_deref().unwrap_or("search");
     match routes.find(name) {
-        Some(layer) => layer.quota(&parts).await.into_response(),
+        Some(layer) => layer.quota(&parts).await,
         None => error(
             StatusCode::NOT_FOUND,
             "unknown_route",
@@ -177,7 +205,7 @@ pub async fn reset(
             "name the client by its address: ?client=192.0.2.7 or ?client=2001:db8::7",
         );
     };
-    let chosen: Vec<(&str, &RateLimitLayer)> = match target.route.as_deref() {
+    let chosen: Vec<(&str, &Limited)> = match target.route.as_deref() {
         None => routes.layers.iter().map(|(n, l)| (*n, l)).collect(),
         Some(name) => match routes.find(name) {
             Some(layer) => vec![(name, layer)],
@@ -193,7 +221,7 @@ pub async fn reset(
     let key = routes.identity.key_for_addr(addr);
     let mut reset = Vec::new();
     for (name, layer) in chosen {
-        if let Err(e) = layer.plans().reset(key.as_bytes()).await {
+        if let Err(e) = layer.reset(key.as_bytes()).await {
             tracing::error!(%caller, route = name, key = key.as_str(), error = %e,
                 "admin reset failed");
             return error(

@@ -52,12 +52,13 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+use ratewarden::customers::CustomerLayer;
 use ratewarden::lease::{LEASE_ALGORITHMS, LeaseConfig, LeasedStore};
 use ratewarden::memory::MemoryStore;
 use ratewarden::store::DEFAULT_MEMORY_CAPACITY;
 use ratewarden::{
-    AddressSource, ClientIdentity, Clock, ConfigError, FailurePolicy, Limiter, Plans, Policy,
-    RateLimitLayer, RateLimitLayerBuilder, Rule, Store,
+    AddressSource, ClientIdentity, Clock, ConfigError, CustomerLimits, FailurePolicy, Limiter,
+    Plans, Policy, RateLimitLayer, RateLimitLayerBuilder, Rule, Store,
 };
 
 /// The limits of the three routes the flags set (feedback, contact and
@@ -357,7 +358,7 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         // of a POST endpoint, a CORS preflight) is answered 405 by the
         // router and never charged to the client's quota.
         router = router.route(endpoint.path, handler.route_layer(layer.clone()));
-        layers.push((endpoint.name, layer));
+        layers.push((endpoint.name, admin::Limited::Layer(layer)));
     }
     // The login route counts only failures: a client that knows its
     // password is never locked out, one that guesses is after five, and
@@ -386,28 +387,47 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         .count_only(|status| status == StatusCode::UNAUTHORIZED)
         .build()?;
     router = router.route(login.path, post(check_password).route_layer(layer.clone()));
-    layers.push((login.name, layer));
-    // One limiter per plan, all counting in the rule `reports`: the plan
-    // the authentication middleware found chooses the limit.
-    let mut reports = Vec::new();
+    layers.push((login.name, admin::Limited::Layer(layer)));
+    // The customer the authentication middleware found chooses the limit:
+    // a plan, or a limit of its own; every limit counts in the rule
+    // `reports`, composed as the other routes' are.
+    let mut reports = CustomerLimits::builder("reports", settings.stores.primary.clone())
+        .shared_clock(settings.clock.clone())
+        .source(settings.api_keys.limits());
     for (plan, text) in plans::REPORT_PLANS {
-        let endpoint = Endpoint {
-            name: "reports",
-            method: "GET",
-            path: "/api/reports",
-            policy: text
-                .parse()
-                .map_err(|e| ConfigError::Invalid(format!("{e}")))?,
-        };
-        reports.push((plan, limiter(settings, &endpoint)?));
+        reports = reports.plan(plan, text);
     }
-    let reports = Plans::new(plans::REPORT_PLANS[0].0, reports)?;
-    let layer = route_layer(settings, reports)
-        .plan(|parts| parts.extensions.get::<plans::Plan>().map(|plan| plan.0))
+    let composed = settings.clone();
+    let reports = reports
+        .limiter_with(move |policies| match policies {
+            [policy] => limiter(
+                &composed,
+                &Endpoint {
+                    name: "reports",
+                    method: "GET",
+                    path: "/api/reports",
+                    policy: *policy,
+                },
+            ),
+            _ => Err(ConfigError::Invalid(
+                "a limit of /api/reports is one policy".into(),
+            )),
+        })
         .build()?;
+    let base = settings.clone();
+    let layer = CustomerLayer::new(
+        reports,
+        |parts| {
+            parts
+                .extensions
+                .get::<plans::Customer>()
+                .map(|c| c.0.clone())
+        },
+        move |limiter| route_layer(&base, limiter).build(),
+    )?;
     let handler = get(|| async { json(r#"{"reports":[]}"#) });
     router = router.route("/api/reports", handler.route_layer(layer.clone()));
-    layers.push(("reports", layer));
+    layers.push(("reports", admin::Limited::Customers(layer)));
     // Checkout: a declined card is charged more once the payment fails,
     // a penalty the application decides after the request was admitted.
     let checkout = Endpoint {
@@ -419,7 +439,7 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
     let layer = route_layer(settings, limiter(settings, &checkout)?).build()?;
     let handler = post(pay).with_state(layer.clone());
     router = router.route(checkout.path, handler.route_layer(layer.clone()));
-    layers.push((checkout.name, layer));
+    layers.push((checkout.name, admin::Limited::Layer(layer)));
     let routes = admin::Routes::new(layers, settings.identity.clone());
     router = router.route("/api/quota", get(admin::quota).with_state(routes.clone()));
     if let Some(token) = &settings.admin_token {
@@ -632,11 +652,11 @@ pub fn cli() -> Command {
             Arg::new("api-key")
                 .long("api-key")
                 .env("RATEWARDEN_API_KEYS")
-                .value_name("KEY=PLAN")
+                .value_name("KEY=PLAN|LIMIT")
                 .action(ArgAction::Append)
                 .value_delimiter(',')
                 .hide_env_values(true)
-                .help("An API key (at least 16 bytes) and its plan (free or pro) for GET /api/reports, sent as X-Api-Key; repeat for more, or comma-separate them in the environment"),
+                .help("An API key (at least 16 bytes) and its customer's limit on GET /api/reports, sent as X-Api-Key: a plan (free or pro) or a policy of its own ('gcra 5/s burst 30'); repeat for more, or comma-separate them in the environment"),
         )
         .arg(
             Arg::new("shadow")

@@ -682,6 +682,36 @@ async fn an_api_key_chooses_the_plan_and_usage_carries_over() {
 }
 
 #[tokio::test]
+async fn an_api_key_with_a_limit_of_its_own_is_held_to_it() {
+    let clock = ManualClock::new();
+    let mut with_keys = settings(&clock);
+    let own = "a key with its own limit";
+    with_keys.api_keys = ratewarden_demo::plans::ApiKeys::parse([
+        format!("{PRO_KEY}=pro").as_str(),
+        format!("{own}=gcra 1/s burst 3").as_str(),
+    ])
+    .unwrap();
+    let client = TestClient::new(start(&with_keys).await, Some("127.0.0.5".parse().unwrap()));
+    let key = [("x-api-key", own)];
+    // Another algorithm than the plans': a burst of 3, then one a second.
+    for i in 0..3u64 {
+        let reply = client.send(Method::GET, "/api/reports", &key).await;
+        assert_eq!(reply.status, StatusCode::OK, "report {i}");
+        assert_eq!(reply.header("ratelimit-policy"), "\"reports\";q=3;w=3");
+        assert_eq!(reply.remaining(), 2 - i);
+    }
+    let refused = client.send(Method::GET, "/api/reports", &key).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), "1");
+    clock.advance(Duration::from_secs(1));
+    let reply = client.send(Method::GET, "/api/reports", &key).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    // The same client without the key is on the free plan, counted apart
+    // (another algorithm).
+    assert_eq!(client.get("/api/reports").await.remaining(), 9);
+}
+
+#[tokio::test]
 async fn a_declined_card_costs_its_client_five_payments() {
     let clock = ManualClock::new();
     let client = TestClient::new(
