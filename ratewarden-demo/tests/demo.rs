@@ -535,24 +535,24 @@ async fn without_an_admin_token_there_is_no_reset_route() {
     assert!(short.to_string().contains("at least 16 bytes"), "{short}");
 }
 
+/// `POST /api/login` with `password`, as a form.
+async fn login(client: &TestClient, password: &str) -> ratewarden_test_support::http::Reply {
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    client
+        .send_body(
+            Method::POST,
+            "/api/login",
+            &form,
+            format!("password={password}"),
+        )
+        .await
+}
+
 #[tokio::test]
 async fn the_login_counts_only_failed_attempts() {
     let clock = ManualClock::new();
     let client = TestClient::new(start(&settings(&clock)).await, None);
-    let form = [("content-type", "application/x-www-form-urlencoded")];
-    let login = |password: &'static str| {
-        let client = &client;
-        async move {
-            client
-                .send_body(
-                    Method::POST,
-                    "/api/login",
-                    &form,
-                    format!("password={password}"),
-                )
-                .await
-        }
-    };
+    let login = |password: &'static str| login(&client, password);
     for _ in 0..20 {
         assert_eq!(login("demo").await.status, StatusCode::OK);
     }
@@ -577,20 +577,7 @@ async fn a_client_that_keeps_guessing_is_banned_until_an_operator_resets_it() {
     with_admin.admin_token = Some(ratewarden_demo::admin::AdminToken::new(TOKEN).unwrap());
     let addr = start(&with_admin).await;
     let client = TestClient::new(addr, Some("127.0.0.2".parse().unwrap()));
-    let form = [("content-type", "application/x-www-form-urlencoded")];
-    let login = |password: &'static str| {
-        let client = &client;
-        async move {
-            client
-                .send_body(
-                    Method::POST,
-                    "/api/login",
-                    &form,
-                    format!("password={password}"),
-                )
-                .await
-        }
-    };
+    let login = |password: &'static str| login(&client, password);
     let retry_after = |reply: &ratewarden_test_support::http::Reply| -> u64 {
         reply.headers["retry-after"]
             .to_str()

@@ -474,15 +474,30 @@ impl PostgresStore {
         let mut checkout = shared.checkout(what).await?;
         let answer = timeout_at(checkout.deadline(), query.fetch_one(checkout.connection())).await;
         let (allowed, remaining, reset_after, retry_after) = checkout.end(what, answer)?;
-        Ok(Decision::new(
-            allowed,
+        Ok(decided(
+            (allowed, remaining, reset_after, retry_after, false),
             policy,
-            u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
-            Duration::from_micros(u64::try_from(reset_after).unwrap_or(0)),
-            Duration::from_micros(u64::try_from(retry_after).unwrap_or(0)),
-            NAME,
         ))
     }
+}
+
+/// A decision from a decision function's row: `allowed`, `remaining`,
+/// `reset_after_us`, `retry_after_us` and, from `decide_banned` and
+/// `peek_banned`, `banned`.
+fn decided(
+    (allowed, remaining, reset_after, retry_after, banned): (bool, i64, i64, i64, bool),
+    policy: &Policy,
+) -> Decision {
+    let mut decision = Decision::new(
+        allowed,
+        policy,
+        u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
+        Duration::from_micros(u64::try_from(reset_after).unwrap_or(0)),
+        Duration::from_micros(u64::try_from(retry_after).unwrap_or(0)),
+        NAME,
+    );
+    decision.source.banned = banned;
+    decision
 }
 
 impl PostgresStore {
@@ -522,17 +537,7 @@ impl PostgresStore {
         }
         let mut checkout = shared.checkout(what).await?;
         let answer = timeout_at(checkout.deadline(), query.fetch_one(checkout.connection())).await;
-        let (allowed, remaining, reset_after, retry_after, banned) = checkout.end(what, answer)?;
-        let mut decision = Decision::new(
-            allowed,
-            policy,
-            u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
-            Duration::from_micros(u64::try_from(reset_after).unwrap_or(0)),
-            Duration::from_micros(u64::try_from(retry_after).unwrap_or(0)),
-            NAME,
-        );
-        decision.source.banned = banned;
-        Ok(decision)
+        Ok(decided(checkout.end(what, answer)?, policy))
     }
 }
 
