@@ -113,7 +113,7 @@ where
         let service = self.service.clone();
         let layer = self.layer.clone();
         Box::pin(async move {
-            let admitted = match layer.gate(&head(&request)).await {
+            let mut admitted = match layer.gate(&head(&request)).await {
                 Gate::Admitted(admitted) => admitted,
                 Gate::Respond(response) => {
                     let response = request.into_response(to_actix(response));
@@ -125,6 +125,16 @@ where
             };
             request.extensions_mut().insert(admitted.decision().clone());
             let mut response = service.call(request).await?;
+            // A decision the handler put in its response (the state after
+            // a penalty) is shown instead of the admission's.
+            let shown = response
+                .response()
+                .extensions()
+                .get::<ratewarden::Decision>()
+                .cloned();
+            if let Some(shown) = shown {
+                admitted.show(shown);
+            }
             let status = http::StatusCode::from_u16(response.status().as_u16())
                 .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
             let mut headers = http::HeaderMap::new();

@@ -485,14 +485,21 @@ async fn pay(
     {
         return (StatusCode::OK, json(r#"{"status":"paid"}"#)).into_response();
     }
-    if let Err(e) = layer.penalize(&parts, DECLINE_PENALTY).await {
-        tracing::warn!(error = %e, "checkout: the decline's penalty was not recorded");
-    }
-    (
+    let mut response = (
         StatusCode::PAYMENT_REQUIRED,
         json(r#"{"error":"card_declined"}"#),
     )
-        .into_response()
+        .into_response();
+    // The headers then say what the penalty left, not what the admission
+    // did.
+    match layer.penalize_and_peek(&parts, DECLINE_PENALTY).await {
+        Ok(Some(after)) => {
+            response.extensions_mut().insert(after);
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "checkout: the decline's penalty was not recorded"),
+    }
+    response
 }
 
 /// The demo's one account: the password `demo`, sent as the form field

@@ -710,12 +710,12 @@ async fn a_declined_card_costs_its_client_five_payments() {
         .await;
     assert_eq!(paid.status, StatusCode::OK);
     assert_eq!(paid.remaining(), 9);
-    for remaining in [8, 3] {
+    for remaining in [4, 0] {
         let declined = client
             .send_body(Method::POST, "/api/checkout", &[], "card=declined".into())
             .await;
         assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
-        // The headers are the decision's, made before the payment failed.
+        // The headers say what the penalty left: 10 - 1 - 5, then none.
         assert_eq!(declined.remaining(), remaining);
     }
     // 1 + 5 + 5 of 10 would be 11: the second penalty filled the window.

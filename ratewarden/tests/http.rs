@@ -750,3 +750,50 @@ async fn a_denied_client_gets_403_without_a_store_call_and_an_allowed_one_is_not
     }
     assert_eq!(store.calls(), 3);
 }
+
+/// A 402 that charged a penalty carries the headers of what it left, on a
+/// store answered inline and on one that must be awaited (the layer's two
+/// roads to the handler).
+#[tokio::test]
+async fn a_penalty_the_handler_charges_shows_in_its_responses_headers() {
+    for awaited in [false, true] {
+        let clock = ManualClock::new();
+        let policy = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
+        let store: Arc<dyn Store> = if awaited {
+            Arc::new(AwaitedStore::default())
+        } else {
+            Arc::new(ratewarden::memory::MemoryStore::default())
+        };
+        let layer = RateLimitLayer::new(
+            limiter("pay", store, policy, &clock, FailurePolicy::Open),
+            identity(),
+        )
+        .unwrap();
+        let handler_layer = layer.clone();
+        let app = Router::new().route(
+            "/pay",
+            get(move |request: axum::extract::Request| {
+                let layer = handler_layer.clone();
+                async move {
+                    let (parts, _) = request.into_parts();
+                    let mut response =
+                        axum::response::IntoResponse::into_response(StatusCode::PAYMENT_REQUIRED);
+                    let after = layer.penalize_and_peek(&parts, 4).await.unwrap().unwrap();
+                    response.extensions_mut().insert(after);
+                    response
+                }
+            })
+            .layer(layer),
+        );
+        let client = TestClient::new(serve(app).await, None);
+        let first = client.get("/pay").await;
+        assert_eq!(first.status, StatusCode::PAYMENT_REQUIRED);
+        // 1 admitted and 4 charged of 10: 5 left, not the admission's 9.
+        assert_eq!(first.remaining(), 5, "awaited: {awaited}: {first:?}");
+        assert_eq!(
+            client.get("/pay").await.remaining(),
+            0,
+            "awaited: {awaited}"
+        );
+    }
+}

@@ -85,7 +85,12 @@ where
             StateProj::Inner { future, decided } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
                 if let Some((decision, headers)) = decided {
-                    headers.write(decision, response.headers_mut());
+                    // A decision the handler put in its response (the
+                    // state after a penalty) is shown instead.
+                    match response.extensions_mut().remove::<Decision>() {
+                        Some(shown) => headers.write(&shown, response.headers_mut()),
+                        None => headers.write(decision, response.headers_mut()),
+                    }
                 }
                 Poll::Ready(Ok(response.map(RateLimitBody::inner)))
             }

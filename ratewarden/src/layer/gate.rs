@@ -51,6 +51,15 @@ impl Admitted {
         &self.decision
     }
 
+    /// Writes `decision`'s headers instead of the admission's when the
+    /// request is [finished](Self::finish): what the handler learned of the
+    /// client's quota since (the state after a penalty,
+    /// [`RateLimitLayer::penalize_and_peek`]). The tower layer does this
+    /// for a [`Decision`] the handler puts in its response's extensions.
+    pub fn show(&mut self, decision: Decision) {
+        self.decision = decision;
+    }
+
     /// Completes the request once the handler has answered with `status`:
     /// gives the request back if a [`count_only`](RateLimitLayerBuilder::count_only)
     /// rule says that status does not count, and writes the rate-limit

@@ -337,6 +337,34 @@ impl RateLimitLayer {
         }
     }
 
+    /// [`penalize`](Self::penalize), then the client's quota after it
+    /// ([`peek`](Self::peek)): put it in the response's extensions and the
+    /// layer writes its headers instead of the admission's, so that a
+    /// `402 Payment Required` says what the penalty left. One more store
+    /// call than `penalize`. `None` for a request the layer would not
+    /// limit.
+    ///
+    /// ```
+    /// use axum::response::{IntoResponse, Response};
+    /// # async fn pay(layer: ratewarden::RateLimitLayer, parts: http::request::Parts) -> Response {
+    /// let mut response = http::StatusCode::PAYMENT_REQUIRED.into_response();
+    /// if let Ok(Some(after)) = layer.penalize_and_peek(&parts, 4).await {
+    ///     response.extensions_mut().insert(after);
+    /// }
+    /// response
+    /// # }
+    /// ```
+    pub async fn penalize_and_peek(
+        &self,
+        parts: &Parts,
+        units: u32,
+    ) -> Result<Option<Decision>, StoreError> {
+        if !self.penalize(parts, units).await? {
+            return Ok(None);
+        }
+        Ok(self.peek(parts).await)
+    }
+
     async fn peek_on(&self, parts: &Parts) -> Option<(Decision, usize)> {
         self.peek_classified(self.shared.classify(parts)).await
     }

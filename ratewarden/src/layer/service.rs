@@ -86,9 +86,12 @@ where
                     Ok(response.map(RateLimitBody::inner))
                 }
                 Gate::Respond(response) => Ok(response.map(RateLimitBody::full)),
-                Gate::Admitted(admitted) => {
+                Gate::Admitted(mut admitted) => {
                     request.extensions_mut().insert(admitted.decision().clone());
                     let mut response = inner.call(request).await?;
+                    if let Some(shown) = response.extensions_mut().remove::<Decision>() {
+                        admitted.show(shown);
+                    }
                     admitted
                         .finish(response.status(), response.headers_mut())
                         .await;
