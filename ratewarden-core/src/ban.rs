@@ -23,6 +23,7 @@
 //!   touch a ban; a [reset](crate::Store::reset) forgets it with the key's
 //!   state.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::algorithm::Verdict;
@@ -61,7 +62,9 @@ pub const MAX_BAN_FACTOR: u32 = 1_000;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ban {
-    after: u32,
+    // Never zero: `Option<Ban>` then needs no tag of its own, and a
+    // policy without a ban is told by one comparison.
+    after: NonZeroU32,
     within_us: u64,
     block_us: u64,
     factor: u32,
@@ -76,11 +79,12 @@ impl Ban {
     /// Refuses `after` of 0 or above [`MAX_BAN_AFTER`], and durations under
     /// [`MIN_WINDOW`], over [`MAX_WINDOW`] or with a sub-microsecond part.
     pub fn new(after: u32, within: Duration, block: Duration) -> Result<Ban, ConfigError> {
-        if !(1..=MAX_BAN_AFTER).contains(&after) {
+        let refusals = NonZeroU32::new(after).filter(|n| n.get() <= MAX_BAN_AFTER);
+        let Some(after) = refusals else {
             return Err(ConfigError::Invalid(format!(
                 "a ban's refusal count must be from 1 to {MAX_BAN_AFTER}, not {after}"
             )));
-        }
+        };
         let within_us = ban_duration("a ban's breach window", within)?;
         let block_us = ban_duration("a ban's length", block)?;
         Ok(Ban {
@@ -118,7 +122,7 @@ impl Ban {
 
     /// Refusals within [`within`](Self::within) that ban the key.
     pub fn after(&self) -> u32 {
-        self.after
+        self.after.get()
     }
 
     /// The window in which refusals are counted.
@@ -246,7 +250,7 @@ pub fn breach(
         s.start = now;
     }
     s.breaches += 1;
-    let answer = if s.breaches >= ban.after {
+    let answer = if s.breaches >= ban.after.get() {
         let length = ban.length_micros(s.offences);
         s.until = now.saturating_add(length);
         s.offences = (s.offences + 1).min(MAX_OFFENCES);

@@ -501,33 +501,41 @@ impl MemoryStore {
     #[inline(always)]
     fn decided(&self, request: Request<'_>) -> Decision {
         let policy = request.policy();
-        if let Some(ban) = policy.ban() {
-            return self.decided_banned(request, ban);
-        }
         let digest = self.digest(policy, request.key());
-        let verdict = lock(&self.shards[self.shard_index(digest)]).decide(
-            digest,
-            policy,
-            request.cost(),
-            request.now().as_micros(),
-        );
-        Decision::from_verdict(verdict, policy, NAME)
+        let (cost, now) = (request.cost(), request.now().as_micros());
+        // One decision built from either road: returned from two places,
+        // it was built aside and copied into place, about 30 instructions
+        // a decision without a ban (callgrind of the composition bench).
+        let answer = match policy.ban() {
+            None => (
+                lock(&self.shards[self.shard_index(digest)]).decide(digest, policy, cost, now),
+                false,
+            ),
+            Some(ban) => self.decided_banned(digest, request.key(), (policy, ban), cost, now),
+        };
+        Decision::from_ban_verdict(answer, policy, NAME)
     }
 
-    /// [`decided`](Self::decided) under a ban; out of line, so that a
-    /// policy without one pays a test of its ban and nothing else.
+    /// [`decided`](Self::decided) under a ban: the key's ban record beside
+    /// its state, in the state's shard, under one lock. Out of line, so
+    /// that a policy without a ban pays a test of it and little else.
     #[inline(never)]
-    fn decided_banned(&self, request: Request<'_>, ban: &Ban) -> Decision {
-        let policy = request.policy();
-        let digest = self.digest(policy, request.key());
-        let answer = lock(&self.shards[self.shard_index(digest)]).decide_banned(
+    fn decided_banned(
+        &self,
+        digest: Digest,
+        key: &[u8],
+        (policy, ban): (&Policy, &Ban),
+        cost: u32,
+        now: u64,
+    ) -> (algorithm::Verdict, bool) {
+        let ban_digest = self.ban_digest(policy, key);
+        lock(&self.shards[self.shard_index(digest)]).decide_banned(
             digest,
-            self.ban_digest(policy, request.key()),
+            ban_digest,
             (policy, ban),
-            request.cost(),
-            request.now().as_micros(),
-        );
-        Decision::from_ban_verdict(answer, policy, NAME)
+            cost,
+            now,
+        )
     }
 
     fn refunded(&self, refund: Refund<'_>) {

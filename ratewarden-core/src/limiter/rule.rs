@@ -581,7 +581,6 @@ impl Rule {
             refund_failures: load(&c.refund_failures),
             refusals_cached: load(&c.refusals_cached),
             shadow_refusals: load(&c.shadow_refusals),
-            banned: load(&c.banned),
             breaker: self.breaker.state(),
         }
     }

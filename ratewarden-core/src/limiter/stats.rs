@@ -25,7 +25,6 @@ pub(crate) struct Counters {
     pub(crate) refund_failures: AtomicU64,
     pub(crate) refusals_cached: AtomicU64,
     pub(crate) shadow_refusals: AtomicU64,
-    pub(crate) banned: AtomicU64,
 }
 
 /// Threads that get a stripe of their own in every [`Striped`] counter: the
@@ -165,10 +164,6 @@ pub struct RuleStats {
     /// ([`Rule::with_shadow`](crate::Rule::with_shadow)); not counted in
     /// `refused`.
     pub shadow_refusals: u64,
-    /// Refusals of the policy's ban ([`Policy::with_ban`](crate::Policy::with_ban)):
-    /// the refusal that started a ban and those while it lasted; also
-    /// counted in `refused`.
-    pub banned: u64,
     /// The authoritative store's breaker now.
     pub breaker: BreakerState,
 }

@@ -787,16 +787,17 @@ impl Rule {
         self.metric_keys.count_shadow_refusal();
     }
 
-    /// Counts `decision` in the rule's statistics and metrics.
+    /// Counts `decision` in the rule's statistics and metrics. A ban's
+    /// refusals are told apart in the metrics alone (`outcome="banned"`):
+    /// reading the flag here, on every road, kept the one-rule road from
+    /// building its decision in place, about 55 instructions a decision
+    /// (callgrind of the composition bench).
     #[inline]
     pub(crate) fn count(&self, decision: &Decision) {
         if decision.allowed {
             self.counters.allowed.bump();
         } else {
             self.counters.refused.bump();
-            if decision.source.banned {
-                bump(&self.counters.banned);
-            }
         }
         #[cfg(feature = "metrics")]
         self.metric_keys.count(decision);
