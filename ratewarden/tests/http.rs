@@ -762,7 +762,7 @@ async fn a_penalty_the_handler_charges_shows_in_its_responses_headers() {
         let store: Arc<dyn Store> = if awaited {
             Arc::new(AwaitedStore::default())
         } else {
-            Arc::new(ratewarden::memory::MemoryStore::default())
+            Arc::new(ratewarden_conformance::broken::ReferenceStore::new(100))
         };
         let layer = RateLimitLayer::new(
             limiter("pay", store, policy, &clock, FailurePolicy::Open),
