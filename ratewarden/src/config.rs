@@ -648,10 +648,10 @@ impl Limits {
             return Ok(());
         }
         let allow = "or build the limits with `LimitsBuilder::allow_empty(true)` if that is meant";
-        if file.limits.is_empty() {
+        if file.limits.is_empty() && file.customers.is_empty() {
             return Err(ConfigError::Invalid(format!(
                 "{}: no limit is defined, so nothing would be limited (is the file empty or cut \
-                 short?); write at least one [limits.NAME], {allow}",
+                 short?); write at least one [limits.NAME] or [customers.NAME], {allow}",
                 self.origin
             )));
         }
