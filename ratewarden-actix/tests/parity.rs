@@ -233,3 +233,35 @@ async fn count_only_skip_and_cost_answer_as_the_tower_layer_does() {
     assert!(replies[8].headers.get("ratelimit").is_none());
     assert_eq!(replies[9].json()["error"], "cost_exceeds_limit");
 }
+
+/// A decision the handler puts in its response (the state after a penalty,
+/// `RateLimitLayer::penalize_and_peek`) is written instead of the
+/// admission's, as the tower layer writes it.
+#[actix_web::test]
+async fn a_decision_the_handler_puts_in_its_response_is_the_one_shown() {
+    let layer = layer(memory(), FailurePolicy::Closed, &|b| b);
+    let server = HttpServer::new(move || {
+        App::new().wrap(RateLimit::new(layer.clone())).route(
+            "/pay",
+            web::get().to(|request: HttpRequest| async move {
+                let admitted = request.extensions().get::<Decision>().cloned().unwrap();
+                // What a penalty of the rest of the window would leave.
+                let mut after = admitted.clone();
+                after.remaining = 0;
+                let mut response = actix_web::HttpResponse::PaymentRequired().finish();
+                response.extensions_mut().insert(after);
+                response
+            }),
+        )
+    })
+    .workers(1)
+    .bind(("127.0.0.1", 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    let client = TestClient::new(addr, None);
+    let reply = client.get("/pay").await;
+    assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED);
+    // The admission left 2; the handler's decision says 0.
+    assert_eq!(reply.remaining(), 0, "{reply:?}");
+}
