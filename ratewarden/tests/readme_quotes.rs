@@ -125,7 +125,7 @@ fn the_readme_quotes_the_outbound_example_verbatim() {
         "### Wait for a permit (outbound calls)",
         "\n### ",
         "outbound.rs",
-        3,
+        1,
     );
 }
 
