@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hashlink::LruCache;
 
-use crate::{Clock, ConfigError, Limiter, Policy, Rule, Store, StoreError, parse_policies};
+use crate::plans::tiers_limiter;
+use crate::{Clock, ConfigError, Limiter, Policy, Store, StoreError, parse_policies};
 
 /// What a customer is limited to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,7 +19,7 @@ pub enum CustomerLimit {
     /// One of the [`CustomerLimits`]' plans, by name.
     Plan(String),
     /// Limits of the customer's own (an override): one rule per policy, as
-    /// [`Rule::tiers`] makes them.
+    /// [`Rule::tiers`](crate::Rule::tiers) makes them.
     Policies(Vec<Policy>),
 }
 
@@ -39,7 +40,7 @@ impl CustomerLimit {
 ///
 /// Each distinct limit it returns is built into a limiter once (the last
 /// 1,024 are kept built) and its policies are kept for the life of the
-/// process, as every rule's are ([`Rule::new`]): limits from an operator's
+/// process, as every rule's are ([`Rule::new`](crate::Rule::new)): limits from an operator's
 /// table, not from request data.
 ///
 /// ```
@@ -317,18 +318,6 @@ impl CustomerLimits {
     }
 }
 
-fn limiter(
-    rule: &str,
-    store: &Arc<dyn Store>,
-    clock: &Arc<dyn Clock>,
-    policies: &[Policy],
-) -> Result<Limiter, ConfigError> {
-    Limiter::builder()
-        .shared_clock(clock.clone())
-        .rules(Rule::tiers(rule, store.clone(), policies)?)
-        .build()
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -402,10 +391,10 @@ impl CustomerLimitsBuilder {
     }
 
     /// Builds each limit's limiter with `build` instead of
-    /// [`Rule::tiers`] on the builder's store: for limiters composed by
+    /// [`Rule::tiers`](crate::Rule::tiers) on the builder's store: for limiters composed by
     /// hand (a memory tier in front, a fallback, a failure policy). Every
     /// limiter it builds must count in the same rules, named as
-    /// [`Rule::tiers`] names them, for usage to carry over between limits,
+    /// [`Rule::tiers`](crate::Rule::tiers) names them, for usage to carry over between limits,
     /// and read the builder's clock.
     pub fn limiter_with(
         mut self,
@@ -442,7 +431,7 @@ impl CustomerLimitsBuilder {
             Some(build) => build,
             None => {
                 let (rule, store, clock) = (self.rule.clone(), self.store.clone(), clock.clone());
-                Arc::new(move |policies: &[Policy]| limiter(&rule, &store, &clock, policies))
+                Arc::new(move |policies: &[Policy]| tiers_limiter(&rule, &store, &clock, policies))
             }
         };
         let mut plans: Vec<(String, Resolved)> = Vec::new();

@@ -204,12 +204,7 @@ impl PlansBuilder {
         for (name, text) in &self.plans {
             let policies =
                 parse_policies(text).map_err(|e| invalid(format!("plan {name:?}: {e}")))?;
-            let rules = Rule::tiers(&self.rule, self.store.clone(), &policies)
-                .map_err(|e| invalid(format!("plan {name:?}: {e}")))?;
-            let limiter = Limiter::builder()
-                .shared_clock(clock.clone())
-                .rules(rules)
-                .build()
+            let limiter = tiers_limiter(&self.rule, &self.store, &clock, &policies)
                 .map_err(|e| invalid(format!("plan {name:?}: {e}")))?;
             limiters.push((name.clone(), limiter));
         }
@@ -222,6 +217,20 @@ impl PlansBuilder {
         };
         Plans::new(&default, limiters)
     }
+}
+
+/// A limiter of [`Rule::tiers`]`(rule, store, policies)` on `clock`: a
+/// plan's, or a customer's limit ([`CustomerLimits`](crate::CustomerLimits)).
+pub(crate) fn tiers_limiter(
+    rule: &str,
+    store: &Arc<dyn Store>,
+    clock: &Arc<dyn Clock>,
+    policies: &[crate::Policy],
+) -> Result<Limiter, ConfigError> {
+    Limiter::builder()
+        .shared_clock(clock.clone())
+        .rules(Rule::tiers(rule, store.clone(), policies)?)
+        .build()
 }
 
 fn invalid(message: String) -> ConfigError {

@@ -359,10 +359,14 @@ impl RateLimitLayer {
         parts: &Parts,
         units: u32,
     ) -> Result<Option<Decision>, StoreError> {
-        if !self.penalize(parts, units).await? {
+        // One classification (one client key) for both calls.
+        let classified = self.shared.classify(parts);
+        let Classified::Check(key, cost, plan) = classified else {
             return Ok(None);
-        }
-        Ok(self.peek(parts).await)
+        };
+        let limiter = self.shared.limiter(plan);
+        limiter.penalize(key.as_bytes(), units).await?;
+        Ok(limiter.peek_cost(key.as_bytes(), cost).await.ok())
     }
 
     async fn peek_on(&self, parts: &Parts) -> Option<(Decision, usize)> {
