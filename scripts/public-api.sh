@@ -25,7 +25,7 @@ status=0
 for pair in ratewarden-core:ratewarden_core ratewarden-memory:ratewarden_memory \
     ratewarden-redis:ratewarden_redis ratewarden-postgres:ratewarden_postgres \
     ratewarden-conformance:ratewarden_conformance ratewarden:ratewarden \
-    ratewarden-actix:ratewarden_actix; do
+    ratewarden-actix:ratewarden_actix ratewarden-server:ratewarden_server; do
     package=${pair%%:*}
     lib=${pair##*:}
     RUSTC_BOOTSTRAP=1 cargo rustdoc -q -p "$package" --all-features --lib -- \

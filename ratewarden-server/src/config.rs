@@ -45,7 +45,11 @@
 //! `rate_limit.algorithm` (`fixed_window`, the default; `sliding_window`,
 //! `sliding_log`, `gcra`), `rate_limit.burst` (GCRA) and `rate_limit.policy`
 //! (a whole policy in ratewarden's text, bans included, in place of `unit`
-//! and `requests_per_unit`). Anything else (`replaces`, `value_to_metric`,
+//! and `requests_per_unit`), and `rate_limit.limit`: the name of a limit in
+//! a file of the library's format ([`ratewarden::config`], `--limits`),
+//! whose rules apply with their tiers, leases, fallbacks and escalation.
+//! Such a node's clients are counted under its path, so two nodes naming
+//! one limit do not share counts. Anything else (`replaces`, `value_to_metric`,
 //! units `month` and `year`, a field misspelt) is refused when the file is
 //! loaded, with its line and column: a limit that is silently not what its
 //! file says is worse than a server that does not start.
@@ -61,6 +65,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ratewarden::config::Limits;
 use ratewarden::layer::{HeaderMode, RateLimitHeaders};
 use ratewarden::{FailurePolicy, Limiter, Policy, Rule, Store};
 use serde::Deserialize;
@@ -100,6 +105,7 @@ struct RateLimitSpec {
     algorithm: Option<String>,
     burst: Option<u32>,
     policy: Option<String>,
+    limit: Option<String>,
 }
 
 /// How the rules of a [`Domains`] are built: the store they count in and
@@ -115,6 +121,24 @@ pub struct RuleOptions {
     /// The rate-limit headers of each response (`response_headers_to_add`).
     /// `Retry-After` is added to every refusal whatever the mode.
     pub headers: HeaderMode,
+    /// The limits a `rate_limit: { limit: NAME }` names: a file in the
+    /// library's format ([`ratewarden::config`]), with its tiers, leases,
+    /// fallbacks and escalations.
+    pub limits: Option<Limits>,
+}
+
+impl RuleOptions {
+    /// Rules on `store` that fail open after [`ratewarden::DEFAULT_TIMEOUT`],
+    /// with the draft's two headers, and no named limits.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        RuleOptions {
+            store,
+            on_failure: FailurePolicy::Open,
+            timeout: ratewarden::DEFAULT_TIMEOUT,
+            headers: HeaderMode::default(),
+            limits: None,
+        }
+    }
 }
 
 /// A descriptor node's limit: its limiter and what the response says of it.
@@ -122,8 +146,12 @@ pub struct RuleOptions {
 pub struct Limit {
     /// The limiter of this node: one rule.
     pub limiter: Limiter,
-    /// The rule's name, which leads its keys in the store.
+    /// The rule's name, which leads its keys in the store; for a named
+    /// limit, the limit's name.
     pub rule: String,
+    /// What leads each client key: the node's path when the limiter is a
+    /// named limit, which other nodes may count in too.
+    pub scope: Option<String>,
     /// `rate_limit.name`, reported in each status's `current_limit`.
     pub name: String,
     /// The limit as written: requests per unit.
@@ -350,7 +378,19 @@ fn add(
         ..Node::default()
     };
     if let Some(rl) = &spec.rate_limit {
-        if !rl.unlimited {
+        let limited = rl.unit.is_some()
+            || rl.requests_per_unit.is_some()
+            || rl.policy.is_some()
+            || rl.limit.is_some();
+        if rl.unlimited && limited {
+            return Err(format!(
+                "descriptor {path:?} is `unlimited` and has a limit: keep one of the two"
+            ));
+        }
+        if let Some(name) = &rl.limit {
+            node.limit = Some(Arc::new(named(rl, name, spec, &path, options)?));
+            *rules += 1;
+        } else if !rl.unlimited {
             let policy = policy(rl).map_err(|e| format!("descriptor {path:?}: {e}"))?;
             let rule = rule_name(domain, &path);
             if let Some(other) = names.insert(rule.clone(), path.clone()) {
@@ -366,11 +406,13 @@ fn add(
                 })
                 .and_then(|r| Limiter::builder().rule(r).build())
                 .map_err(|e| format!("descriptor {path:?}: {e}"))?;
-            let (requests_per_unit, unit) = as_written(rl, &policy);
+            let written = rl.unit.as_deref().zip(rl.requests_per_unit);
+            let (requests_per_unit, unit) = as_written(written, &policy);
             node.limit = Some(Arc::new(Limit {
                 headers: RateLimitHeaders::new(&built, options.headers),
                 limiter: built,
                 rule,
+                scope: None,
                 name: rl.name.clone().unwrap_or_default(),
                 requests_per_unit,
                 unit,
@@ -378,10 +420,6 @@ fn add(
                 detailed_metric: spec.detailed_metric,
             }));
             *rules += 1;
-        } else if rl.unit.is_some() || rl.requests_per_unit.is_some() || rl.policy.is_some() {
-            return Err(format!(
-                "descriptor {path:?} is `unlimited` and has a limit: keep one of the two"
-            ));
         }
     }
     for child in &spec.descriptors {
@@ -408,6 +446,56 @@ fn add(
         return Err(format!("descriptor {path:?} is defined twice"));
     }
     Ok(())
+}
+
+/// A node whose `rate_limit` names a limit of the `--limits` file.
+fn named(
+    rl: &RateLimitSpec,
+    name: &str,
+    spec: &DescriptorSpec,
+    path: &str,
+    options: &RuleOptions,
+) -> Result<Limit, String> {
+    if rl.unit.is_some()
+        || rl.requests_per_unit.is_some()
+        || rl.policy.is_some()
+        || rl.algorithm.is_some()
+        || rl.burst.is_some()
+    {
+        return Err(format!(
+            "descriptor {path:?}: `limit` names a limit of the limits file, whose policies \
+             apply: give no `unit`, `requests_per_unit`, `algorithm`, `burst` or `policy`"
+        ));
+    }
+    let Some(limits) = &options.limits else {
+        return Err(format!(
+            "descriptor {path:?} names the limit {name:?}, but no limits file was given \
+             (--limits FILE.toml)"
+        ));
+    };
+    let Some(limiter) = limits.limiter(name) else {
+        let known: Vec<&str> = limits.limiters().map(|(n, _)| n).collect();
+        return Err(format!(
+            "descriptor {path:?} names the limit {name:?}, which the limits file does not \
+             have (it has: {})",
+            known.join(", ")
+        ));
+    };
+    // The first rule that refuses for real is the client's limit.
+    let rules = limiter.rules();
+    let first = rules.iter().find(|r| !r.is_shadow()).unwrap_or(&rules[0]);
+    let (requests_per_unit, unit) = as_written(None, first.policy());
+    Ok(Limit {
+        headers: RateLimitHeaders::new(limiter, options.headers),
+        limiter: limiter.clone(),
+        rule: name.to_owned(),
+        scope: Some(path.to_owned()),
+        name: rl.name.clone().unwrap_or_else(|| name.to_owned()),
+        requests_per_unit,
+        unit,
+        shadow: spec.shadow_mode,
+        detailed_metric: spec.detailed_metric,
+    })
 }
 
 /// The policy of a `rate_limit`: ratewarden's text, or the fields
@@ -461,7 +549,7 @@ fn policy(rl: &RateLimitSpec) -> Result<Policy, String> {
 /// `requests_per_unit` and Envoy's unit for a status's `current_limit`:
 /// as written, or for a `policy` the nearest unit its window is a whole
 /// number of.
-fn as_written(rl: &RateLimitSpec, policy: &Policy) -> (u32, i32) {
+fn as_written(written: Option<(&str, u32)>, policy: &Policy) -> (u32, i32) {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
     let unit_of = |s: &str| match s {
         "second" => Unit::Second,
@@ -470,7 +558,7 @@ fn as_written(rl: &RateLimitSpec, policy: &Policy) -> (u32, i32) {
         "day" => Unit::Day,
         _ => Unit::Week,
     };
-    if let (Some(unit), Some(n)) = (&rl.unit, rl.requests_per_unit) {
+    if let Some((unit, n)) = written {
         return (n, unit_of(&unit.to_ascii_lowercase()) as i32);
     }
     let window = policy.window().as_secs().max(1);

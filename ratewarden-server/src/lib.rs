@@ -23,7 +23,6 @@
 //! use envoy_types::pb::envoy::service::ratelimit::v3::{
 //!     RateLimitRequest, rate_limit_response::Code,
 //! };
-//! use ratewarden::layer::HeaderMode;
 //! use ratewarden_server::{Domains, RateLimitServer, RuleOptions};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
@@ -33,12 +32,7 @@
 //!   - key: remote_address
 //!     rate_limit: { unit: minute, requests_per_unit: 2 }
 //! ";
-//! let rules = RuleOptions {
-//!     store: Arc::new(ratewarden::memory::MemoryStore::default()),
-//!     on_failure: ratewarden::FailurePolicy::Open,
-//!     timeout: ratewarden::DEFAULT_TIMEOUT,
-//!     headers: HeaderMode::Draft11,
-//! };
+//! let rules = RuleOptions::new(Arc::new(ratewarden::memory::MemoryStore::default()));
 //! let service = RateLimitServer::new(Domains::parse([("edge.yaml", yaml)], &rules)?);
 //!
 //! let request = RateLimitRequest {

@@ -33,10 +33,15 @@ struct Args {
     /// Where `/healthcheck` and Prometheus `/metrics` are served.
     #[arg(long, env = "RATEWARDEN_HTTP", default_value = ratewarden_server::DEFAULT_HTTP)]
     http: SocketAddr,
-    /// The store, by URL: memory://, redis://, redis+cluster://,
-    /// redis+sentinel://, postgres://.
-    #[arg(long, env = "RATEWARDEN_STORE", default_value = "memory://")]
-    store: String,
+    /// The store, by URL: memory:// (the default), redis://,
+    /// redis+cluster://, redis+sentinel://, postgres://.
+    #[arg(long, env = "RATEWARDEN_STORE")]
+    store: Option<String>,
+    /// A limits file in the library's TOML format: its stores (`default`
+    /// is the descriptors' store), and limits with tiers, leases and
+    /// fallbacks that descriptors name with `rate_limit: { limit: NAME }`.
+    #[arg(long, env = "RATEWARDEN_LIMITS")]
+    limits: Option<PathBuf>,
     /// Buy units from a shared store in leases of this many: fewer round
     /// trips, never over the limit.
     #[arg(long, env = "RATEWARDEN_LEASE")]
@@ -88,6 +93,7 @@ async fn main() -> ExitCode {
         grpc: args.listen,
         http: args.http,
         store: args.store,
+        limits: args.limits,
         lease: args.lease,
         on_failure: args.on_failure,
         timeout: Duration::from_millis(args.timeout_ms),

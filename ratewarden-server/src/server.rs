@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -15,6 +15,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::routing::get;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use ratewarden::config::{DEFAULT_STORE, Limits};
 use ratewarden::layer::HeaderMode;
 use ratewarden::lease::{LeaseConfig, LeasedStore};
 use ratewarden::{Clock, FailurePolicy, Store, SystemClock};
@@ -39,8 +40,14 @@ pub struct Options {
     pub grpc: SocketAddr,
     /// Where `/healthcheck` and `/metrics` are served.
     pub http: SocketAddr,
-    /// The store, by URL ([`ratewarden::store::from_url`]).
-    pub store: String,
+    /// The store, by URL ([`ratewarden::store::from_url`]); `None`: the
+    /// limits file's store named `default`, or else `memory://`.
+    pub store: Option<String>,
+    /// A limits file in the library's format ([`ratewarden::config`]):
+    /// its stores, and limits (tiers, leases, fallbacks) that descriptors
+    /// name with `rate_limit: { limit: NAME }`. Reloaded with the
+    /// descriptors, keeping its stores' counts and leases.
+    pub limits: Option<PathBuf>,
     /// Buy units from the store in leases of this many (a shared store).
     pub lease: Option<u32>,
     /// What a descriptor answers when the store does not.
@@ -63,7 +70,8 @@ impl Options {
             config: config.into(),
             grpc: DEFAULT_GRPC.parse().expect("a valid address"),
             http: DEFAULT_HTTP.parse().expect("a valid address"),
-            store: "memory://".into(),
+            store: None,
+            limits: None,
             lease: None,
             on_failure: FailurePolicy::Open,
             timeout: ratewarden::DEFAULT_TIMEOUT,
@@ -79,6 +87,9 @@ pub enum StartError {
     /// The store URL or lease size was refused.
     #[error("store: {0}")]
     Store(#[from] ratewarden::ConfigError),
+    /// The limits file did not load.
+    #[error("limits: {0}")]
+    Limits(ratewarden::ConfigError),
     /// The descriptors did not load.
     #[error("{0}")]
     Config(#[from] LoadError),
@@ -108,54 +119,104 @@ pub struct Server {
     metrics: PrometheusHandle,
 }
 
-/// Reloads the configuration file onto the same store.
+/// Reloads the configuration files onto the same stores.
 #[derive(Debug)]
 struct Reloader {
     path: PathBuf,
+    limits_path: Option<PathBuf>,
     rules: RuleOptions,
     service: RateLimitServer,
-    /// One reload at a time, and the modification time last loaded.
-    last: Mutex<Option<SystemTime>>,
+    /// One reload at a time, the limits in force and the files'
+    /// modification times when last loaded.
+    state: Mutex<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    modified: Option<SystemTime>,
+    limits: Option<Limits>,
 }
 
 impl Reloader {
+    fn paths(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.path.as_path()).chain(self.limits_path.as_deref())
+    }
+
     async fn reload(&self) -> Result<usize, LoadError> {
-        let mut last = self.last.lock().await;
-        let modified = modified(&self.path);
+        let mut state = self.state.lock().await;
+        let modified = latest(self.paths());
+        let result = self.load(&state).await;
+        state.modified = modified;
+        let outcome = if result.is_ok() { "loaded" } else { "refused" };
+        metrics::counter!("ratewarden_server_config_loads_total", "result" => outcome).increment(1);
+        match result {
+            Ok((domains, limits)) => {
+                let rules = domains.rules();
+                self.service.replace(domains);
+                state.limits = limits;
+                tracing::info!(rules, "configuration reloaded");
+                Ok(rules)
+            }
+            Err(e) => {
+                tracing::error!("configuration not reloaded, the one in force stays: {e}");
+                Err(e)
+            }
+        }
+    }
+
+    async fn load(&self, state: &Loaded) -> Result<(Domains, Option<Limits>), LoadError> {
+        let limits = match &state.limits {
+            Some(limits) => Some(limits.reload().await.map_err(|e| {
+                LoadError::new(
+                    &self
+                        .limits_path
+                        .as_deref()
+                        .unwrap_or(Path::new(""))
+                        .display()
+                        .to_string(),
+                    e,
+                )
+            })?),
+            None => None,
+        };
+        let rules = RuleOptions {
+            limits: limits.clone(),
+            ..self.rules.clone()
+        };
         let path = self.path.clone();
-        let rules = self.rules.clone();
         // Reading a file and building limiters blocks: off the runtime's
         // workers, which are answering requests.
-        let loaded = tokio::task::spawn_blocking(move || Domains::load(&path, &rules))
+        let domains = tokio::task::spawn_blocking(move || Domains::load(&path, &rules))
             .await
             .unwrap_or_else(|e| {
                 Err(LoadError::new(
                     &self.path.display().to_string(),
                     format!("the load panicked: {e}"),
                 ))
-            });
-        *last = modified;
-        let result = loaded.map(|domains| {
-            let rules = domains.rules();
-            self.service.replace(domains);
-            rules
-        });
-        let outcome = if result.is_ok() { "loaded" } else { "refused" };
-        metrics::counter!("ratewarden_server_config_loads_total", "result" => outcome).increment(1);
-        match &result {
-            Ok(rules) => tracing::info!(rules, "configuration reloaded"),
-            Err(e) => tracing::error!("configuration not reloaded, the one in force stays: {e}"),
-        }
-        result
+            })?;
+        Ok((domains, limits))
     }
 
-    /// Reloads when the file's modification time is not the one loaded.
+    /// Reloads when a file's modification time is not the one loaded.
     async fn reload_if_changed(&self) {
-        let changed = *self.last.lock().await != modified(&self.path);
+        let changed = self.state.lock().await.modified != latest(self.paths());
         if changed {
             let _ = self.reload().await;
         }
     }
+
+    /// Hands back the units of the limits file's leases.
+    async fn release_leases(&self) -> u64 {
+        match &self.state.lock().await.limits {
+            Some(limits) => limits.release_leases().await,
+            None => 0,
+        }
+    }
+}
+
+/// The latest modification time of `paths`.
+fn latest<'a>(paths: impl Iterator<Item = &'a Path>) -> Option<SystemTime> {
+    paths.filter_map(modified).max()
 }
 
 fn modified(path: &std::path::Path) -> Option<SystemTime> {
@@ -189,7 +250,29 @@ impl Server {
     /// Opens the store, loads the configuration and binds both listeners
     /// (port 0 picks a free one: see [`grpc_addr`](Self::grpc_addr)).
     pub async fn bind(options: Options) -> Result<Server, StartError> {
-        let store = ratewarden::store::from_url(&options.store).await?;
+        let limits = match &options.limits {
+            Some(path) => Some(
+                Limits::builder()
+                    .allow_empty(true)
+                    .load(path)
+                    .await
+                    .map_err(StartError::Limits)?,
+            ),
+            None => None,
+        };
+        let default = limits.as_ref().and_then(|l| l.store(DEFAULT_STORE));
+        let store = match (&options.store, default) {
+            (Some(_), Some(_)) => {
+                return Err(StartError::Limits(ratewarden::ConfigError::Invalid(
+                    "the store is given twice: by --store and as `default` under the limits \
+                     file's [stores]; keep one"
+                        .into(),
+                )));
+            }
+            (Some(url), None) => ratewarden::store::from_url(url).await?,
+            (None, Some(store)) => store,
+            (None, None) => ratewarden::store::from_url("memory://").await?,
+        };
         let (store, leased): (Arc<dyn Store>, _) = match options.lease {
             Some(units) => {
                 let leased = Arc::new(LeasedStore::new(store, LeaseConfig::new(units)?));
@@ -202,8 +285,10 @@ impl Server {
             on_failure: options.on_failure,
             timeout: options.timeout,
             headers: options.headers,
+            limits: limits.clone(),
         };
-        let modified = modified(&options.config);
+        let paths = std::iter::once(options.config.as_path()).chain(options.limits.as_deref());
+        let modified = latest(paths);
         let domains = {
             let (path, rules) = (options.config.clone(), rules.clone());
             tokio::task::spawn_blocking(move || Domains::load(&path, &rules))
@@ -221,9 +306,13 @@ impl Server {
         let http = bind(options.http).await?;
         let reloader = Arc::new(Reloader {
             path: options.config.clone(),
-            rules,
+            limits_path: options.limits.clone(),
+            rules: RuleOptions {
+                limits: None,
+                ..rules
+            },
             service: service.clone(),
-            last: Mutex::new(modified),
+            state: Mutex::new(Loaded { modified, limits }),
         });
         Ok(Server {
             options,
@@ -330,9 +419,12 @@ impl Server {
         }
         let grpc = grpc_task.await;
         let http = http_task.await;
+        let mut released = self.reloader.release_leases().await;
         if let Some(leased) = &self.leased {
-            let released = leased.release(SystemClock.now()).await;
-            tracing::info!(units = released, "leased units handed back to the store");
+            released += leased.release(SystemClock.now()).await;
+        }
+        if released > 0 {
+            tracing::info!(units = released, "leased units handed back to the stores");
         }
         match grpc {
             Ok(Ok(())) => {}

@@ -192,8 +192,8 @@ async fn decide_one(
         Some(v) => v.value,
         None => u64::from(request_hits.max(1)),
     };
-    let key = client_key(d);
-    let decision = match u32::try_from(cost) {
+    let key = client_key(limit.scope.as_deref(), d);
+    let mut decision = match u32::try_from(cost) {
         Ok(0) => limit.limiter.peek(&key).await,
         Ok(cost) => match limit.limiter.check_cost(&key, cost).await {
             Ok(decision) => decision,
@@ -205,6 +205,13 @@ async fn decide_one(
         },
         Err(_) => never(limit, &key).await,
     };
+    // A named limit's rules are the limits file's: shadow mode set on the
+    // node is applied here (a refusal is recorded by no rule either way).
+    if limit.shadow && !decision.allowed {
+        decision.allowed = true;
+        decision.retry_after = Duration::ZERO;
+        decision.source.shadow_refused = true;
+    }
     let code = if decision.allowed {
         Code::Ok
     } else {
@@ -262,9 +269,16 @@ async fn never(limit: &Limit, key: &[u8]) -> Decision {
 /// The client a descriptor names: its entries' values, each escaped so
 /// that no two lists of values give one key (`a,b` + `c` against `a` +
 /// `b,c`). Entry keys are the node's, so the values alone tell clients
-/// apart; keeping the keys makes the store's keys readable.
-fn client_key(d: &RateLimitDescriptor) -> Vec<u8> {
+/// apart; keeping the keys makes the store's keys readable. A named
+/// limit's keys lead with the node's path.
+fn client_key(scope: Option<&str>, d: &RateLimitDescriptor) -> Vec<u8> {
     let mut key = Vec::with_capacity(64);
+    if let Some(scope) = scope {
+        // The path comes from the configuration, not the request: a client
+        // chooses values only, after it.
+        key.extend_from_slice(scope.as_bytes());
+        key.push(b'|');
+    }
     for (i, e) in d.entries.iter().enumerate() {
         if i > 0 {
             key.push(b',');
@@ -318,11 +332,11 @@ mod tests {
 
     #[test]
     fn client_keys_do_not_collide_across_value_boundaries() {
-        let a = client_key(&descriptor(&[("x", "a,y=b"), ("y", "c")]));
-        let b = client_key(&descriptor(&[("x", "a"), ("y", "b,y=c")]));
+        let a = client_key(None, &descriptor(&[("x", "a,y=b"), ("y", "c")]));
+        let b = client_key(None, &descriptor(&[("x", "a"), ("y", "b,y=c")]));
         assert_ne!(a, b);
         assert_eq!(
-            client_key(&descriptor(&[("remote_address", "10.0.0.1")])),
+            client_key(None, &descriptor(&[("remote_address", "10.0.0.1")])),
             b"remote_address=10.0.0.1"
         );
     }

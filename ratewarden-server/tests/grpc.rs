@@ -564,7 +564,7 @@ async fn a_fleet_of_two_servers_on_one_redis_is_exact_to_the_limit() {
     let mut fleet = Vec::new();
     for _ in 0..2 {
         let mut opts = options(&yaml);
-        opts.store = url.to_owned();
+        opts.store = Some(url.to_owned());
         fleet.push(Running::start(opts).await);
     }
     let mut tasks = Vec::new();
@@ -609,7 +609,7 @@ async fn a_store_that_does_not_answer_gets_the_failure_policys_answer_in_bounded
     let mut servers = Vec::new();
     for on_failure in [FailurePolicy::Open, FailurePolicy::Closed] {
         let mut opts = options(&yaml);
-        opts.store = url.clone();
+        opts.store = Some(url.clone());
         opts.on_failure = on_failure;
         opts.timeout = Duration::from_millis(200);
         servers.push(Running::start(opts).await);
@@ -660,7 +660,7 @@ async fn leases_cut_round_trips_and_a_shutdown_hands_unspent_units_back() {
     );
     let one = || request(&domain, vec![descriptor(&[("user", "u")])]);
     let mut leased = options(&yaml);
-    leased.store = url.to_owned();
+    leased.store = Some(url.to_owned());
     leased.lease = Some(10);
     let leased = Running::start(leased).await;
     let mut c = leased.client().await;
@@ -671,7 +671,7 @@ async fn leases_cut_round_trips_and_a_shutdown_hands_unspent_units_back() {
     // and 4 bought for four requests (three round trips), 3 units still
     // in the other server's hand.
     let mut plain = options(&yaml);
-    plain.store = url.to_owned();
+    plain.store = Some(url.to_owned());
     let plain = Running::start(plain).await;
     let mut p = plain.client().await;
     let mut peek = descriptor(&[("user", "u")]);
@@ -705,4 +705,135 @@ async fn the_example_file_loads_and_answers() {
     let r = ask(&mut c, request("edge", vec![descriptor(&internal)])).await;
     assert_eq!(r.statuses[0].current_limit, None);
     server.stop().await;
+}
+
+fn limits_file(toml: &str) -> PathBuf {
+    let path = config_file("");
+    let path = path.with_extension("toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn descriptors_name_limits_of_a_library_limits_file() {
+    let toml = r#"
+        [stores]
+        default = "memory://"
+        local = "memory://?capacity=1000"
+
+        [limits.login]
+        rules = [
+          { name = "login-burst", store = "local", policy = "2/minute" },
+          { name = "login-daily", policy = "3/day" },
+        ]
+    "#;
+    let yaml = "
+domain: named
+descriptors:
+  - key: path
+    value: /login
+    descriptors:
+      - key: user
+        rate_limit: { limit: login }
+  - key: path
+    value: /reset
+    descriptors:
+      - key: user
+        shadow_mode: true
+        rate_limit: { limit: login, name: reset }
+  - key: plain
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+";
+    let mut opts = options(yaml);
+    opts.limits = Some(limits_file(toml));
+    let server = Running::start(opts).await;
+    let mut c = server.client().await;
+    let login = [("path", "/login"), ("user", "ann")];
+    // Both rules of the limit apply: the burst refuses the third.
+    assert_eq!(codes(&mut c, "named", &login, 3).await, [OK, OK, OVER]);
+    let r = ask(&mut c, request("named", vec![descriptor(&login)])).await;
+    let limit = r.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+        ("login", 2, Unit::Minute as i32)
+    );
+    // Another node naming the same limit counts apart, and its shadow mode
+    // reports the refusal without making it.
+    let reset = [("path", "/reset"), ("user", "ann")];
+    assert_eq!(codes(&mut c, "named", &reset, 3).await, [OK, OK, OK]);
+    // The file's `default` store counts the plain descriptors.
+    assert_eq!(
+        codes(&mut c, "named", &[("plain", "x")], 2).await,
+        [OK, OVER]
+    );
+    server.stop().await;
+
+    // What cannot work is refused at start.
+    let missing = "domain: m\ndescriptors:\n  - key: a\n    rate_limit: { limit: nope }\n";
+    let mut opts = options(missing);
+    opts.limits = Some(limits_file(toml));
+    let err = Server::bind(opts).await.unwrap_err().to_string();
+    assert!(err.contains("\"nope\"") && err.contains("login"), "{err}");
+    let err = Server::bind(options(missing))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no limits file was given"), "{err}");
+    let mut both = options(yaml);
+    both.limits = Some(limits_file(toml));
+    both.store = Some("memory://".into());
+    let err = Server::bind(both).await.unwrap_err().to_string();
+    assert!(err.contains("the store is given twice"), "{err}");
+}
+
+#[tokio::test]
+async fn a_fleet_on_a_tiered_leased_limit_admits_exactly_the_limit_across_a_shutdown() {
+    let url = ratewarden_test_support::redis::shared_url();
+    let domain = unique_domain("tiers");
+    let toml = format!(
+        r#"
+        [stores]
+        local = "memory://"
+        shared = "{url}"
+
+        [limits.{domain}]
+        rules = [
+          {{ name = "{domain}-local", store = "local", policy = "sliding_window 30/hour" }},
+          {{ name = "{domain}", store = "shared", policy = "sliding_window 30/hour", lease = 8 }},
+        ]
+    "#
+    );
+    let yaml = format!(
+        "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ limit: {domain} }}\n"
+    );
+    let limits = limits_file(&toml);
+    let mut fleet = Vec::new();
+    for _ in 0..2 {
+        let mut opts = options(&yaml);
+        opts.limits = Some(limits.clone());
+        fleet.push(Running::start(opts).await);
+    }
+    let one = || request(&domain, vec![descriptor(&[("user", "u")])]);
+    // Five requests on each instance: each has bought more than it spent.
+    for _ in 0..5 {
+        for server in &fleet {
+            let r = ask(&mut server.client().await, one()).await;
+            assert_eq!(r.overall_code, OK);
+        }
+    }
+    // One shuts down: what its leases still hold goes back to Redis, and
+    // the other instance (whose local tier has room) spends it. The fleet
+    // admits exactly the limit; units stranded by the shutdown would make
+    // it fewer, a lease counted twice more.
+    let first = fleet.remove(0);
+    first.stop().await;
+    let mut c = fleet[0].client().await;
+    let mut more = 0;
+    for _ in 0..40 {
+        more += u32::from(ask(&mut c, one()).await.overall_code == OK);
+    }
+    assert_eq!(10 + more, 30);
+    for server in fleet {
+        server.stop().await;
+    }
 }

@@ -448,6 +448,43 @@ impl Limits {
             .filter_map(|(route, name)| Some((route.as_str(), self.limiters.get(name)?)))
     }
 
+    /// The store `name` names under `[stores]` (or handed in with
+    /// [`LimitsBuilder::store`]), as opened: without any lease a rule puts
+    /// on it. For a program that counts limits of its own on the file's
+    /// stores.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let text = "[stores]\ndefault = \"memory://\"\n";
+    /// let limits = ratewarden::config::Limits::builder()
+    ///     .allow_empty(true)
+    ///     .parse(text, "limits.toml")
+    ///     .await?;
+    /// assert_eq!(limits.store("default").unwrap().name(), "memory");
+    /// assert!(limits.store("shared").is_none());
+    /// # Ok::<(), ratewarden::ConfigError>(()) }).unwrap();
+    /// ```
+    pub fn store(&self, name: &str) -> Option<Arc<dyn Store>> {
+        self.given
+            .get(name)
+            .or_else(|| self.opened.get(name).map(|o| &o.store))
+            .cloned()
+    }
+
+    /// Hands every unspent unit of these limits' leases back to the stores
+    /// they were leased from ([`LeasedStore::release`]), for a server that
+    /// is shutting down: another instance of the fleet can then spend them
+    /// in this window. Returns the units handed back. Leases go on working
+    /// afterwards, buying new batches.
+    pub async fn release_leases(&self) -> u64 {
+        let now = self.clock.now();
+        let mut released = 0;
+        for (_, leased) in self.leases.values() {
+            released += leased.release(now).await;
+        }
+        released
+    }
+
     /// The file's `[access]` lists, for each layer the application builds
     /// from these limits ([`RateLimitLayerBuilder::access`](crate::RateLimitLayerBuilder::access)),
     /// so that a reload changes them too; empty without the section.
@@ -692,7 +729,7 @@ impl Limits {
     }
 
     /// The store `name` names, leased in batches of `lease` if given.
-    fn store(
+    fn store_for_rule(
         &mut self,
         before: &Limits,
         name: &Spanned<String>,
@@ -746,7 +783,7 @@ impl Limits {
         let span = spec.span();
         let spec = spec.into_inner();
         let default_store = Spanned::new(span.clone(), DEFAULT_STORE.to_owned());
-        let store = self.store(
+        let store = self.store_for_rule(
             before,
             spec.store.as_ref().unwrap_or(&default_store),
             None,
@@ -813,7 +850,7 @@ impl Limits {
         let spec = spec.into_inner();
         let default_store = Spanned::new(span.clone(), DEFAULT_STORE.to_owned());
         let store_name = spec.store.as_ref().unwrap_or(&default_store);
-        let store = self.store(before, store_name, spec.lease.as_ref(), at)?;
+        let store = self.store_for_rule(before, store_name, spec.lease.as_ref(), at)?;
         let policy = spec.policy;
         let name = spec.name.unwrap_or(default_name);
         let mut rule = Rule::new(name, store, *policy.get_ref())
@@ -836,7 +873,7 @@ impl Limits {
                 .map_err(|e| at(ms.span(), e.to_string()))?;
         }
         if let Some(fallback) = spec.fallback {
-            let store = self.store(before, &fallback, None, at)?;
+            let store = self.store_for_rule(before, &fallback, None, at)?;
             rule = rule
                 .with_fallback(store)
                 .map_err(|e| at(fallback.span(), e.to_string()))?;
@@ -844,7 +881,7 @@ impl Limits {
         if let Some(escalate) = spec.escalate {
             let span = escalate.span();
             let escalate = escalate.into_inner();
-            let durable = self.store(before, &escalate.store, None, at)?;
+            let durable = self.store_for_rule(before, &escalate.store, None, at)?;
             rule = rule
                 .with_escalation(durable, *escalate.policy.get_ref(), escalate.every, None)
                 .map_err(|e| at(span, e.to_string()))?;
