@@ -556,7 +556,17 @@ async fn a_changed_file_is_reloaded_while_requests_run_and_none_fails() {
 
 #[tokio::test]
 async fn a_fleet_of_two_servers_on_one_redis_is_exact_to_the_limit() {
-    let url = ratewarden_test_support::redis::shared_url();
+    fleet_is_exact(ratewarden_test_support::redis::shared_url()).await;
+}
+
+#[tokio::test]
+async fn a_fleet_of_two_servers_on_one_postgres_is_exact_to_the_limit() {
+    fleet_is_exact(&ratewarden_test_support::postgres::server_url()).await;
+}
+
+/// Two servers on the store at `url`, four clients each, 80 calls for one
+/// client whose limit is 25: the fleet admits exactly 25.
+async fn fleet_is_exact(url: &str) {
     let domain = unique_domain("fleet");
     let yaml = format!(
         "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: hour, requests_per_unit: 25, algorithm: sliding_window }}\n"
@@ -836,4 +846,29 @@ async fn a_fleet_on_a_tiered_leased_limit_admits_exactly_the_limit_across_a_shut
     for server in fleet {
         server.stop().await;
     }
+}
+
+#[tokio::test]
+async fn a_policy_in_ratewardens_text_applies_with_its_ban() {
+    let yaml = r#"
+domain: text
+descriptors:
+  - key: user
+    rate_limit: { policy: "2/min ban after 2 in 1h for 1h" }
+"#;
+    let server = Running::start(options(yaml)).await;
+    let mut c = server.client().await;
+    let user = [("user", "u")];
+    assert_eq!(codes(&mut c, "text", &user, 4).await, [OK, OK, OVER, OVER]);
+    // The second refusal banned the client: an hour to wait, not a minute.
+    let r = ask(&mut c, request("text", vec![descriptor(&user)])).await;
+    assert_eq!(r.overall_code, OVER);
+    let wait: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    assert!(wait > 3000, "{wait}");
+    let limit = r.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (2, Unit::Minute as i32)
+    );
+    server.stop().await;
 }
