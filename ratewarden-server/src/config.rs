@@ -65,6 +65,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use metrics::Counter;
 use ratewarden::config::Limits;
 use ratewarden::layer::{HeaderMode, RateLimitHeaders};
 use ratewarden::{FailurePolicy, Limiter, Policy, Rule, Store};
@@ -164,6 +165,49 @@ pub struct Limit {
     pub detailed_metric: bool,
     /// The headers of this limit's decisions.
     pub headers: RateLimitHeaders,
+    /// `ratewarden_server_descriptors_total` of this node, by code.
+    pub(crate) counters: Codes,
+}
+
+/// A node's descriptor counters, registered once: a counter looked up by
+/// its labels on every request would hash and allocate them each time.
+pub(crate) struct Codes {
+    pub(crate) ok: Counter,
+    pub(crate) over_limit: Counter,
+    pub(crate) shadow_over_limit: Counter,
+}
+
+impl Codes {
+    fn new(domain: &str, path: &str) -> Self {
+        let counter = |code: &'static str| {
+            metrics::counter!(
+                "ratewarden_server_descriptors_total",
+                "domain" => domain.to_owned(),
+                "descriptor" => path.to_owned(),
+                "code" => code,
+            )
+        };
+        Codes {
+            ok: counter("ok"),
+            over_limit: counter("over_limit"),
+            shadow_over_limit: counter("shadow_over_limit"),
+        }
+    }
+}
+
+impl fmt::Debug for Codes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Codes")
+    }
+}
+
+/// `ratewarden_server_requests_total` of a domain: OK and OVER_LIMIT.
+struct Requests([Counter; 2]);
+
+impl fmt::Debug for Requests {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Requests")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -209,6 +253,7 @@ pub struct Matched<'a> {
 #[derive(Debug, Default)]
 pub struct Domains {
     domains: HashMap<String, Node>,
+    requests: HashMap<String, Requests>,
     rules: usize,
 }
 
@@ -296,6 +341,15 @@ impl Domains {
                 )
                 .map_err(where_)?;
             }
+            let counter = |code: &'static str| {
+                metrics::counter!(
+                    "ratewarden_server_requests_total",
+                    "domain" => file.domain.clone(),
+                    "code" => code,
+                )
+            };
+            let requests = Requests([counter("ok"), counter("over_limit")]);
+            domains.requests.insert(file.domain.clone(), requests);
             domains.domains.insert(file.domain, root);
         }
         Ok(domains)
@@ -317,6 +371,11 @@ impl Domains {
             limit: node.limit.as_ref(),
             path: &node.path,
         })
+    }
+
+    /// `ratewarden_server_requests_total` of `domain`, if it is configured.
+    pub(crate) fn requests(&self, domain: &str, over: bool) -> Option<&Counter> {
+        self.requests.get(domain).map(|r| &r.0[usize::from(over)])
     }
 
     /// Whether `domain` is configured.
@@ -388,7 +447,7 @@ fn add(
             ));
         }
         if let Some(name) = &rl.limit {
-            node.limit = Some(Arc::new(named(rl, name, spec, &path, options)?));
+            node.limit = Some(Arc::new(named(rl, name, spec, domain, &path, options)?));
             *rules += 1;
         } else if !rl.unlimited {
             let policy = policy(rl).map_err(|e| format!("descriptor {path:?}: {e}"))?;
@@ -418,6 +477,7 @@ fn add(
                 unit,
                 shadow: spec.shadow_mode,
                 detailed_metric: spec.detailed_metric,
+                counters: Codes::new(domain, &path),
             }));
             *rules += 1;
         }
@@ -453,6 +513,7 @@ fn named(
     rl: &RateLimitSpec,
     name: &str,
     spec: &DescriptorSpec,
+    domain: &str,
     path: &str,
     options: &RuleOptions,
 ) -> Result<Limit, String> {
@@ -495,6 +556,7 @@ fn named(
         unit,
         shadow: spec.shadow_mode,
         detailed_metric: spec.detailed_metric,
+        counters: Codes::new(domain, path),
     })
 }
 

@@ -250,6 +250,8 @@ impl Server {
     /// Opens the store, loads the configuration and binds both listeners
     /// (port 0 picks a free one: see [`grpc_addr`](Self::grpc_addr)).
     pub async fn bind(options: Options) -> Result<Server, StartError> {
+        // First: the descriptors' counters register with it as they are built.
+        let metrics = recorder()?;
         let limits = match &options.limits {
             Some(path) => Some(
                 Limits::builder()
@@ -295,7 +297,6 @@ impl Server {
                 .await
                 .map_err(|e| StartError::Serve(e.to_string()))??
         };
-        let metrics = recorder()?;
         let service = RateLimitServer::new(domains);
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr)

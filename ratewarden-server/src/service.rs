@@ -94,12 +94,15 @@ impl RateLimitServer {
             .iter()
             .any(|o| o.status.code == Code::OverLimit as i32);
         let response_headers_to_add = Self::headers(&outcomes);
-        metrics::counter!(
-            "ratewarden_server_requests_total",
-            "domain" => request.domain.clone(),
-            "code" => if over { "over_limit" } else { "ok" },
-        )
-        .increment(1);
+        match domains.requests(&request.domain, over) {
+            Some(counter) => counter.increment(1),
+            None => metrics::counter!(
+                "ratewarden_server_requests_total",
+                "domain" => request.domain.clone(),
+                "code" => if over { "over_limit" } else { "ok" },
+            )
+            .increment(1),
+        }
         Ok(RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses: outcomes.into_iter().map(|o| o.status).collect(),
@@ -224,22 +227,29 @@ async fn decide_one(
     } else {
         "over_limit"
     };
-    let descriptor = if limit.detailed_metric {
-        d.entries
+    if limit.detailed_metric {
+        let descriptor = d
+            .entries
             .iter()
             .map(|e| format!("{}_{}", e.key, e.value))
             .collect::<Vec<_>>()
-            .join(".")
+            .join(".");
+        metrics::counter!(
+            "ratewarden_server_descriptors_total",
+            "domain" => domain.to_owned(),
+            "descriptor" => descriptor,
+            "code" => label,
+        )
+        .increment(1);
     } else {
-        matched.path.to_owned()
-    };
-    metrics::counter!(
-        "ratewarden_server_descriptors_total",
-        "domain" => domain.to_owned(),
-        "descriptor" => descriptor,
-        "code" => label,
-    )
-    .increment(1);
+        let counters = &limit.counters;
+        match label {
+            "ok" => &counters.ok,
+            "over_limit" => &counters.over_limit,
+            _ => &counters.shadow_over_limit,
+        }
+        .increment(1);
+    }
     Outcome {
         status: DescriptorStatus {
             code: code as i32,
