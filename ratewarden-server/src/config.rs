@@ -35,9 +35,10 @@
 //! **Counting.** Each limited node is a rule of its own; a client is the
 //! descriptor's entry values, so `remote_address=10.0.0.1` and
 //! `remote_address=10.0.0.2` count apart under one node. A rule is named
-//! after its domain and node (`edge.path_login.remote_address`), so that
-//! its keys can be listed in the store and a reload that keeps a node keeps
-//! its counts.
+//! after its domain and its `rate_limit.name` (`edge.login`), or else its
+//! node's path (`edge.remote_address`; characters a rule name cannot hold
+//! become `_`, followed by a digest of the whole), so that its keys can be
+//! listed in the store and a reload that keeps a node keeps its counts.
 //!
 //! **Accepted fields**: `domain`, `descriptors`, `key`, `value`,
 //! `rate_limit` (`unit`, `requests_per_unit`, `name`, `unlimited`),
@@ -451,7 +452,12 @@ fn add(
             *rules += 1;
         } else if !rl.unlimited {
             let policy = policy(rl).map_err(|e| format!("descriptor {path:?}: {e}"))?;
-            let rule = rule_name(domain, &path);
+            // A limit's own name, when it has one, names its rule: its keys
+            // and its headers then read as the file's author wrote them.
+            let rule = match &rl.name {
+                Some(name) if !name.is_empty() => rule_name(domain, name),
+                _ => rule_name(domain, &path),
+            };
             if let Some(other) = names.insert(rule.clone(), path.clone()) {
                 return Err(format!(
                     "descriptors {other:?} and {path:?} would share the rule name {rule:?}"
