@@ -711,6 +711,12 @@ async fn the_example_file_loads_and_answers() {
         codes(&mut c, "edge", &login, 6).await,
         [OK, OK, OK, OK, OK, OVER]
     );
+    // The limit's name names its rule: in the headers, as in the store.
+    let r = ask(&mut c, request("edge", vec![descriptor(&login)])).await;
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"edge.login\";q=5;w=60")
+    );
     let internal = [("source_cluster", "internal")];
     let r = ask(&mut c, request("edge", vec![descriptor(&internal)])).await;
     assert_eq!(r.statuses[0].current_limit, None);
