@@ -270,9 +270,7 @@ async fn decide_one(
 /// beyond `u32`): refused, with the key's quota as it stands.
 async fn never(limit: &Limit, key: &[u8]) -> Decision {
     let mut decision = limit.limiter.peek(key).await;
-    if !limit.shadow {
-        decision.allowed = false;
-    }
+    decision.allowed = false;
     decision
 }
 
