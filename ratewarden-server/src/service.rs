@@ -123,7 +123,8 @@ impl RateLimitServer {
         };
         let mut map = HeaderMap::new();
         limit.headers.write(decision, &mut map);
-        if !decision.allowed {
+        // No wait admits a cost above the limit: no Retry-After then.
+        if !decision.allowed && !decision.retry_after.is_zero() {
             map.insert(RETRY_AFTER, decision.retry_after_secs().into());
         }
         map.iter()
