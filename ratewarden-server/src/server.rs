@@ -414,6 +414,10 @@ impl Server {
         health
             .set_not_serving::<RateLimitServiceServer<RateLimitServer>>()
             .await;
+        // The server as a whole ("") too: a check names no service.
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
         let _ = stop.send(true);
         for task in &tasks {
             task.abort();
