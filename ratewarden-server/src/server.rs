@@ -21,7 +21,7 @@ use ratewarden::lease::{LeaseConfig, LeasedStore};
 use ratewarden::{Clock, FailurePolicy, Store, SystemClock};
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, watch};
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 use crate::config::{Domains, LoadError, RuleOptions};
 use crate::service::RateLimitServer;
@@ -403,7 +403,9 @@ impl Server {
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(RateLimitServiceServer::new(self.service.clone()))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
+            // Nagle's algorithm off, as tonic's own `serve` sets it: an
+            // answer is a few dozen bytes, which should not wait for an ACK.
+            .serve_with_incoming_shutdown(incoming(self.grpc), async move {
                 let _ = grpc_stop.wait_for(|stop| *stop).await;
             });
         let grpc_task = tokio::spawn(grpc);
@@ -442,6 +444,10 @@ impl Server {
             Err(e) => Err(StartError::Serve(format!("HTTP: {e}"))),
         }
     }
+}
+
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Reloads a running server's configuration file.
