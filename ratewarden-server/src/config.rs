@@ -221,8 +221,6 @@ struct Node {
     /// Children with a key and no value.
     any: HashMap<String, Node>,
     limit: Option<Arc<Limit>>,
-    /// The node's path, for metrics: `key_value.key`.
-    path: String,
 }
 
 impl Node {
@@ -239,15 +237,6 @@ impl Node {
         }
         self.any.get(key)
     }
-}
-
-/// What a descriptor matched: the node's limit and its path.
-#[derive(Debug, Clone, Copy)]
-pub struct Matched<'a> {
-    /// The limit; `None` when the node is not limited.
-    pub limit: Option<&'a Arc<Limit>>,
-    /// The matched node's path (`key_value.key`), for metrics.
-    pub path: &'a str,
 }
 
 /// Every domain of a configuration, each a tree of descriptor nodes.
@@ -356,32 +345,25 @@ impl Domains {
         Ok(domains)
     }
 
-    /// The node `entries` match in `domain`; `None` when nothing matches.
-    pub fn find<'a, 'e>(
-        &'a self,
+    /// The limit of the node `entries` match in `domain`; `None` when
+    /// nothing matches or the node is not limited.
+    pub fn find<'e>(
+        &self,
         domain: &str,
         entries: impl IntoIterator<Item = (&'e str, &'e str)>,
-    ) -> Option<Matched<'a>> {
+    ) -> Option<&Arc<Limit>> {
         let mut node = self.domains.get(domain)?;
         let mut any = false;
         for (key, value) in entries {
             node = node.child(key, value)?;
             any = true;
         }
-        any.then_some(Matched {
-            limit: node.limit.as_ref(),
-            path: &node.path,
-        })
+        node.limit.as_ref().filter(|_| any)
     }
 
     /// `ratewarden_server_requests_total` of `domain`, if it is configured.
     pub(crate) fn requests(&self, domain: &str, over: bool) -> Option<&Counter> {
         self.requests.get(domain).map(|r| &r.0[usize::from(over)])
-    }
-
-    /// Whether `domain` is configured.
-    pub fn has_domain(&self, domain: &str) -> bool {
-        self.domains.contains_key(domain)
     }
 
     /// The number of limited descriptor nodes.
@@ -433,10 +415,7 @@ fn add(
     } else {
         format!("{parent_path}.{step}")
     };
-    let mut node = Node {
-        path: path.clone(),
-        ..Node::default()
-    };
+    let mut node = Node::default();
     if let Some(rl) = &spec.rate_limit {
         let limited = rl.unit.is_some()
             || rl.requests_per_unit.is_some()

@@ -183,10 +183,7 @@ async fn decide_one(
         decided: None,
     };
     let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-    let Some(matched) = domains.find(domain, entries) else {
-        return unlimited;
-    };
-    let Some(limit) = matched.limit else {
+    let Some(limit) = domains.find(domain, entries) else {
         return unlimited;
     };
     // Envoy's request-level `hits_addend` is 0 when unset, which means 1;
