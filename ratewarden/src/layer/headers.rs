@@ -123,14 +123,15 @@ pub struct RateLimitHeaders {
 /// Everything [`RateLimitHeaders::write`] needs besides the decision, held
 /// by value: a response future of the layer carries it instead of a
 /// reference to the layer, whose count every request would write.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct HeaderWriter {
     mode: HeaderMode,
     /// The whole `RateLimit-Policy` value: it depends on the limiter only,
-    /// as `'static` text ([`ratewarden_core::intern`]: it comes from
-    /// configuration), so that copying it into a response costs neither an
-    /// allocation nor a reference count on a line every request would share.
-    policy: Option<&'static str>,
+    /// made once over `'static` text ([`ratewarden_core::intern`]: it comes
+    /// from configuration), so that a response's copy costs neither an
+    /// allocation, nor a reference count on a line every request would
+    /// share, nor checking its bytes again.
+    policy: Option<HeaderValue>,
     /// Write [`X_RATELIMIT_SHADOW`] on a shadow refusal.
     shadow: bool,
 }
@@ -167,7 +168,7 @@ impl RateLimitHeaders {
         let policy = members.join(", ");
         let policy = HeaderValue::from_str(&policy)
             .is_ok()
-            .then(|| ratewarden_core::intern(&policy));
+            .then(|| HeaderValue::from_static(ratewarden_core::intern(&policy)));
         RateLimitHeaders {
             writer: HeaderWriter {
                 mode,
@@ -202,7 +203,7 @@ impl RateLimitHeaders {
 
     /// What writing a decision's headers takes from these.
     pub(crate) fn writer(&self) -> HeaderWriter {
-        self.writer
+        self.writer.clone()
     }
 
     /// The `429 Too Many Requests` response to `decision`: the headers of
@@ -318,8 +319,8 @@ impl HeaderWriter {
             headers.insert(X_RATELIMIT_RESET, number(reset));
         }
         if self.mode.draft() {
-            if let Some(policy) = self.policy {
-                headers.insert(RATELIMIT_POLICY, HeaderValue::from_static(policy));
+            if let Some(policy) = &self.policy {
+                headers.insert(RATELIMIT_POLICY, policy.clone());
             }
             if let Some(rule) = decision.source.rule {
                 let mut buf = StackBuf::<{ MAX_RATELIMIT_LEN }>::new();
