@@ -34,8 +34,8 @@ use async_trait::async_trait;
 use ratewarden_core::algorithm::{self, KeyState, Verdict};
 use ratewarden_core::ban::{self, BanState};
 use ratewarden_core::{
-    Algorithm, Ban, Capabilities, ConfigError, Decision, ErrorKind, Key, Policy, PrefixedRequest,
-    Refund, Request, Store, StoreError, Timestamp,
+    Algorithm, Ban, Capabilities, ConfigError, Decision, ErrorKind, Key, Policy, Refund, Request,
+    Store, StoreError, Timestamp,
 };
 
 /// One defect a [`BrokenStore`] has, and the scenario meant to catch it.
@@ -110,12 +110,6 @@ pub enum Defect {
     /// count, as a `DECRBY` on a missing Redis key does: that key then
     /// admits `cost` units more than its limit (`refund_exactness`).
     GhostRefundCredits,
-    /// Answers [`Store::decide_inline_prefixed`] on its two parts joined
-    /// with a separator byte between them, as a store that kept a limiter's
-    /// rule name apart from the client's key would: a key given in parts
-    /// has a state apart from the same key given whole (`policy_semantics`,
-    /// whose inline requests go whole and in parts by turns).
-    PrefixedKeyApart,
     /// Answers [`Store::refund_inline`] with success and changes nothing,
     /// while [`Store::refund`] is honest (`refund_exactness`, which sends
     /// every other refund of its tables inline).
@@ -174,7 +168,7 @@ const HUGE_KEY_BOUND: usize = 2 << 20;
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 31] = [
+    pub const ALL: [Defect; 30] = [
         Defect::InsertionOrderEviction,
         Defect::EvictionSkipsRefusals,
         Defect::RefusalsRecorded,
@@ -195,7 +189,6 @@ impl Defect {
         Defect::HugeKeyBound,
         Defect::GhostRefundCredits,
         Defect::InlineRefundIgnored,
-        Defect::PrefixedKeyApart,
         Defect::PeekRecords,
         Defect::PeekOpensWindow,
         Defect::ResetIgnored,
@@ -231,7 +224,6 @@ impl Defect {
             Defect::HugeKeyBound => "broken-huge-key-bound",
             Defect::GhostRefundCredits => "broken-ghost-refund-credits",
             Defect::InlineRefundIgnored => "broken-inline-refund-ignored",
-            Defect::PrefixedKeyApart => "broken-prefixed-key-apart",
             Defect::PeekRecords => "broken-peek-records",
             Defect::PeekOpensWindow => "broken-peek-opens-window",
             Defect::ResetIgnored => "broken-reset-ignored",
@@ -919,20 +911,6 @@ macro_rules! impl_store {
 
             fn refund_inline(&self, refund: Refund<'_>) -> Option<Result<(), StoreError>> {
                 (!self.core.has(Defect::NonAtomic)).then(|| self.core.refund(refund, true))
-            }
-
-            fn decide_inline_prefixed(
-                &self,
-                r: PrefixedRequest<'_>,
-            ) -> Option<Result<Decision, StoreError>> {
-                if !self.core.has(Defect::PrefixedKeyApart) {
-                    return r.with_joined_key(|r| self.decide_inline(r));
-                }
-                let key = [r.prefix(), b"\0", r.rest()].concat();
-                (!self.core.has(Defect::NonAtomic)).then(|| {
-                    self.core
-                        .decide_now(&key, r.policy(), r.cost(), r.now(), true)
-                })
             }
 
             async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {

@@ -21,9 +21,7 @@
 //! # }
 //! ```
 
-use ratewarden_core::{
-    Decision, Key, Policy, PrefixedRequest, Refund, Request, Store, StoreError, Timestamp,
-};
+use ratewarden_core::{Decision, Key, Policy, Refund, Request, Store, StoreError, Timestamp};
 
 /// [`Store::decide`].
 pub async fn decide<S: Store + ?Sized>(
@@ -49,22 +47,6 @@ pub fn decide_inline<S: Store + ?Sized>(
 ) -> Option<Result<Decision, StoreError>> {
     match Request::new(store, key, policy, cost, now) {
         Ok(request) => store.decide_inline(request),
-        Err(e) => Some(Err(e)),
-    }
-}
-
-/// [`Store::decide_inline_prefixed`] on the key `prefix` followed by
-/// `rest`: `Some` error for arguments no store may be given.
-pub fn decide_inline_prefixed<S: Store + ?Sized>(
-    store: &S,
-    prefix: &[u8],
-    rest: &[u8],
-    policy: &Policy,
-    cost: u32,
-    now: Timestamp,
-) -> Option<Result<Decision, StoreError>> {
-    match PrefixedRequest::new(store, prefix, rest, policy, cost, now) {
-        Ok(request) => store.decide_inline_prefixed(request),
         Err(e) => Some(Err(e)),
     }
 }

@@ -67,9 +67,7 @@
 //! A [`Limiter`](ratewarden_core::Limiter) asks a store's inline entry points
 //! ([`Store::decide_inline`], [`Store::refund_inline`]) first, so the
 //! scenarios attack both ways in: every other request and refund goes inline,
-//! and each refund of an empty key asks both. Every other inline request
-//! goes to [`Store::decide_inline_prefixed`], its key split in two at a
-//! point that moves from request to request. A store that answers nothing inline
+//! and each refund of an empty key asks both. A store that answers nothing inline
 //! (`None`, "await me") is asked the awaited way only, which fails nothing;
 //! an answer it does give inline must pass the same checks.
 //!

@@ -115,33 +115,8 @@ pub(crate) async fn decide_on(
 ) -> Option<Result<Decision, StoreError>> {
     match path {
         Path::Awaited => Some(call::decide(store, key, p, cost, now).await),
-        Path::Inline => inline(store, key, p, cost, now),
+        Path::Inline => call::decide_inline(store, key, p, cost, now),
     }
-}
-
-/// `store`'s inline answer: every other call of a thread asks
-/// [`Store::decide_inline_prefixed`] with the key split at a point that
-/// moves from call to call (its two ends included), as a
-/// [`Limiter`](ratewarden_core::Limiter) hands it a rule's name and a
-/// client's key, so that a key reaches the store whole and in parts and a
-/// store whose two entry points keep apart states, or differ in any
-/// answer, fails the scenario.
-pub(crate) fn inline(
-    store: &dyn Store,
-    key: &[u8],
-    p: &Policy,
-    cost: u32,
-    now: Timestamp,
-) -> Option<Result<Decision, StoreError>> {
-    thread_local! {
-        static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-    }
-    let n = CALLS.replace(CALLS.get().wrapping_add(1));
-    if n.is_multiple_of(2) {
-        return call::decide_inline(store, key, p, cost, now);
-    }
-    let (prefix, rest) = key.split_at((n / 2) % (key.len() + 1));
-    call::decide_inline_prefixed(store, prefix, rest, p, cost, now)
 }
 
 /// `store`'s answer on `path` if it gives one there, else the awaited
@@ -648,7 +623,7 @@ pub(crate) async fn crowd_of_threads(
                 let mut out: Answers = Vec::with_capacity(per_thread);
                 for i in 0..per_thread {
                     let inline = match alternate((t + i) as u64) {
-                        Path::Inline => inline(&*store, &key, &p, 1, now),
+                        Path::Inline => call::decide_inline(&*store, &key, &p, 1, now),
                         Path::Awaited => None,
                     };
                     out.push(match inline {

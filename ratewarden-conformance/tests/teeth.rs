@@ -73,8 +73,6 @@ async fn bites(scenario: &str) {
 teeth! {
     policy_semantics {
         OffByOne => ["must be refused", "answered admitted"],
-        // Whole and in parts by turns, inline: two states for one key.
-        PrefixedKeyApart => ["must be"],
         ExpiryRenewedOnEveryHit => ["fixed_window", "reset_after"],
         RefusalsRecorded => ["must be"],
     }

@@ -89,7 +89,6 @@ pub use policy::parse::{DEFAULT_ALGORITHM, ParsePolicyError, parse_policies};
 pub use policy::{MAX_EXACT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_WINDOW, MIN_WINDOW, Policy};
 pub use refusal_cache::REFUSAL_CACHE_KEYS;
 pub use store::{
-    Capabilities, DEFAULT_KEY_CAPACITY, DEFAULT_MAX_KEY_LEN, Key, PrefixedRequest, Refund, Request,
-    Store,
+    Capabilities, DEFAULT_KEY_CAPACITY, DEFAULT_MAX_KEY_LEN, Key, Refund, Request, Store,
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -708,8 +708,10 @@ impl Limiter {
         // progress to build unless it must wait.
         let rule = &self.rules[0];
         let now = self.clock.now();
+        let mut buf = StorageKey::new();
+        let storage_key = rule.fill_storage_key(&mut buf, key);
         let units = rule.units(cost);
-        let answer = rule.ask_inline_prefixed(key, units, now);
+        let answer = rule.ask_inline(storage_key, units, now);
         // The store's answer, read in place: the path of nearly every
         // request on a memory store.
         if let Some(Ok(stored)) = &answer {
@@ -717,9 +719,6 @@ impl Limiter {
             rule.stamp_enforcing(&mut decision);
             return Begun::Decided(decision);
         }
-        // The storage key joined only now, for the calls to come.
-        let mut buf = StorageKey::new();
-        let storage_key = rule.fill_storage_key(&mut buf, key);
         match rule.local_after(answer, storage_key, units, now, self.clock.as_ref()) {
             Local::Now(decision, _) => {
                 let mut decision = decision;
@@ -759,8 +758,9 @@ impl Limiter {
         let mut pending = Kept::new();
         let mut tightest: Option<(usize, Decision)> = None;
         for (i, rule) in self.rules.iter().enumerate() {
+            let storage_key = rule.fill_storage_key(&mut buf, key);
             let units = rule.units(cost);
-            let answer = rule.ask_inline_prefixed(key, units, now);
+            let answer = rule.ask_inline(storage_key, units, now);
             if let Some(Ok(stored)) = &answer {
                 if stored.allowed {
                     rule.count(stored);
@@ -819,7 +819,6 @@ impl Limiter {
                 keep_all: false,
                 traced: Traced::NONE,
             };
-            let storage_key = rule.fill_storage_key(&mut buf, key);
             match rule.local_after(answer, storage_key, units, now, self.clock.as_ref()) {
                 Local::Now(decision, holder) => {
                     let charge =

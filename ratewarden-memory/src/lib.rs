@@ -160,10 +160,10 @@ use parking_lot::{Mutex, MutexGuard};
 use ratewarden_core::algorithm;
 use ratewarden_core::ban;
 use ratewarden_core::{
-    Algorithm, Ban, Capabilities, ConfigError, Decision, Key, Policy, PrefixedRequest, Refund,
-    Request, Store, StoreError, Timestamp,
+    Algorithm, Ban, Capabilities, ConfigError, Decision, Key, Policy, Refund, Request, Store,
+    StoreError, Timestamp,
 };
-use shard::{Digest, KeyHasher, KeyParts, Shard};
+use shard::{Digest, KeyHasher, Shard};
 
 /// The name this store reports in decisions and errors.
 pub const NAME: &str = "memory";
@@ -500,21 +500,9 @@ impl MemoryStore {
 
     #[inline(always)]
     fn decided(&self, request: Request<'_>) -> Decision {
-        let (policy, cost, now) = (request.policy(), request.cost(), request.now());
-        self.decided_key(request.key(), policy, cost, now)
-    }
-
-    /// [`decided`](Self::decided) on a key whole or in parts.
-    #[inline(always)]
-    fn decided_key(
-        &self,
-        key: impl KeyParts,
-        policy: &Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Decision {
-        let digest = self.digest(policy, key);
-        let now = now.as_micros();
+        let policy = request.policy();
+        let digest = self.digest(policy, request.key());
+        let (cost, now) = (request.cost(), request.now().as_micros());
         // One decision built from either road: returned from two places,
         // it was built aside and copied into place, about 30 instructions
         // a decision without a ban (callgrind of the composition bench).
@@ -523,7 +511,7 @@ impl MemoryStore {
                 lock(&self.shards[self.shard_index(digest)]).decide(digest, policy, cost, now),
                 false,
             ),
-            Some(ban) => self.decided_banned(digest, key, (policy, ban), cost, now),
+            Some(ban) => self.decided_banned(digest, request.key(), (policy, ban), cost, now),
         };
         Decision::from_ban_verdict(answer, policy, NAME)
     }
@@ -535,7 +523,7 @@ impl MemoryStore {
     fn decided_banned(
         &self,
         digest: Digest,
-        key: impl KeyParts,
+        key: &[u8],
         (policy, ban): (&Policy, &Ban),
         cost: u32,
         now: u64,
@@ -603,14 +591,14 @@ impl MemoryStore {
     /// Where the store keeps the ban record of `key` under `policy`'s
     /// algorithm: in the shard of the key's state ([`Self::digest`]), so
     /// that a decision changes both under one lock.
-    fn ban_digest(&self, policy: &Policy, key: impl KeyParts) -> Digest {
+    fn ban_digest(&self, policy: &Policy, key: &[u8]) -> Digest {
         self.hasher
             .digest(BAN_TAGS + algorithm_tag(policy.algorithm()), key)
     }
 
     /// What the store keeps of `key` under `policy`'s algorithm.
     #[inline]
-    fn digest(&self, policy: &Policy, key: impl KeyParts) -> Digest {
+    fn digest(&self, policy: &Policy, key: &[u8]) -> Digest {
         self.hasher.digest(algorithm_tag(policy.algorithm()), key)
     }
 
@@ -660,20 +648,6 @@ impl Store for MemoryStore {
 
     fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
         Some(Ok(self.decided(request)))
-    }
-
-    /// The parts hashed one after the other, never joined.
-    fn decide_inline_prefixed(
-        &self,
-        request: PrefixedRequest<'_>,
-    ) -> Option<Result<Decision, StoreError>> {
-        let key = (request.prefix(), request.rest());
-        Some(Ok(self.decided_key(
-            key,
-            request.policy(),
-            request.cost(),
-            request.now(),
-        )))
     }
 
     fn refund_inline(&self, refund: Refund<'_>) -> Option<Result<(), StoreError>> {

@@ -2,7 +2,7 @@
 
 mod request;
 
-pub use request::{Key, PrefixedRequest, Refund, Request};
+pub use request::{Key, Refund, Request};
 
 use std::fmt;
 use std::sync::Arc;
@@ -253,27 +253,6 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// [`decide_inline`](Store::decide_inline) on the key
-    /// [`prefix`](PrefixedRequest::prefix) followed by
-    /// [`rest`](PrefixedRequest::rest), given apart: a
-    /// [`Limiter`](crate::Limiter) asks this, with its rule's `{name}:` and
-    /// the client's key, and joins the two only if the store must be
-    /// awaited. The answer must be the one `decide_inline` gives for the
-    /// joined key, on the same state (the conformance suite sends some of
-    /// its inline requests here, split at varying points).
-    ///
-    /// The default joins the parts and calls `decide_inline`. A store that
-    /// keeps a digest of each key rather than the key (the memory store)
-    /// hashes the parts one after the other instead: joining them copied
-    /// the key once more on every decision, about a tenth of a one-rule
-    /// limiter's cost (BENCHMARKS.md, composition).
-    fn decide_inline_prefixed(
-        &self,
-        request: PrefixedRequest<'_>,
-    ) -> Option<Result<Decision, StoreError>> {
-        request.with_joined_key(|request| self.decide_inline(request))
-    }
-
     /// The notices by which this store tells the refusal caches in front of
     /// it that a key's state changed elsewhere: a store shared by a fleet
     /// returns one, calls [`Invalidations::invalidate`](crate::Invalidations::invalidate) for every key
@@ -479,13 +458,6 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
         (**self).decide_inline(request)
-    }
-
-    fn decide_inline_prefixed(
-        &self,
-        request: PrefixedRequest<'_>,
-    ) -> Option<Result<Decision, StoreError>> {
-        (**self).decide_inline_prefixed(request)
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {

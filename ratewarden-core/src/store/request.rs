@@ -49,18 +49,10 @@ impl<'a> Key<'a> {
         bytes: &'a [u8],
         max: usize,
     ) -> Result<Self, StoreError> {
-        Key::fits(store, bytes.len(), max)?;
-        Ok(Key(bytes))
-    }
-
-    /// Refuses a key of `len` bytes over `max` as [`within`](Self::within)
-    /// does, for a key given in parts.
-    #[inline]
-    pub(crate) fn fits(store: &'static str, len: usize, max: usize) -> Result<(), StoreError> {
-        if len > max {
-            return Err(too_long(store, len, max));
+        if bytes.len() > max {
+            return Err(too_long(store, bytes.len(), max));
         }
-        Ok(())
+        Ok(Key(bytes))
     }
 
     /// The key's bytes.
@@ -181,119 +173,6 @@ impl<'a> Request<'a> {
     #[inline]
     pub fn now(&self) -> Timestamp {
         self.now
-    }
-}
-
-/// A [`Request`] whose key comes in two parts, [`prefix`](Self::prefix)
-/// then [`rest`](Self::rest): what a [`Limiter`](crate::Limiter) hands
-/// [`Store::decide_inline_prefixed`], a rule's `{name}:` and the client's
-/// key. The key it stands for is the two parts joined; its whole length
-/// has been checked against the store's bound.
-///
-/// ```
-/// use std::time::Duration;
-/// use ratewarden_memory::MemoryStore;
-/// use ratewarden_core::{PrefixedRequest, Policy, Request, Store, Timestamp};
-///
-/// let store = MemoryStore::default();
-/// let policy = Policy::fixed_window(3, Duration::from_secs(60))?;
-/// let now = Timestamp::from_micros(0);
-/// let split = PrefixedRequest::new(&store, b"search:", b"client:42", &policy, 1, now)?;
-/// assert_eq!(store.decide_inline_prefixed(split).unwrap()?.remaining, 2);
-/// // The same key, given whole: the same state.
-/// let whole = Request::new(&store, b"search:client:42", &policy, 1, now)?;
-/// assert_eq!(store.decide_inline(whole).unwrap()?.remaining, 1);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Copy, Debug)]
-pub struct PrefixedRequest<'a> {
-    prefix: &'a [u8],
-    /// The request, its key being the rest.
-    rest: Request<'a>,
-}
-
-impl<'a> PrefixedRequest<'a> {
-    /// Checks a request for `store` as [`Request::new`] does, the key being
-    /// `prefix` followed by `rest`.
-    pub fn new<S: Store + ?Sized>(
-        store: &S,
-        prefix: &'a [u8],
-        rest: &'a [u8],
-        policy: &'a Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Result<Self, StoreError> {
-        if !policy.admits_cost(cost) {
-            return Err(invalid_cost(store.name(), policy, cost));
-        }
-        let len = prefix.len().saturating_add(rest.len());
-        if len > store.max_key_len() {
-            return Err(too_long(store.name(), len, store.max_key_len()));
-        }
-        Ok(PrefixedRequest::checked(prefix, rest, policy, cost, now))
-    }
-
-    /// A request whose cost and whole key length the caller has checked
-    /// (a [`Limiter`](crate::Limiter), once per rule and request).
-    #[inline]
-    pub(crate) fn checked(
-        prefix: &'a [u8],
-        rest: &'a [u8],
-        policy: &'a Policy,
-        cost: u32,
-        now: Timestamp,
-    ) -> Self {
-        PrefixedRequest {
-            prefix,
-            rest: Request::checked(rest, policy, cost, now),
-        }
-    }
-
-    /// The key's first part.
-    #[inline]
-    pub fn prefix(&self) -> &'a [u8] {
-        self.prefix
-    }
-
-    /// The key's second part.
-    #[inline]
-    pub fn rest(&self) -> &'a [u8] {
-        self.rest.key()
-    }
-
-    /// The policy to apply.
-    #[inline]
-    pub fn policy(&self) -> &'a Policy {
-        self.rest.policy()
-    }
-
-    /// The units the request asks for.
-    #[inline]
-    pub fn cost(&self) -> u32 {
-        self.rest.cost()
-    }
-
-    /// The time to decide at.
-    #[inline]
-    pub fn now(&self) -> Timestamp {
-        self.rest.now()
-    }
-
-    /// Calls `f` with the same request, its key joined: on the stack for
-    /// the keys a limiter usually builds, on the heap for longer ones.
-    pub fn with_joined_key<R>(&self, f: impl FnOnce(Request<'_>) -> R) -> R {
-        const ON_STACK: usize = 256;
-        let (prefix, rest) = (self.prefix, self.rest());
-        let len = prefix.len() + rest.len();
-        let (policy, cost, now) = (self.policy(), self.cost(), self.now());
-        if len <= ON_STACK {
-            let mut buf = [0u8; ON_STACK];
-            buf[..prefix.len()].copy_from_slice(prefix);
-            buf[prefix.len()..len].copy_from_slice(rest);
-            return f(Request::checked(&buf[..len], policy, cost, now));
-        }
-        let joined = [prefix, rest].concat();
-        f(Request::checked(&joined, policy, cost, now))
     }
 }
 

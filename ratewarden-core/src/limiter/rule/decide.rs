@@ -23,7 +23,7 @@ use crate::error::{ErrorKind, StoreError};
 use crate::failure::{Attempt, Breaker, BreakerState, Transition};
 use crate::invalidation::Ticket;
 use crate::policy::Policy;
-use crate::store::{Key, PrefixedRequest, Refund, Request, Store};
+use crate::store::{Key, Refund, Request, Store};
 use crate::time::{Clock, Timestamp};
 
 use crate::failure::ProbeGuard;
@@ -66,9 +66,7 @@ impl Rule {
 
     /// Writes the storage key, `{name}:` then `key`, into `buf`, which a
     /// request reuses for each of its rules instead of moving a new key
-    /// through every call. A decision answered inline on the first try
-    /// needs none ([`ask_inline_prefixed`](Self::ask_inline_prefixed));
-    /// refusal caches, refunds and awaited stores do.
+    /// through every call.
     ///
     /// Why word by word: a store reads the key back at once, a memory
     /// store in 8-byte words from its start. Copied as two blocks (the
@@ -80,9 +78,9 @@ impl Rule {
     /// whole: the prefix's whole words, then words assembled in registers
     /// (the prefix's tail, the key shifted by the prefix's length), so that
     /// each word a store reads comes from one store.
-    // Always inlined: called from `Limiter::advance` in another codegen
-    // unit, on the path of every decision of a rule with a refusal cache,
-    // it was left an outlined call that saved and restored six registers.
+    // Always inlined: called from `Limiter::begin` in another codegen
+    // unit, on the path of every decision answered in place, it was left
+    // an outlined call that saved and restored six registers.
     #[inline(always)]
     pub(crate) fn fill_storage_key<'b>(&self, buf: &'b mut StorageKey, key: &[u8]) -> &'b [u8] {
         let at = self.key_prefix.len();
@@ -650,30 +648,6 @@ impl Rule {
         // request here cost the tiers' loop a copy of every answer.
         self.store
             .decide_inline(Request::checked(storage_key, &self.policy, cost, now))
-    }
-
-    /// [`ask_inline`](Self::ask_inline) with the storage key in its two
-    /// parts, `{name}:` and `key`
-    /// ([`Store::decide_inline_prefixed`]): a store that digests keys
-    /// hashes them without their being joined.
-    #[inline(always)]
-    pub(crate) fn ask_inline_prefixed(
-        &self,
-        key: &[u8],
-        cost: u32,
-        now: Timestamp,
-    ) -> Option<Result<Decision, StoreError>> {
-        let prefix = self.key_prefix.as_bytes();
-        if let Err(e) = Key::fits(self.store_name, prefix.len() + key.len(), self.max_key_len) {
-            return Some(Err(e));
-        }
-        self.store.decide_inline_prefixed(PrefixedRequest::checked(
-            prefix,
-            key,
-            &self.policy,
-            cost,
-            now,
-        ))
     }
 
     /// [`local_now`](Self::local_now) given the store's inline `answer`.
