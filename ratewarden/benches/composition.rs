@@ -3,8 +3,11 @@
 //! costs while a rule's store is dead and its breaker open.
 //!
 //! Run with `cargo bench -p ratewarden --bench composition` (add `-- hot` or
-//! `-- round` for one workload; `--profile=N` runs contender N alone, (a)
-//! being 0, (a2) 1 and (b) 2, for a profiler). (a) calls the store's
+//! `-- round` for the workloads whose name contains it, `-- "=one hot key"`
+//! for the one so named; `--profile=N` runs contender N alone, (a)
+//! being 0, (a2) 1 and (b) 2, for a profiler, and prints how many
+//! decisions it made: `scripts/instructions.sh` divides a profile's
+//! instruction count by it). (a) calls the store's
 //! `decide`, whose future `async_trait` boxes; (a2) calls its
 //! `decide_inline`, which a one-rule `Limiter` calls: (b) ÷ (a2) is what the
 //! `Limiter` adds to the store's cheapest call, and (b) ÷ (a3), the same
@@ -318,8 +321,17 @@ fn main() {
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for (label, keys, policy, threads) in workloads {
-        if !filters.is_empty() && !filters.iter().any(|f| label.contains(f.as_str())) {
+        let wanted = |f: &String| match f.strip_prefix('=') {
+            Some(exact) => label == exact,
+            None => label.contains(f.as_str()),
+        };
+        if !filters.is_empty() && !filters.iter().any(wanted) {
             continue;
+        }
+        if profile.is_some() {
+            // The warm-up's decisions, then the measured ones, in each run.
+            let made = RUNS * ((LIMIT as usize + 1) * keys.len() + DECISIONS / threads * threads);
+            eprintln!("decisions made: {label}: {made}");
         }
         let mut best: [Option<Sample>; 8] = [None; 8];
         for _ in 0..RUNS {
