@@ -199,6 +199,8 @@ struct Sample {
     cpu_ns: f64,
     wall_ns: f64,
     admitted: usize,
+    /// Decisions made, the warm-up's included (what a profile counts).
+    made: usize,
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -227,10 +229,12 @@ fn measure(
     // first decision): with the refusing policy the measured decisions are
     // refusals, the abuse case, except where a dead store fails open; with
     // the admitting one, every key exists and every decision admits.
+    let mut made = 0;
     rt.block_on(async {
         for _ in 0..=LIMIT {
             for (index, k) in keys.iter().enumerate() {
                 c.decide(index, k, now, &policy).await;
+                made += 1;
             }
         }
     });
@@ -271,6 +275,7 @@ fn measure(
         cpu_ns: cpu as f64 / decisions,
         wall_ns: wall.as_nanos() as f64 / decisions,
         admitted,
+        made: made + per_thread * threads,
     }
 }
 
@@ -328,12 +333,8 @@ fn main() {
         if !filters.is_empty() && !filters.iter().any(wanted) {
             continue;
         }
-        if profile.is_some() {
-            // The warm-up's decisions, then the measured ones, in each run.
-            let made = RUNS * ((LIMIT as usize + 1) * keys.len() + DECISIONS / threads * threads);
-            eprintln!("decisions made: {label}: {made}");
-        }
         let mut best: [Option<Sample>; 8] = [None; 8];
+        let mut made = 0;
         for _ in 0..RUNS {
             for (i, slot) in best.iter_mut().enumerate() {
                 if profile.is_some_and(|p| p != i) {
@@ -341,19 +342,25 @@ fn main() {
                         cpu_ns: 1.0,
                         wall_ns: 1.0,
                         admitted: 0,
+                        made: 0,
                     });
                     continue;
                 }
                 let s = measure(&rt, i, keys, policy, threads);
+                made += s.made;
                 *slot = Some(match *slot {
                     Some(b) => Sample {
                         cpu_ns: b.cpu_ns.min(s.cpu_ns),
                         wall_ns: b.wall_ns.min(s.wall_ns),
                         admitted: s.admitted,
+                        made: s.made,
                     },
                     None => s,
                 });
             }
+        }
+        if profile.is_some() {
+            eprintln!("decisions made: {label}: {made}");
         }
         let best = best.map(Option::unwrap);
         for (name, s) in NAMES.iter().zip(best) {
