@@ -45,9 +45,10 @@
 //! eviction, for a shard cap just under a table's capacity (7 × 2ᵏ keys,
 //! such as 1,750 or 7,000 keys a shard), where the table has little room
 //! beside the keys. A move copies a 64-byte bucket and hashes nothing, so
-//! even there the cost hardly shows: a flood of new keys into a store of
-//! 28,000 keys (16 × 1,750) ran at 1.4 to 1.5 million decisions a second,
-//! against 1.2 to 1.7 million into the default store. Another number of
+//! even there it costs about a fifth: a flood of new keys into a store of
+//! 28,000 keys (16 × 1,750) ran at 1.5 to 1.7 million decisions a second,
+//! against 1.9 to 2.5 million into the default store (sliding log,
+//! `BENCHMARKS.md`). Another number of
 //! [`shards`](MemoryStoreBuilder::shards) moves a cap out of that band:
 //! 18 shards give that store 1,555 keys a shard, tables of the same size,
 //! and 1.9 moves per eviction.
@@ -84,8 +85,9 @@
 //! against any other key spread as random ones do (the `shard` module's
 //! test `keys_crafted_against_a_known_key_spread_like_random_ones_under_a_secret_one`).
 //! The price: the digest is the largest part of a decision, about a third
-//! of its instructions; a decision still costs what `governor`'s keyed
-//! limiter's does on one hot key or 10,000 warm ones (`BENCHMARKS.md`).
+//! of its instructions. On one thread a decision costs 1.15× the
+//! instructions of `governor`'s keyed limiter's, which keeps every key
+//! under a 64-bit hash, and 1.2–1.4× its time (`BENCHMARKS.md`).
 //!
 //! Why a digest and not the key: held inline, a key of the workspace's
 //! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two
