@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Instructions per decision of the composition bench's one-rule `Limiter`
-# (b), the bare store's inline decision it wraps (a2) and `governor` (g),
-# counted by callgrind on each single-thread workload.
+# Instructions per decision, counted by callgrind:
+#
+# - the composition bench's one-rule `Limiter` (b), the bare store's inline
+#   decision it wraps (a2) and `governor` (g), on each single-thread
+#   workload;
+# - with `http`, the HTTP bench's rows for distinct clients: instructions
+#   per request of no limiter, the layer at its default headers and with
+#   none, and `tower_governor` keyed by the same HMAC.
 #
 # A count, not a time: the same binary and inputs give the same figure on a
 # busy or noisy machine, where the bench's nanoseconds can move by a third
@@ -9,8 +14,9 @@
 # instructions (cache misses, a locked instruction's wait), so it stands
 # beside the timed bench, not in its place.
 #
-#   scripts/instructions.sh            # the four workloads, about four minutes
+#   scripts/instructions.sh            # the four workloads, about a minute
 #   scripts/instructions.sh "=one hot key"
+#   scripts/instructions.sh http       # about two minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +26,65 @@ for tool in valgrind callgrind_annotate; do
         exit 1
     }
 done
+
+# Instructions per request of each HTTP row for distinct clients. Each row
+# runs twice beside the `no limiter` baseline, with 10,240 and then 30,720
+# requests a row (multiples of the bench's 64 tasks, so that each row
+# makes exactly that many): the difference between the two runs' totals is
+# what 20,480 more requests cost, without the start-up both runs share, and
+# the baseline's own difference, measured alone, is taken off.
+http_rows() {
+    local bin small=10240 large=30720
+    bin=$(cargo bench -p ratewarden --features memory,axum --bench http \
+        --no-run --message-format=json 2>/dev/null |
+        grep -o '"executable":"[^"]*/http-[^"]*"' | tail -1 | cut -d'"' -f4)
+    [ -x "$bin" ] || { echo "error: the http bench did not build" >&2; exit 1; }
+    local rows=("no limiter" "limiter, GCRA" "limiter, GCRA, no hdrs" "tower_governor, HMAC")
+    local i n
+    for i in "${!rows[@]}"; do
+        for n in "$small" "$large"; do
+            valgrind --tool=callgrind --callgrind-out-file="$work/http.$i.$n" "$bin" \
+                --only "=${rows[$i]}" --traffic clients --rounds 1 --requests "$n" --workers 1 \
+                >/dev/null 2>"$work/http.$i.$n.err" &
+        done
+        wait
+    done
+    local extra=()
+    for i in "${!rows[@]}"; do
+        local totals=()
+        for n in "$small" "$large"; do
+            # The file's `totals:` line: every instruction of the run.
+            totals+=("$(awk '/^totals: / { print $2 }' "$work/http.$i.$n")")
+            if [ -z "${totals[-1]}" ]; then
+                echo "error: no count for the row ${rows[$i]} (see $work/http.$i.$n.err)" >&2
+                exit 1
+            fi
+        done
+        extra[i]=$((totals[1] - totals[0]))
+    done
+    echo "| row | instructions per request | added to no limiter | ÷ \`tower_governor\`, HMAC |"
+    echo "|---|---:|---:|---:|"
+    awk -v n="$((large - small))" -v e0="${extra[0]}" -v e1="${extra[1]}" -v e2="${extra[2]}" \
+        -v e3="${extra[3]}" -v r1="${rows[1]}" -v r2="${rows[2]}" -v r3="${rows[3]}" 'BEGIN {
+            base = e0 / n
+            printf "| no limiter | %.0f | | |\n", base
+            tg = (e3 - e0) / n - base
+            split(e1 " " e2 " " e3, e, " ")
+            for (i = 1; i <= 3; i++) {
+                own = (e[i] - e0) / n
+                name = (i == 1) ? r1 : (i == 2) ? r2 : r3
+                printf "| %s | %.0f | %.0f | %.2f |\n", name, own, own - base, (own - base) / tg
+            }
+        }'
+}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+if [ "${1:-}" = http ]; then
+    http_rows
+    exit 0
+fi
 
 bin=$(cargo bench -p ratewarden --no-default-features --features memory --bench composition \
     --no-run --message-format=json 2>/dev/null |
@@ -33,8 +98,6 @@ else
 fi
 # The bench's contender numbers (--profile=N).
 contenders=(1 2 6)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
 # Instructions per decision of contender $2 on workload $1: the inclusive
 # count of the bench's call into the contender, over the decisions made.

@@ -28,7 +28,8 @@
 //!
 //! Run with `cargo bench -p ratewarden --bench http` (`-- --requests N` sets
 //! the requests per row, 200,000 by default; `-- --requests 200` is a
-//! smoke run; `-- --only GCRA` runs one contender beside the baseline,
+//! smoke run; `-- --only GCRA` runs the contenders whose name holds GCRA
+//! beside the baseline, `-- --only "=limiter, GCRA"` that one alone,
 //! `-- --traffic clients` or `-- --traffic abusive` one traffic shape,
 //! `-- --workers 1` one runtime worker thread, `-- --rounds N` N rounds
 //! instead of 3, `-- --wrk SECONDS` over sockets under wrk, SECONDS per
@@ -495,7 +496,8 @@ fn loadavg() -> String {
 fn main() {
     let requests = requests_arg();
     // `--only NAME` runs the rows whose contender's name contains NAME
-    // (besides the `none` baseline), for a profiler.
+    // (besides the `none` baseline), for a profiler; `--only =NAME`, the
+    // row whose name is NAME.
     let args: Vec<String> = std::env::args().collect();
     let only = args
         .iter()
@@ -572,7 +574,10 @@ fn main() {
             .into_iter()
             .filter(|c| {
                 matches!(c, Contender::None)
-                    || only.as_ref().is_none_or(|o| c.name().contains(o.as_str()))
+                    || only.as_ref().is_none_or(|o| match o.strip_prefix('=') {
+                        Some(exact) => c.name() == exact,
+                        None => c.name().contains(o.as_str()),
+                    })
             })
             .collect();
             let measured = match wrk_seconds {
