@@ -16,7 +16,7 @@
 #
 #   scripts/instructions.sh            # the four workloads, about a minute
 #   scripts/instructions.sh "=one hot key"
-#   scripts/instructions.sh http       # about two minutes
+#   scripts/instructions.sh http       # about 20 seconds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,14 +40,22 @@ http_rows() {
         grep -o '"executable":"[^"]*/http-[^"]*"' | tail -1 | cut -d'"' -f4)
     [ -x "$bin" ] || { echo "error: the http bench did not build" >&2; exit 1; }
     local rows=("no limiter" "limiter, GCRA" "limiter, GCRA, no hdrs" "tower_governor, HMAC")
-    local i n
+    local i n pids
     for i in "${!rows[@]}"; do
+        pids=()
         for n in "$small" "$large"; do
             valgrind --tool=callgrind --callgrind-out-file="$work/http.$i.$n" "$bin" \
                 --only "=${rows[$i]}" --traffic clients --rounds 1 --requests "$n" --workers 1 \
                 >/dev/null 2>"$work/http.$i.$n.err" &
+            pids+=($!)
         done
-        wait
+        for n in 0 1; do
+            wait "${pids[n]}" || {
+                echo "error: the http bench failed on the row ${rows[$i]}:" >&2
+                tail -5 "$work/http.$i.$([ "$n" = 0 ] && echo "$small" || echo "$large").err" >&2
+                exit 1
+            }
+        done
     done
     local extra=()
     for i in "${!rows[@]}"; do
@@ -56,7 +64,7 @@ http_rows() {
             # The file's `totals:` line: every instruction of the run.
             totals+=("$(awk '/^totals: / { print $2 }' "$work/http.$i.$n")")
             if [ -z "${totals[-1]}" ]; then
-                echo "error: no count for the row ${rows[$i]} (see $work/http.$i.$n.err)" >&2
+                echo "error: callgrind gave no total for the row ${rows[$i]}" >&2
                 exit 1
             fi
         done
@@ -113,7 +121,8 @@ count() {
         awk '/Contender::decide::\{\{closure\}\} \[/ && !n { gsub(",", "", $1); n = $1 }
              END { print n }')
     if [ -z "$made" ] || [ -z "$inclusive" ]; then
-        echo "error: no count for contender $2 on $1 (see $out.err)" >&2
+        echo "error: no count for contender $2 on $1:" >&2
+        tail -5 "$out.err" >&2
         exit 1
     fi
     awk -v i="$inclusive" -v m="$made" 'BEGIN { printf "%.0f", i / m }'
