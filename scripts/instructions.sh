@@ -4,6 +4,9 @@
 # - the composition bench's one-rule `Limiter` (b), the bare store's inline
 #   decision it wraps (a2) and `governor` (g), on each single-thread
 #   workload;
+# - with `files WORKLOAD`, the same three on one workload, by the source
+#   file each instruction was compiled from (inlined code counts where it
+#   was written): what the limiter adds and what `governor` does not do;
 # - with `http`, the HTTP bench's rows for distinct clients: instructions
 #   per request of no limiter, the layer at its default headers and with
 #   none, and `tower_governor` keyed by the same HMAC.
@@ -17,6 +20,7 @@
 #   scripts/instructions.sh            # the four workloads, about a minute
 #   scripts/instructions.sh "=one hot key"
 #   scripts/instructions.sh http       # about 20 seconds
+#   scripts/instructions.sh files "=one hot key"   # where they go, by source file
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -127,6 +131,61 @@ count() {
     fi
     awk -v i="$inclusive" -v m="$made" 'BEGIN { printf "%.0f", i / m }'
 }
+
+# Instructions per decision of each contender on one workload, by source
+# file: every instruction of the run (the bench's own loop included), the
+# file's path shortened to its crate or library part.
+files() {
+    local w=$1 c out
+    for c in "${contenders[@]}"; do
+        out="$work/files.$c"
+        valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" "$w" --profile="$c" \
+            >/dev/null 2>"$out.err" &
+    done
+    wait
+    for c in "${contenders[@]}"; do
+        out="$work/files.$c"
+        local made
+        made=$(awk '/^decisions made: / && !n { n = $NF } END { print n }' "$out.err")
+        if [ -z "$made" ]; then
+            echo "error: no decisions made by contender $c on $w:" >&2
+            tail -5 "$out.err" >&2
+            exit 1
+        fi
+        # The self cost of each file:function line, summed by file. The
+        # first awk reads to the end (see `count`) and passes on only the
+        # list of functions, the lines up to the first blank one.
+        callgrind_annotate --show-percs=no --threshold=100 "$out" 2>/dev/null |
+            awk '/file:function/ { on = 1; next } on && /^-+$/ { next } on && NF == 0 { on = 0; done = 1 } on && !done' |
+            awk -v made="$made" '$1 ~ /^[0-9,]+$/ {
+                    n = $1; gsub(",", "", n); f = $2; sub(/:.*/, "", f)
+                    sub(/.*\/(library|index\.crates\.io-[0-9a-f]*)\//, "", f)
+                    sum[f] += n
+                }
+                END { for (f in sum) printf "%s\t%.1f\n", f, sum[f] / made }' >"$work/files.$c.tsv"
+    done
+    echo "| source file | (a2) bare inline | (b) one-rule Limiter | (g) governor |"
+    echo "|---|---:|---:|---:|"
+    awk -F'\t' '
+        FILENAME ~ /files\.1\.tsv$/ { a2[$1] = $2; seen[$1] = 1 }
+        FILENAME ~ /files\.2\.tsv$/ { b[$1] = $2; seen[$1] = 1 }
+        FILENAME ~ /files\.6\.tsv$/ { g[$1] = $2; seen[$1] = 1 }
+        END {
+            for (f in seen) {
+                if (a2[f] < 2 && b[f] < 2 && g[f] < 2) continue
+                printf "%s\t| %s | %.0f | %.0f | %.0f |\n", b[f] + a2[f] + g[f], f, a2[f], b[f], g[f]
+                ta += a2[f]; tb += b[f]; tg += g[f]
+            }
+            printf "-1\t| all files above | %.0f | %.0f | %.0f |\n", ta, tb, tg
+        }' "$work/files.1.tsv" "$work/files.2.tsv" "$work/files.6.tsv" |
+        sort -t$'\t' -k1,1 -g -r | cut -f2-
+}
+
+if [ "${1:-}" = files ]; then
+    [ $# -eq 2 ] || { echo "usage: scripts/instructions.sh files WORKLOAD" >&2; exit 1; }
+    files "$2"
+    exit 0
+fi
 
 echo "| workload | (a2) bare inline | (b) one-rule Limiter | (g) governor | (b) ÷ (a2) | (b) ÷ (g) |"
 echo "|---|---:|---:|---:|---:|---:|"
