@@ -31,6 +31,23 @@ for tool in valgrind callgrind_annotate; do
     }
 done
 
+# The executable of bench $1 of the package and features in the rest.
+bench_bin() {
+    local name=$1 bin
+    shift
+    bin=$(cargo bench "$@" --bench "$name" --no-run --message-format=json 2>/dev/null |
+        grep -o "\"executable\":\"[^\"]*/$name-[^\"]*\"" | tail -1 | cut -d'"' -f4)
+    [ -x "$bin" ] || { echo "error: the $name bench did not build" >&2; exit 1; }
+    echo "$bin"
+}
+
+# The decisions a composition run made, from its stderr ($1). awk reads
+# every line: a reader that stops early (grep -m1) would end the pipeline
+# with SIGPIPE, an error under pipefail.
+made_in() {
+    awk '/^decisions made: / && !n { n = $NF } END { print n }' "$1"
+}
+
 # Instructions per request of each HTTP row for distinct clients. Each row
 # runs twice beside the `no limiter` baseline, with 10,240 and then 30,720
 # requests a row (multiples of the bench's 64 tasks, so that each row
@@ -39,24 +56,22 @@ done
 # the baseline's own difference, measured alone, is taken off.
 http_rows() {
     local bin small=10240 large=30720
-    bin=$(cargo bench -p ratewarden --features memory,axum --bench http \
-        --no-run --message-format=json 2>/dev/null |
-        grep -o '"executable":"[^"]*/http-[^"]*"' | tail -1 | cut -d'"' -f4)
-    [ -x "$bin" ] || { echo "error: the http bench did not build" >&2; exit 1; }
+    bin=$(bench_bin http -p ratewarden --features memory,axum)
     local rows=("no limiter" "limiter, GCRA" "limiter, GCRA, no hdrs" "tower_governor, HMAC")
-    local i n pids
+    local sizes=("$small" "$large")
+    local i j pids
     for i in "${!rows[@]}"; do
         pids=()
-        for n in "$small" "$large"; do
+        for n in "${sizes[@]}"; do
             valgrind --tool=callgrind --callgrind-out-file="$work/http.$i.$n" "$bin" \
                 --only "=${rows[$i]}" --traffic clients --rounds 1 --requests "$n" --workers 1 \
                 >/dev/null 2>"$work/http.$i.$n.err" &
             pids+=($!)
         done
-        for n in 0 1; do
-            wait "${pids[n]}" || {
+        for j in 0 1; do
+            wait "${pids[j]}" || {
                 echo "error: the http bench failed on the row ${rows[$i]}:" >&2
-                tail -5 "$work/http.$i.$([ "$n" = 0 ] && echo "$small" || echo "$large").err" >&2
+                tail -5 "$work/http.$i.${sizes[j]}.err" >&2
                 exit 1
             }
         done
@@ -64,7 +79,7 @@ http_rows() {
     local extra=()
     for i in "${!rows[@]}"; do
         local totals=()
-        for n in "$small" "$large"; do
+        for n in "${sizes[@]}"; do
             # The file's `totals:` line: every instruction of the run.
             totals+=("$(awk '/^totals: / { print $2 }' "$work/http.$i.$n")")
             if [ -z "${totals[-1]}" ]; then
@@ -98,10 +113,7 @@ if [ "${1:-}" = http ]; then
     exit 0
 fi
 
-bin=$(cargo bench -p ratewarden --no-default-features --features memory --bench composition \
-    --no-run --message-format=json 2>/dev/null |
-    grep -o '"executable":"[^"]*composition[^"]*"' | tail -1 | cut -d'"' -f4)
-[ -x "$bin" ] || { echo "error: the composition bench did not build" >&2; exit 1; }
+bin=$(bench_bin composition -p ratewarden --no-default-features --features memory)
 
 if [ $# -gt 0 ]; then
     workloads=("$@")
@@ -118,9 +130,7 @@ count() {
     valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" "$1" --profile="$2" \
         >/dev/null 2>"$out.err"
     local made inclusive
-    # awk reads every line: a reader that stops early (grep -m1) would
-    # end the pipeline with SIGPIPE, an error under pipefail.
-    made=$(awk '/^decisions made: / && !n { n = $NF } END { print n }' "$out.err")
+    made=$(made_in "$out.err")
     inclusive=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
         awk '/Contender::decide::\{\{closure\}\} \[/ && !n { gsub(",", "", $1); n = $1 }
              END { print n }')
@@ -146,14 +156,14 @@ files() {
     for c in "${contenders[@]}"; do
         out="$work/files.$c"
         local made
-        made=$(awk '/^decisions made: / && !n { n = $NF } END { print n }' "$out.err")
+        made=$(made_in "$out.err")
         if [ -z "$made" ]; then
             echo "error: no decisions made by contender $c on $w:" >&2
             tail -5 "$out.err" >&2
             exit 1
         fi
         # The self cost of each file:function line, summed by file. The
-        # first awk reads to the end (see `count`) and passes on only the
+        # first awk reads to the end (see `made_in`) and passes on only the
         # list of functions, the lines up to the first blank one.
         callgrind_annotate --show-percs=no --threshold=100 "$out" 2>/dev/null |
             awk '/file:function/ { on = 1; next } on && /^-+$/ { next } on && NF == 0 { on = 0; done = 1 } on && !done' |
@@ -172,11 +182,11 @@ files() {
         FILENAME ~ /files\.6\.tsv$/ { g[$1] = $2; seen[$1] = 1 }
         END {
             for (f in seen) {
+                ta += a2[f]; tb += b[f]; tg += g[f]
                 if (a2[f] < 2 && b[f] < 2 && g[f] < 2) continue
                 printf "%s\t| %s | %.0f | %.0f | %.0f |\n", b[f] + a2[f] + g[f], f, a2[f], b[f], g[f]
-                ta += a2[f]; tb += b[f]; tg += g[f]
             }
-            printf "-1\t| all files above | %.0f | %.0f | %.0f |\n", ta, tb, tg
+            printf "-1\t| every file (those under 2 too) | %.0f | %.0f | %.0f |\n", ta, tb, tg
         }' "$work/files.1.tsv" "$work/files.2.tsv" "$work/files.6.tsv" |
         sort -t$'\t' -k1,1 -g -r | cut -f2-
 }
