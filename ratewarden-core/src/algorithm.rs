@@ -161,7 +161,26 @@ pub fn peek(state: &Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> V
 /// algorithm is discarded. The caller must have checked `cost` with
 /// [`Policy::validate_cost`]; an invalid cost is refused here rather than
 /// panicking.
+// Inlined into a store's decision as far as its first test: a GCRA policy
+// (the default) and a valid cost on a key that already holds GCRA state,
+// every decision but a key's first, is `gcra_step` on that state in place.
+// The rest (the other algorithms, another algorithm's state to drop, which
+// a sliding log's `VecDeque` makes a call) is `apply_any`, out of line, so
+// that the store's decision is not compiled around its registers.
+#[inline]
 pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> Verdict {
+    match (policy.algorithm(), &mut *state) {
+        (Algorithm::Gcra, Some(KeyState::Gcra { tat })) if policy.admits_cost(cost) => {
+            let t = policy.emission_interval_micros();
+            gcra_step(tat, u64::from(policy.limit()) * t, t, u64::from(cost), now)
+        }
+        _ => apply_any(state, policy, cost, now),
+    }
+}
+
+/// [`apply`] for any state and any cost.
+#[inline(never)]
+fn apply_any(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> Verdict {
     if !policy.admits_cost(cost) {
         return Verdict {
             allowed: false,
@@ -419,14 +438,26 @@ fn sliding_window_retry_at(
 }
 
 fn gcra(state: &mut Option<KeyState>, l: u64, t: u64, c: u64, now: u64) -> Verdict {
-    let tat = match *state {
-        Some(KeyState::Gcra { tat }) => tat.max(now),
-        _ => now,
-    };
-    let burst = l * t;
-    let new_tat = tat + c * t;
+    if let Some(KeyState::Gcra { tat }) = state {
+        return gcra_step(tat, l * t, t, c, now);
+    }
+    // A key that holds nothing is a key whose bucket is full at `now`.
+    let mut tat = now;
+    let verdict = gcra_step(&mut tat, l * t, t, c, now);
+    if verdict.allowed {
+        *state = Some(KeyState::Gcra { tat });
+    }
+    verdict
+}
+
+/// GCRA on a key's theoretical arrival time `tat`, changed only by an
+/// admission; `burst` is `L·T`.
+#[inline(always)]
+fn gcra_step(tat: &mut u64, burst: u64, t: u64, c: u64, now: u64) -> Verdict {
+    let from = (*tat).max(now);
+    let new_tat = from + c * t;
     if new_tat - now <= burst {
-        *state = Some(KeyState::Gcra { tat: new_tat });
+        *tat = new_tat;
         Verdict {
             allowed: true,
             remaining: to_u32((burst - (new_tat - now)) / t),
@@ -439,12 +470,12 @@ fn gcra(state: &mut Option<KeyState>, l: u64, t: u64, c: u64, now: u64) -> Verdi
         let remaining = if c == 1 {
             0
         } else {
-            to_u32(burst.saturating_sub(tat - now) / t)
+            to_u32(burst.saturating_sub(from - now) / t)
         };
         Verdict {
             allowed: false,
             remaining,
-            reset_after_us: tat - now,
+            reset_after_us: from - now,
             retry_after_us: new_tat - burst - now,
         }
     }
@@ -681,6 +712,37 @@ mod tests {
         let v = run(&p, &mut s, 3, T0 + 4 * S);
         assert!(!v.allowed);
         assert_eq!(v.remaining, 2);
+    }
+
+    /// `apply`'s in-place road for a key holding GCRA state gives what the
+    /// general road gives, verdict and state, admitted or refused, with
+    /// the clock ahead of the key's time and behind it.
+    #[test]
+    fn gcra_in_place_road_matches_the_general_one() {
+        for (limit, window_ms) in [(1, 1_000), (4, 8_000), (10, 11), (1_000, 60_000)] {
+            let p = Policy::gcra(limit, Duration::from_millis(window_ms)).unwrap();
+            let (mut fast, mut general) = (None, None);
+            let mut step = 0u64;
+            for i in 0..200u64 {
+                step = (step * 31 + i * 17) % 997;
+                let now = T0 + step * window_ms * 1_000 / 500;
+                let cost = 1 + (i % 3) as u32 % limit;
+                let held = fast.is_some();
+                let a = apply(&mut fast, &p, cost, now);
+                let b = apply_any(&mut general, &p, cost, now);
+                assert_eq!(a, b, "limit {limit}, request {i}, in place: {held}");
+                assert_eq!(fast, general, "limit {limit}, request {i}");
+            }
+        }
+        // State of another algorithm under a GCRA policy takes the general
+        // road: discarded, and the bucket full.
+        let p = Policy::gcra(2, Duration::from_secs(1)).unwrap();
+        let mut s = Some(KeyState::FixedWindow {
+            start: T0,
+            count: 9,
+        });
+        assert!(apply(&mut s, &p, 2, T0).allowed);
+        assert!(matches!(s, Some(KeyState::Gcra { .. })));
     }
 
     #[test]

@@ -37,7 +37,13 @@ impl<'a> Key<'a> {
     /// # Ok::<(), ratewarden_core::StoreError>(())
     /// ```
     pub fn new<S: Store + ?Sized>(store: &S, bytes: &'a [u8]) -> Result<Self, StoreError> {
-        Key::within(store.name(), bytes, store.max_key_len())
+        // The name only for the error: through `&dyn Store`, each is a
+        // call, which a key within the bound is spared.
+        let max = store.max_key_len();
+        if bytes.len() > max {
+            return Err(too_long(store.name(), bytes.len(), max));
+        }
+        Ok(Key(bytes))
     }
 
     /// [`new`](Self::new) with the store's name and bound already read,
