@@ -161,20 +161,62 @@ pub fn peek(state: &Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> V
 /// algorithm is discarded. The caller must have checked `cost` with
 /// [`Policy::validate_cost`]; an invalid cost is refused here rather than
 /// panicking.
-// Inlined into a store's decision as far as its first test: a GCRA policy
-// (the default) and a valid cost on a key that already holds GCRA state,
-// every decision but a key's first, is `gcra_step` on that state in place.
-// The rest (the other algorithms, another algorithm's state to drop, which
-// a sliding log's `VecDeque` makes a call) is `apply_any`, out of line, so
-// that the store's decision is not compiled around its registers.
+// Inlined into a store's decision as far as `apply_held`'s test; the rest
+// (`apply_any`) out of line, so that the store's decision is not compiled
+// around its registers.
 #[inline]
 pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64) -> Verdict {
-    match (policy.algorithm(), &mut *state) {
+    match apply_held(state, policy, cost, now) {
+        Some(verdict) => verdict,
+        None => apply_any(state, policy, cost, now),
+    }
+}
+
+/// [`apply`] on the road most decisions take, or `None`, having changed
+/// nothing: a GCRA policy and a valid cost on a key that
+/// already holds GCRA state, which changes in place. Every other case
+/// (another algorithm, a key's first request, another algorithm's state
+/// to drop) is `apply`'s.
+///
+/// For a store's hot path: this road needs a few registers and no call,
+/// while `apply` as a whole (a sliding log's `VecDeque`, state to drop)
+/// would have the store's decision compiled around all of them. A store
+/// that gets `None` calls `apply`; the verdicts are the same.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratewarden_core::Policy;
+/// use ratewarden_core::algorithm::{apply, apply_held};
+///
+/// let policy = Policy::gcra(10, Duration::from_secs(1))?;
+/// let mut state = None;
+/// // A key that holds nothing is not on this road.
+/// assert_eq!(apply_held(&mut state, &policy, 1, 0), None);
+/// assert!(apply(&mut state, &policy, 1, 0).allowed);
+/// let mut copy = state.clone();
+/// assert_eq!(apply_held(&mut state, &policy, 1, 0), Some(apply(&mut copy, &policy, 1, 0)));
+/// assert_eq!(state, copy);
+/// # Ok::<(), ratewarden_core::ConfigError>(())
+/// ```
+#[inline]
+pub fn apply_held(
+    state: &mut Option<KeyState>,
+    policy: &Policy,
+    cost: u32,
+    now: u64,
+) -> Option<Verdict> {
+    match (policy.algorithm(), state) {
         (Algorithm::Gcra, Some(KeyState::Gcra { tat })) if policy.admits_cost(cost) => {
             let t = policy.emission_interval_micros();
-            gcra_step(tat, u64::from(policy.limit()) * t, t, u64::from(cost), now)
+            Some(gcra_step(
+                tat,
+                u64::from(policy.limit()) * t,
+                t,
+                u64::from(cost),
+                now,
+            ))
         }
-        _ => apply_any(state, policy, cost, now),
+        _ => None,
     }
 }
 

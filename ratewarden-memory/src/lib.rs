@@ -428,7 +428,7 @@ impl MemoryStore {
         cost: u32,
         now: Timestamp,
     ) -> Result<Decision, StoreError> {
-        Ok(self.decided(Request::new(self, key, policy, cost, now)?))
+        self.decided(Request::new(self, key, policy, cost, now)?, Ok)
     }
 
     /// Sets the store's series in whichever `metrics` recorder is
@@ -500,49 +500,50 @@ impl MemoryStore {
     // What each operation does to checked arguments, which cannot fail: the
     // `_sync` methods and the `Store` methods both come here.
 
+    /// The decision on `request`, as `answer` makes it into what the
+    /// caller returns.
+    // `answer` is the caller's wrapping (`Ok`, `Some(Ok)`): each road then
+    // writes the caller's return value itself, the common one from
+    // registers and the others by a call that returns that same type. With
+    // the roads' verdicts (or decisions) meeting first, they met on the
+    // stack, copied on the way out, and read back wider than written, a
+    // store-forwarding stall (callgrind of the composition bench).
     #[inline(always)]
-    fn decided(&self, request: Request<'_>) -> Decision {
+    fn decided<R>(&self, request: Request<'_>, answer: impl FnOnce(Decision) -> R) -> R {
         let policy = request.policy();
         let digest = self.digest(policy, request.key());
         let (cost, now) = (request.cost(), request.now().as_micros());
-        // A decision built on each road: the common one's verdict then goes
-        // from registers into it. Carried out of the `match` as one value,
-        // the verdict was stored on the stack and copied there twice, about
-        // 15 instructions a decision (callgrind of the composition bench).
-        match policy.ban() {
-            None => {
-                let verdict =
-                    lock(&self.shards[self.shard_index(digest)]).decide(digest, policy, cost, now);
-                Decision::from_verdict(verdict, policy, NAME)
-            }
-            Some(ban) => Decision::from_ban_verdict(
-                self.decided_banned(digest, request.key(), (policy, ban), cost, now),
-                policy,
-                NAME,
-            ),
+        if let Some(ban) = policy.ban() {
+            return self.decided_banned(request, (digest, ban), answer);
         }
+        let mut shard = lock(&self.shards[self.shard_index(digest)]);
+        if let Some(verdict) = shard.decide_held(digest, policy, cost, now) {
+            drop(shard);
+            return answer(Decision::from_verdict(verdict, policy, NAME));
+        }
+        decided_in(shard, digest, policy, (cost, now), answer)
     }
 
     /// [`decided`](Self::decided) under a ban: the key's ban record beside
     /// its state, in the state's shard, under one lock. Out of line, so
     /// that a policy without a ban pays a test of it and little else.
     #[inline(never)]
-    fn decided_banned(
+    fn decided_banned<R>(
         &self,
-        digest: Digest,
-        key: &[u8],
-        (policy, ban): (&Policy, &Ban),
-        cost: u32,
-        now: u64,
-    ) -> (algorithm::Verdict, bool) {
-        let ban_digest = self.ban_digest(policy, key);
-        lock(&self.shards[self.shard_index(digest)]).decide_banned(
+        request: Request<'_>,
+        (digest, ban): (Digest, &Ban),
+        answer: impl FnOnce(Decision) -> R,
+    ) -> R {
+        let policy = request.policy();
+        let ban_digest = self.ban_digest(policy, request.key());
+        let verdict = lock(&self.shards[self.shard_index(digest)]).decide_banned(
             digest,
             ban_digest,
             (policy, ban),
-            cost,
-            now,
-        )
+            request.cost(),
+            request.now().as_micros(),
+        );
+        answer(Decision::from_ban_verdict(verdict, policy, NAME))
     }
 
     fn refunded(&self, refund: Refund<'_>) {
@@ -654,7 +655,7 @@ impl Store for MemoryStore {
     }
 
     fn decide_inline(&self, request: Request<'_>) -> Option<Result<Decision, StoreError>> {
-        Some(Ok(self.decided(request)))
+        self.decided(request, |d| Some(Ok(d)))
     }
 
     fn refund_inline(&self, refund: Refund<'_>) -> Option<Result<(), StoreError>> {
@@ -666,7 +667,7 @@ impl Store for MemoryStore {
     // never held across an await point.
 
     async fn decide(&self, request: Request<'_>) -> Result<Decision, StoreError> {
-        Ok(self.decided(request))
+        self.decided(request, Ok)
     }
 
     async fn refund(&self, refund: Refund<'_>) -> Result<(), StoreError> {
@@ -687,6 +688,21 @@ impl Store for MemoryStore {
         self.penalized(request);
         Ok(())
     }
+}
+
+/// [`MemoryStore::decided`] off the common road (`Shard::decide_held`): a
+/// new key, a key due to move in the eviction order, another algorithm.
+#[inline(never)]
+fn decided_in<R>(
+    mut shard: MutexGuard<'_, Shard>,
+    digest: Digest,
+    policy: &Policy,
+    (cost, now): (u32, u64),
+    answer: impl FnOnce(Decision) -> R,
+) -> R {
+    let verdict = shard.decide(digest, policy, cost, now);
+    drop(shard);
+    answer(Decision::from_verdict(verdict, policy, NAME))
 }
 
 /// A shard's lock. `parking_lot`'s, not the standard library's: with two

@@ -341,6 +341,25 @@ impl Shard {
         self.update(digest, |state| algorithm::apply(state, policy, cost, now))
     }
 
+    /// [`decide`](Self::decide) when it is only a change of the key's
+    /// state in place ([`algorithm::apply_held`]): a held key, not due to
+    /// move in the eviction order, on the algorithm's common road. `None`,
+    /// having changed nothing, otherwise.
+    #[inline(always)]
+    pub(crate) fn decide_held(
+        &mut self,
+        digest: Digest,
+        policy: &Policy,
+        cost: u32,
+        now: u64,
+    ) -> Option<Verdict> {
+        let entry = self.table.find_mut(digest.index, |e| e.digest == digest)?;
+        if self.moves - entry.moved >= self.reorder_after {
+            return None;
+        }
+        algorithm::apply_held(&mut entry.state, policy, cost, now)
+    }
+
     /// Records a penalty on the key ([`algorithm::penalize`]), touching it
     /// and inserting it as an admission would.
     pub(crate) fn penalize(&mut self, digest: Digest, policy: &Policy, cost: u32, now: u64) {
