@@ -220,7 +220,7 @@ pub(crate) const WORD_SLACK: usize = 16;
 pub(crate) const KEY_HEAD: usize = 80;
 
 /// The length of the workspace's client keys (32 hex digits), which
-/// [`Rule::fill_storage_key`] writes with a loop of known length.
+/// [`Rule::fill_storage_key`] writes in words read whole from the key.
 pub(crate) const CLIENT_KEY: usize = 32;
 
 impl StorageKey {
