@@ -85,9 +85,10 @@
 //! against any other key spread as random ones do (the `shard` module's
 //! test `keys_crafted_against_a_known_key_spread_like_random_ones_under_a_secret_one`).
 //! The price: the digest is the largest part of a decision, about a third
-//! of its instructions. On one thread a decision costs 1.15× the
-//! instructions of `governor`'s keyed limiter's, which keeps every key
-//! under a 64-bit hash, and 1.2–1.4× its time (`BENCHMARKS.md`).
+//! of its instructions. On one thread a decision costs as many
+//! instructions as one of `governor`'s keyed limiter (451 against 456),
+//! which keeps every key under a 64-bit hash, and 1.02–1.12× its time
+//! (`BENCHMARKS.md`).
 //!
 //! Why a digest and not the key: held inline, a key of the workspace's
 //! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two
