@@ -173,10 +173,10 @@ pub fn apply(state: &mut Option<KeyState>, policy: &Policy, cost: u32, now: u64)
 }
 
 /// [`apply`] on the road most decisions take, or `None`, having changed
-/// nothing: a GCRA policy and a valid cost on a key that
-/// already holds GCRA state, which changes in place. Every other case
-/// (another algorithm, a key's first request, another algorithm's state
-/// to drop) is `apply`'s.
+/// nothing: a GCRA policy and a valid cost on a key that already holds
+/// GCRA state, which changes in place. Every other case (another
+/// algorithm, a key's first request, another algorithm's state to drop)
+/// is `apply`'s.
 ///
 /// For a store's hot path: this road needs a few registers and no call,
 /// while `apply` as a whole (a sliding log's `VecDeque`, state to drop)

@@ -86,9 +86,9 @@
 //! test `keys_crafted_against_a_known_key_spread_like_random_ones_under_a_secret_one`).
 //! The price: the digest is the largest part of a decision, about a third
 //! of its instructions. On one thread a decision costs as many
-//! instructions as one of `governor`'s keyed limiter (451 against 456),
-//! which keeps every key under a 64-bit hash, and 1.02–1.12× its time
-//! (`BENCHMARKS.md`).
+//! instructions as a decision of `governor`'s keyed limiter (451 against
+//! 456), which keeps every key under a 64-bit hash, and 1.02–1.12× its
+//! time (`BENCHMARKS.md`).
 //!
 //! Why a digest and not the key: held inline, a key of the workspace's
 //! HTTP layer (a rule name and 32 hex digits) made a bucket 96 bytes, two
