@@ -99,8 +99,9 @@ pub struct Rule {
     label: &'static str,
     /// `{name}:`, which leads every storage key of the rule, interned.
     key_prefix: &'static str,
-    /// The same, padded with zeros to [`KEY_HEAD`] bytes.
-    key_head: [u8; KEY_HEAD],
+    /// The same as little-endian 8-byte words, padded with zeros to
+    /// [`KEY_HEAD_WORDS`] words.
+    key_head: [u64; KEY_HEAD_WORDS],
     store: Arc<dyn Store>,
     /// The store's name and key bound, read once: every request's
     /// arguments are checked against them before the store sees them.
@@ -215,9 +216,12 @@ pub(crate) const INLINE_STORAGE_KEY: usize = 128;
 /// word, and the word a key that ends mid-word carries into.
 pub(crate) const WORD_SLACK: usize = 16;
 
-/// The length of a rule's `{name}:` padded with zeros: every prefix fits
-/// (at most [`MAX_RULE_NAME`] + 1 bytes) with a word to spare.
-pub(crate) const KEY_HEAD: usize = 80;
+/// The length in words of a rule's `{name}:` padded with zeros: every
+/// prefix fits (at most [`MAX_RULE_NAME`] + 1 bytes) with a word to spare,
+/// and so does any prefix [`Rule::fill_storage_key`] writes a client key
+/// after (at most `INLINE_STORAGE_KEY - CLIENT_KEY` bytes), so that its
+/// reads need no bounds check.
+pub(crate) const KEY_HEAD_WORDS: usize = (INLINE_STORAGE_KEY - CLIENT_KEY) / 8 + 1;
 
 /// The length of the workspace's client keys (32 hex digits), which
 /// [`Rule::fill_storage_key`] writes in words read whole from the key.
@@ -234,14 +238,17 @@ impl StorageKey {
 
 // Every prefix, `{name}:`, fits the head it is copied as, and so does the
 // whole word its last bytes are in (`Rule::fill_storage_key` reads it).
-const _: () = assert!((MAX_RULE_NAME + 1) / 8 * 8 + 8 <= KEY_HEAD);
+const _: () = assert!((MAX_RULE_NAME + 1) / 8 < KEY_HEAD_WORDS);
 
-/// `prefix` followed by zeros, [`KEY_HEAD`] bytes (`Rule::new` has checked
-/// the name's length).
-fn key_head(prefix: &str) -> [u8; KEY_HEAD] {
-    let mut head = [0u8; KEY_HEAD];
-    let n = prefix.len().min(KEY_HEAD);
-    head[..n].copy_from_slice(&prefix.as_bytes()[..n]);
+/// `prefix` followed by zeros, in [`KEY_HEAD_WORDS`] little-endian words
+/// (`Rule::new` has checked the name's length).
+fn key_head(prefix: &str) -> [u64; KEY_HEAD_WORDS] {
+    let mut head = [0u64; KEY_HEAD_WORDS];
+    for (word, chunk) in head.iter_mut().zip(prefix.as_bytes().chunks(8)) {
+        let mut bytes = [0u8; 8];
+        bytes[..chunk.len()].copy_from_slice(chunk);
+        *word = u64::from_le_bytes(bytes);
+    }
     head
 }
 
