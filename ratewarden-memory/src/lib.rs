@@ -86,7 +86,7 @@
 //! test `keys_crafted_against_a_known_key_spread_like_random_ones_under_a_secret_one`).
 //! The price: the digest is the largest part of a decision, about a third
 //! of its instructions. On one thread a decision costs as many
-//! instructions as a decision of `governor`'s keyed limiter (451 against
+//! instructions as a decision of `governor`'s keyed limiter (449 against
 //! 456), which keeps every key under a 64-bit hash, and 1.02–1.12× its
 //! time (`BENCHMARKS.md`).
 //!
