@@ -787,9 +787,16 @@ impl Limiter {
                     if tighter(tightest.as_ref().map(|(_, d)| d), stored) {
                         tightest = Some((i, copied(stored)));
                     }
+                    // An answered decision owns nothing (checked below, at
+                    // compile time): dropped, the answer was a call to the
+                    // drop of `Option<Result<Decision, StoreError>>` per
+                    // rule: 1,190 → 1,165 instructions a request of two
+                    // memory tiers admitting (composition bench, callgrind).
+                    std::mem::forget(answer);
                     continue;
                 }
                 let mut refusal = copied(stored);
+                std::mem::forget(answer);
                 rule.stamp_enforcing(&mut refusal);
                 if pending.is_empty() {
                     return Begun::Decided(refusal);
@@ -1247,6 +1254,9 @@ fn shown(tightest: Option<(&Decision, bool)>, decision: &Decision, shadow: bool)
         },
     }
 }
+
+// `Limiter::tiers` forgets a store's answered decision rather than drop it.
+const _: () = assert!(!std::mem::needs_drop::<Decision>());
 
 /// `decision`, copied field by field from where the store's call has just
 /// written it. Moved as a whole, it is copied in 16-byte pieces that each
