@@ -2,8 +2,8 @@
 # Instructions per decision, counted by callgrind:
 #
 # - the composition bench's one-rule `Limiter` (b), the bare store's inline
-#   decision it wraps (a2) and `governor` (g), on each single-thread
-#   workload;
+#   decision it wraps (a2), `governor` (g) and two memory tiers (c), on
+#   each single-thread workload;
 # - with `files WORKLOAD`, the same three on one workload, by the source
 #   file each instruction was compiled from (inlined code counts where it
 #   was written): what the limiter adds and what `governor` does not do;
@@ -197,17 +197,19 @@ if [ "${1:-}" = files ]; then
     exit 0
 fi
 
-echo "| workload | (a2) bare inline | (b) one-rule Limiter | (g) governor | (b) ÷ (a2) | (b) ÷ (g) |"
-echo "|---|---:|---:|---:|---:|---:|"
+# The table's contenders: those above and (c), two memory tiers.
+counted=("${contenders[@]}" 3)
+echo "| workload | (a2) bare inline | (b) one-rule Limiter | (g) governor | (b) ÷ (a2) | (b) ÷ (g) | (c) two tiers | (c) ÷ (b) |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 for w in "${workloads[@]}"; do
-    for c in "${contenders[@]}"; do
+    for c in "${counted[@]}"; do
         count "$w" "$c" >"$work/result.$c" &
     done
     wait
-    for c in "${contenders[@]}"; do
+    for c in "${counted[@]}"; do
         [ -s "$work/result.$c" ] || exit 1
     done
-    a2=$(cat "$work/result.1") b=$(cat "$work/result.2") g=$(cat "$work/result.6")
-    awk -v w="${w#=}" -v a2="$a2" -v b="$b" -v g="$g" \
-        'BEGIN { printf "| %s | %d | %d | %d | %.2f | %.2f |\n", w, a2, b, g, b / a2, b / g }'
+    a2=$(cat "$work/result.1") b=$(cat "$work/result.2") g=$(cat "$work/result.6") c=$(cat "$work/result.3")
+    awk -v w="${w#=}" -v a2="$a2" -v b="$b" -v g="$g" -v c="$c" \
+        'BEGIN { printf "| %s | %d | %d | %d | %.2f | %.2f | %d | %.2f |\n", w, a2, b, g, b / a2, b / g, c, c / b }'
 done
