@@ -103,8 +103,9 @@ impl Rule {
     // an outlined call that saved and restored six registers. A client
     // key is tested first, and the prefix kept as words: the key's length
     // then bounds every index, which needs no check, and no length is
-    // summed or compared but the prefix's (a one-rule limiter's decision,
-    // 547 → 531 instructions; `scripts/instructions.sh`).
+    // summed or compared but the prefix's (with `Limiter::stepped` kept
+    // out of line, a one-rule limiter's decision went from 547 to 531
+    // instructions; `scripts/instructions.sh`).
     #[inline(always)]
     fn fill_inline_key<'b>(
         &self,
