@@ -81,6 +81,16 @@ struct Entry {
     moved: u64,
 }
 
+impl Entry {
+    /// Whether a touch moves this key to the back of the order: it has not
+    /// moved within the shard's last `reorder_after` of its `moves`. The
+    /// eviction guarantee rests on every road asking this one question.
+    #[inline(always)]
+    fn due_to_move(&self, moves: u64, reorder_after: u64) -> bool {
+        moves - self.moved >= reorder_after
+    }
+}
+
 /// One move: the stamp it gave its key and the key's index hash, by which
 /// the entry is found again.
 #[derive(Clone, Copy)]
@@ -354,7 +364,7 @@ impl Shard {
         now: u64,
     ) -> Option<Verdict> {
         let entry = self.table.find_mut(digest.index, |e| e.digest == digest)?;
-        if self.moves - entry.moved >= self.reorder_after {
+        if entry.due_to_move(self.moves, self.reorder_after) {
             return None;
         }
         algorithm::apply_held(&mut entry.state, policy, cost, now)
@@ -386,7 +396,7 @@ impl Shard {
             // An expired state (`KeyState::expires_at`) is not dropped
             // first: `apply` already treats it as empty at `now`. Keys leave
             // by eviction alone; nothing sweeps them.
-            let moved = self.moves - entry.moved >= self.reorder_after;
+            let moved = entry.due_to_move(self.moves, self.reorder_after);
             if moved {
                 // Recorded before `apply`, so that a panic in it (the one
                 // way a shard's lock is released mid-decision) cannot leave
