@@ -32,8 +32,9 @@
 //! beside the baseline, `-- --only "=limiter, GCRA"` that one alone,
 //! `-- --traffic clients` or `-- --traffic abusive` one traffic shape,
 //! `-- --workers 1` one runtime worker thread, `-- --rounds N` N rounds
-//! instead of 3, `-- --wrk SECONDS` over sockets under wrk, SECONDS per
-//! row: see `wrk_rows`). After the in-process table, a full
+//! instead of 3, `-- --clients N` N distinct clients instead of 100,000,
+//! `-- --wrk SECONDS` over sockets under wrk, SECONDS per row: see
+//! `wrk_rows`). After the in-process table, a full
 //! run times the client key alone (the address's HMAC, by design), which
 //! tower_governor does not compute. Numbers from a busy
 //! machine say little: the load average is printed beside them.
@@ -72,7 +73,24 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::{KeyExtractor, SmartIpKeyExtractor};
 
 const TASKS: usize = 64;
+/// Distinct client addresses of the `clients` traffic unless `--clients N`
+/// says otherwise.
 const CLIENTS: u32 = 100_000;
+
+/// The distinct client addresses of the `clients` traffic: `--clients N`,
+/// else [`CLIENTS`]. Fewer clients than a cache level holds show what the
+/// limiter costs when its per-client state stays in cache.
+fn clients() -> u32 {
+    static N: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        let args: Vec<String> = std::env::args().collect();
+        args.iter()
+            .position(|a| a == "--clients")
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(CLIENTS)
+    })
+}
 const ROUNDS: usize = 3;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -138,7 +156,7 @@ fn router(contender: Contender, traffic: Traffic) -> Router {
         .unwrap()
         .with_source(AddressSource::x_forwarded_for(1).unwrap());
     let ours = |policy: Policy, headers: HeaderMode| {
-        let store = Arc::new(MemoryStore::new(2 * CLIENTS as usize));
+        let store = Arc::new(MemoryStore::new(2 * clients() as usize));
         let limiter = Limiter::builder()
             .rule(Rule::new("search", store, policy).unwrap())
             .build()
@@ -245,7 +263,7 @@ fn same_response(traffic: Traffic) -> Router {
 }
 
 /// The address of request `n` of task `task`: a fixed one for the abuser,
-/// a pseudo-random one of `CLIENTS` otherwise (a multiplicative hash of the
+/// a pseudo-random one of `clients()` otherwise (a multiplicative hash of the
 /// counter, written here rather than taken from `rand` since any spread
 /// does).
 fn address(traffic: Traffic, task: usize, n: usize) -> Ipv4Addr {
@@ -253,7 +271,7 @@ fn address(traffic: Traffic, task: usize, n: usize) -> Ipv4Addr {
         Traffic::Abuser => Ipv4Addr::new(203, 0, 113, 7),
         Traffic::Clients => {
             let x = (task as u64) << 32 | n as u64;
-            let i = (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as u32 % CLIENTS;
+            let i = (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as u32 % clients();
             Ipv4Addr::from(0x0A00_0000 | i)
         }
     }
@@ -370,7 +388,7 @@ fn keep_least_cpu(best: &mut Option<Row>, r: Row) {
 /// `wrk -t2 -c64` (a separate process; on a two-core machine it shares the
 /// cores with the server, as the issue's own measurement did). Distinct
 /// clients come from a Lua script that gives each request a random one of
-/// `CLIENTS` addresses in `X-Forwarded-For`. CPU per request is this
+/// `clients()` addresses in `X-Forwarded-For`. CPU per request is this
 /// process's on-CPU time over the requests wrk completed, so wrk's own CPU
 /// is not in it; `÷ none` compares requests per second, the goal's
 /// "limited ÷ unlimited". Each row is the round with the least CPU per
@@ -426,7 +444,7 @@ fn wrk_script(traffic: Traffic) -> String {
             "(function() local i = math.random(0, {}) \
              return \"10.\" .. math.floor(i / 65536) .. \".\" .. \
              (math.floor(i / 256) % 256) .. \".\" .. (i % 256) end)()",
-            CLIENTS - 1
+            clients() - 1
         ),
     };
     format!(
