@@ -42,6 +42,12 @@
 //! | `ratewarden_memory_evictions_total` | counter | `store`, likewise |
 //!
 //! No label holds a client's key or address.
+//!
+//! A histogram records one sample per awaited store call. Some recorders
+//! hold samples until told to fold them: `metrics-exporter-prometheus`
+//! installed with `install_recorder` keeps every one until a scrape or
+//! `PrometheusHandle::run_upkeep`, so call that every few seconds (its
+//! `install` does), or memory grows with every call to a shared store.
 
 mod abuse;
 pub mod algorithm;

@@ -13,6 +13,7 @@
 //! metrics endpoint.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::header::CONTENT_TYPE;
@@ -36,20 +37,42 @@ pub struct Metrics {
 
 static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
+/// How often the recorder folds recorded histogram samples into buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps the recorder behind `handle` on a thread of its own, for the life
+/// of the process: every awaited store call records a histogram sample,
+/// which the recorder holds until upkeep folds it into the buckets. Left to
+/// scrapes, a demo nobody scraped grew by every call it made to its store.
+fn keep(handle: PrometheusHandle) -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_EVERY);
+                handle.run_upkeep();
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("cannot start the metrics upkeep thread: {e}"))
+}
+
 impl Metrics {
     /// Installs the Prometheus recorder as the process's `metrics`
     /// recorder, the first time it is called; later calls share it.
     /// Refuses if another recorder was installed first.
     pub fn install() -> Result<Self, String> {
         let handle = HANDLE.get_or_init(|| {
-            PrometheusBuilder::new()
+            let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Full("ratewarden_store_call_seconds".into()),
                     STORE_CALL_BUCKETS,
                 )
                 .map_err(|e| e.to_string())?
                 .install_recorder()
-                .map_err(|e| format!("cannot install the Prometheus recorder: {e}"))
+                .map_err(|e| format!("cannot install the Prometheus recorder: {e}"))?;
+            keep(handle.clone())?;
+            Ok(handle)
         });
         let handle = handle.clone()?;
         describe();
@@ -70,9 +93,6 @@ impl Metrics {
         for (name, store) in &self.memory {
             store.report_metrics(name);
         }
-        // Histograms are folded into their buckets by upkeep; at scrape
-        // time is often enough and needs no background task.
-        self.handle.run_upkeep();
         self.handle.render()
     }
 

@@ -316,3 +316,19 @@ async fn metrics_show_what_the_limiter_did() {
     assert!(page.contains("# HELP ratewarden_decisions_total"), "{page}");
     assert_eq!(memory.len(), 2);
 }
+
+/// The recorder holds every histogram sample (each awaited store call's
+/// latency) until upkeep folds it into the buckets: a thread keeps it from
+/// the moment the recorder is installed, so that a demo nobody scrapes
+/// does not grow by every call it makes to its store.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_recorder_is_kept_with_no_scrape() {
+    Metrics::install().unwrap();
+    let names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect();
+    assert!(names.iter().any(|n| n == "metrics-upkeep"), "{names:?}");
+}

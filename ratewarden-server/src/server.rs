@@ -234,13 +234,36 @@ fn modified(path: &std::path::Path) -> Option<SystemTime> {
 
 static METRICS: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
-/// The process's Prometheus recorder, installed by the first server.
+/// How often the recorder folds recorded histogram samples into buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// The process's Prometheus recorder, installed by the first server, with
+/// a thread of its own that keeps it.
+///
+/// Why the thread: every awaited store call records its latency in a
+/// histogram, and the recorder holds each sample until upkeep folds it
+/// into the buckets. Run only when `/metrics` was scraped, a server
+/// nobody scraped grew by every call it made to Redis (its resident
+/// memory from 23 to 36 MB over 800,000 calls under the Envoy bench).
+/// A thread, not a task: the recorder is the process's, and outlives any
+/// one runtime.
 fn recorder() -> Result<PrometheusHandle, StartError> {
     METRICS
         .get_or_init(|| {
-            PrometheusBuilder::new()
+            let handle = PrometheusBuilder::new()
                 .install_recorder()
-                .map_err(|e| format!("cannot install the Prometheus recorder: {e}"))
+                .map_err(|e| format!("cannot install the Prometheus recorder: {e}"))?;
+            let kept = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_EVERY);
+                        kept.run_upkeep();
+                    }
+                })
+                .map_err(|e| format!("cannot start the metrics upkeep thread: {e}"))?;
+            Ok(handle)
         })
         .clone()
         .map_err(StartError::Serve)

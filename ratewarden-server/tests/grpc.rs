@@ -475,6 +475,29 @@ async fn health_checks_and_metrics() {
     server.stop().await;
 }
 
+/// The names of this process's threads.
+#[cfg(target_os = "linux")]
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect()
+}
+
+/// The recorder holds every histogram sample (each awaited store call's
+/// latency) until upkeep folds it into the buckets: a thread of the
+/// server's keeps it, so that a server nobody scrapes does not grow by
+/// every call it makes.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_metrics_recorder_is_kept_with_no_scrape() {
+    let server = Running::start(options(EDGE)).await;
+    let names = thread_names();
+    assert!(names.iter().any(|n| n == "metrics-upkeep"), "{names:?}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_reload_changes_limits_and_keeps_counts_and_a_bad_file_changes_nothing() {
     let opts = options(EDGE);
