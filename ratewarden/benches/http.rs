@@ -73,6 +73,8 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::{KeyExtractor, SmartIpKeyExtractor};
 
 const TASKS: usize = 64;
+const ROUNDS: usize = 3;
+
 /// Distinct client addresses of the `clients` traffic unless `--clients N`
 /// says otherwise.
 const CLIENTS: u32 = 100_000;
@@ -91,7 +93,6 @@ fn clients() -> u32 {
             .unwrap_or(CLIENTS)
     })
 }
-const ROUNDS: usize = 3;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Traffic {
