@@ -325,10 +325,9 @@ async fn metrics_show_what_the_limiter_did() {
 #[test]
 fn the_recorder_is_kept_with_no_scrape() {
     Metrics::install().unwrap();
-    let names: Vec<String> = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_owned())
-        .collect();
-    assert!(names.iter().any(|n| n == "metrics-upkeep"), "{names:?}");
+    assert!(
+        ratewarden_test_support::threads::has_thread("metrics-upkeep"),
+        "{:?}",
+        ratewarden_test_support::threads::thread_names()
+    );
 }

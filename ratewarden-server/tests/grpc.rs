@@ -475,16 +475,6 @@ async fn health_checks_and_metrics() {
     server.stop().await;
 }
 
-/// The names of this process's threads.
-#[cfg(target_os = "linux")]
-fn thread_names() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_owned())
-        .collect()
-}
-
 /// The recorder holds every histogram sample (each awaited store call's
 /// latency) until upkeep folds it into the buckets: a thread of the
 /// server's keeps it, so that a server nobody scrapes does not grow by
@@ -493,8 +483,11 @@ fn thread_names() -> Vec<String> {
 #[tokio::test]
 async fn the_metrics_recorder_is_kept_with_no_scrape() {
     let server = Running::start(options(EDGE)).await;
-    let names = thread_names();
-    assert!(names.iter().any(|n| n == "metrics-upkeep"), "{names:?}");
+    assert!(
+        ratewarden_test_support::threads::has_thread("metrics-upkeep"),
+        "{:?}",
+        ratewarden_test_support::threads::thread_names()
+    );
     server.stop().await;
 }
 

@@ -7,6 +7,7 @@
 //! * [`stores`]: an exact store that must be awaited ([`stores::AwaitedStore`])
 //!   and a wrapper that records the calls reaching a store (always);
 //! * [`rss`]: a process's resident memory, for benches (always);
+//! * [`threads`]: a process's thread names, for tests (always);
 //! * [`Rng`]: a deterministic generator for schedules and keys (always);
 //! * [`policy`]: one policy of each algorithm (always);
 //! * `http`: a server on a free port and an HTTP client that reads whole
@@ -33,6 +34,7 @@ pub mod rss;
 pub mod stores;
 #[cfg(feature = "model")]
 pub mod strategy;
+pub mod threads;
 #[cfg(feature = "tls")]
 pub mod tls;
 
