@@ -1,7 +1,8 @@
 //! Decisions per second and latency of the Redis store at 1, 16 and 64
-//! concurrent tasks on loopback, for the store's multiplexed connection and
-//! for the same script call through a deadpool-redis pool (built here: the
-//! store offers no pool, since this comparison is why), beside
+//! concurrent tasks on loopback, for the store on its two multiplexed
+//! connections (the default) and on one, for the same script call on one
+//! and two bare connections and through a deadpool-redis pool (built here:
+//! the store offers no pool, since this comparison is why), beside
 //! `redis-benchmark` running the same script with the same arguments and
 //! concurrency (the ceiling), in alternating rounds.
 //!
@@ -18,8 +19,9 @@
 //! run (default 200000), `RATEWARDEN_BENCH_ROUNDS` the rounds (default 3),
 //! `RATEWARDEN_BENCH_PIN=0` leaves placement to the scheduler and
 //! `RATEWARDEN_BENCH_RUNTIME=multi` gives this process Tokio's
-//! multi-thread runtime, and `RATEWARDEN_BENCH_ONLY=RedisStore` (or `bare`,
-//! `deadpool`: part of a row's name) runs that one client of this process
+//! multi-thread runtime, and `RATEWARDEN_BENCH_ONLY=two connections` (or
+//! `one connection`, `deadpool`: part of a row's name) runs the clients it
+//! names
 //! beside `redis-benchmark`, for a profiler or `strace -c`.
 
 use std::future::Future;
@@ -247,18 +249,29 @@ async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
             .unwrap(),
     );
     let key = String::from_utf8(managed.redis_key(b"bench", Algorithm::FixedWindow)).unwrap();
-    let store = move || {
-        let store = managed.clone();
-        async move {
-            store
-                .decide(
-                    Request::new(&store, b"bench", &policy, 1, Timestamp::from_micros(T0))
-                        .expect("a valid request"),
-                )
-                .await
-                .expect("decision");
+    let decider = |managed: Arc<RedisStore>| {
+        move || {
+            let store = managed.clone();
+            async move {
+                store
+                    .decide(
+                        Request::new(&store, b"bench", &policy, 1, Timestamp::from_micros(T0))
+                            .expect("a valid request"),
+                    )
+                    .await
+                    .expect("decision");
+            }
         }
     };
+    let store = decider(managed);
+    let store_one = decider(Arc::new(
+        RedisStore::builder(url)
+            .key_prefix("bench:")
+            .timeout(timeout)
+            .connections(1)
+            .build()
+            .unwrap(),
+    ));
     let script = Arc::new(redis::Script::new(script_source(Algorithm::FixedWindow)));
     let sha = script.get_hash().to_string();
     // The store's call, key and arguments (expiry margin: 1000 ms), through
@@ -305,11 +318,46 @@ async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
             }
         }
     };
+    // The same, on two bare connections taken in turn, as the store takes
+    // its two: what the store adds over its client, at its default.
+    let bare_two = {
+        let mut conns = Vec::new();
+        for _ in 0..2 {
+            conns.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("a connection"),
+            );
+        }
+        let conns = Arc::new(conns);
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (script, key) = (
+            Arc::new(redis::Script::new(script_source(Algorithm::FixedWindow))),
+            key.clone(),
+        );
+        move || {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % conns.len();
+            let (mut conn, script, key) = (conns[i].clone(), script.clone(), key.clone());
+            async move {
+                invocation(&script, key, &policy)
+                    .invoke_async::<redis::Value>(&mut conn)
+                    .await
+                    .expect("decision");
+            }
+        }
+    };
     // Warm up each (connects, loads the script).
     let only = std::env::var("RATEWARDEN_BENCH_ONLY").ok();
     let runs = |who: &str| only.as_deref().is_none_or(|o| who.contains(o));
     if runs(STORE) {
         run(store.clone(), 16, 10_000).await;
+    }
+    if runs(STORE_ONE) {
+        run(store_one.clone(), 16, 10_000).await;
+    }
+    if runs(BARE_TWO) {
+        run(bare_two.clone(), 16, 10_000).await;
     }
     if runs(BARE) {
         run(bare.clone(), 16, 10_000).await;
@@ -350,12 +398,22 @@ async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
             if runs(STORE) {
                 row(STORE, measured(run(store.clone(), tasks, n), n).await);
             }
+            if runs(STORE_ONE) {
+                row(
+                    STORE_ONE,
+                    measured(run(store_one.clone(), tasks, n), n).await,
+                );
+            }
+            if runs(BARE_TWO) {
+                row(BARE_TWO, measured(run(bare_two.clone(), tasks, n), n).await);
+            }
             if runs(BARE) {
                 row(BARE, measured(run(bare.clone(), tasks, n), n).await);
             }
             if runs(POOLED) {
                 row(POOLED, measured(run(pooled.clone(), tasks, n), n).await);
             }
+
             row(CEILING, ceiling.run(tasks, n, 1, &args));
             // For 16 tasks and more, the pipelined ceiling (`-P 16`): the
             // shape a multiplexed connection has.
@@ -367,8 +425,10 @@ async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
     report(&rows);
 }
 
-const STORE: &str = "RedisStore, multiplexed (ConnectionManager)";
-const BARE: &str = "the same script call, bare redis MultiplexedConnection";
+const STORE: &str = "RedisStore, two connections (the default)";
+const STORE_ONE: &str = "RedisStore, one connection";
+const BARE_TWO: &str = "the same script call, two bare redis MultiplexedConnections in turn";
+const BARE: &str = "the same script call, one bare redis MultiplexedConnection";
 const POOLED: &str = "the same script call, deadpool (64 connections)";
 const CEILING: &str = "redis-benchmark (ceiling)";
 const PIPELINED: &str = "redis-benchmark -P 16 (pipelined ceiling)";
@@ -476,7 +536,7 @@ fn report(rows: &[Row]) {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for tasks in concurrency() {
-        for who in [STORE, BARE, POOLED, CEILING, PIPELINED] {
+        for who in [STORE, STORE_ONE, BARE_TWO, BARE, POOLED, CEILING, PIPELINED] {
             let mine: Vec<&Row> = rows
                 .iter()
                 .filter(|r| r.tasks == tasks && r.who == who)

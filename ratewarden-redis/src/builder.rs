@@ -12,8 +12,8 @@ use tokio::sync::OnceCell;
 
 use crate::url::{self, Endpoint};
 use crate::{
-    DEFAULT_EXPIRY_MARGIN, DEFAULT_NOTICE_HEARTBEAT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner,
-    RedisStore, Target,
+    DEFAULT_CONNECTIONS, DEFAULT_EXPIRY_MARGIN, DEFAULT_NOTICE_HEARTBEAT, DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT, Inner, MAX_CONNECTIONS, RedisStore, Target,
 };
 
 /// What the store connects through.
@@ -42,6 +42,10 @@ pub struct RedisStoreBuilder {
     max_key_len: usize,
     notices: bool,
     notice_heartbeat: Duration,
+    /// `None` until [`connections`](RedisStoreBuilder::connections) is
+    /// called: the default applies where the store opens its own
+    /// connections, and nowhere else is refused.
+    connections: Option<usize>,
     #[cfg(feature = "tls")]
     tls_root_ca: Option<Vec<u8>>,
 }
@@ -54,7 +58,8 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("timeout", &self.timeout)
             .field("server_clock", &self.server_clock)
             .field("expiry_margin", &self.margin)
-            .field("max_key_len", &self.max_key_len);
+            .field("max_key_len", &self.max_key_len)
+            .field("connections", &self.connections);
         #[cfg(feature = "tls")]
         d.field("tls_root_ca", &self.tls_root_ca.as_ref().map(|_| "<PEM>"));
         d.finish()
@@ -87,6 +92,7 @@ impl RedisStoreBuilder {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             notices: true,
             notice_heartbeat: DEFAULT_NOTICE_HEARTBEAT,
+            connections: None,
             #[cfg(feature = "tls")]
             tls_root_ca: None,
         }
@@ -199,6 +205,28 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How many multiplexed connections the store opens to a single server
+    /// (a `redis://`, `rediss://` or `redis+unix://` URL, or a
+    /// [`redis::Client`]), taking them in turn call by call. Default
+    /// [`DEFAULT_CONNECTIONS`]; from 1 to [`MAX_CONNECTIONS`].
+    ///
+    /// One connection carries concurrent calls in lockstep: the client
+    /// sends what its tasks have queued, then handles the whole batch of
+    /// answers while the server waits for the next. A second connection
+    /// lets each side work on one batch while the other's is in flight
+    /// (the Redis benchmark in `BENCHMARKS.md` shows what that is worth).
+    /// Every call is still one round trip.
+    ///
+    /// [`build`](Self::build) refuses more than one for a cluster, a
+    /// Sentinel group or an existing
+    /// [`ConnectionManager`]: a cluster's connection already holds one
+    /// per node, a Sentinel master is found again after each failover, and
+    /// the application's manager is the one connection it gave.
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = Some(n);
+        self
+    }
+
     /// Checks every option and builds the store. Nothing is contacted yet.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         if self.timeout.is_zero() {
@@ -252,6 +280,7 @@ impl RedisStoreBuilder {
                 )
             }
         };
+        let connections = self.connections_for(&target)?;
         // A store subscribes where it can open a connection of its own.
         let subscribes =
             self.notices && (matches!(target, Target::Sentinel(_)) || !notice_nodes.is_empty());
@@ -269,7 +298,9 @@ impl RedisStoreBuilder {
                 subscriptions: Arc::new(tokio::sync::watch::Sender::new(0)),
                 attempts: Arc::new(tokio::sync::watch::Sender::new(0)),
                 listener: std::sync::Mutex::new(None),
-                conn: OnceCell::new(),
+                conns: OnceCell::new(),
+                connections,
+                next: std::sync::atomic::AtomicUsize::new(0),
                 prefix: self.prefix.into_boxed_slice(),
                 timeout: self.timeout,
                 server_clock: self.server_clock,
@@ -278,6 +309,36 @@ impl RedisStoreBuilder {
                 display_url,
             }),
         })
+    }
+
+    /// How many connections the store opens to `target`: see
+    /// [`connections`](Self::connections).
+    fn connections_for(&self, target: &Target) -> Result<usize, ConfigError> {
+        let Some(n) = self.connections else {
+            return Ok(match target {
+                Target::Single(_) => DEFAULT_CONNECTIONS,
+                _ => 1,
+            });
+        };
+        if !(1..=MAX_CONNECTIONS).contains(&n) {
+            return Err(ConfigError::Invalid(format!(
+                "redis connections must be from 1 to {MAX_CONNECTIONS}, not {n}"
+            )));
+        }
+        let one_only = match target {
+            Target::Single(_) => None,
+            Target::Cluster(_) => Some("a cluster's connection already holds one per node"),
+            Target::Sentinel(_) => {
+                Some("a Sentinel group's master is found again after each failover")
+            }
+            Target::Manager(_) => Some("an existing ConnectionManager is the one connection given"),
+        };
+        match one_only {
+            Some(why) if n > 1 => Err(ConfigError::Invalid(format!(
+                "redis connections({n}) applies to a single server: {why}"
+            ))),
+            _ => Ok(n),
+        }
     }
 
     /// Options that only mean something when the store makes its own
@@ -428,6 +489,10 @@ mod tests {
                 .is_err()
         );
         assert!(b().max_key_len(0).build().is_err());
+        assert!(b().connections(0).build().is_err());
+        assert!(b().connections(MAX_CONNECTIONS + 1).build().is_err());
+        assert!(b().connections(MAX_CONNECTIONS).build().is_ok());
+        assert!(b().connections(1).build().is_ok());
         assert!(b().key_prefix("t:1:").build().is_ok());
         assert!(b().key_prefix("").build().is_ok());
         assert!(RedisStore::from_url("redis+cluster://u:p@a:1,b:2/").is_ok());
@@ -443,6 +508,27 @@ mod tests {
         assert!(b().key_prefix("a{b").build().is_err());
         let debug = format!("{:?}", b().build().unwrap());
         assert!(debug.contains("127.0.0.1:6379"), "{debug}");
+    }
+
+    #[test]
+    fn more_than_one_connection_is_only_for_a_single_server() {
+        for url in [
+            "redis+cluster://a:1,b:2/",
+            "redis+sentinel://s:26379/mymaster",
+        ] {
+            let b = || RedisStore::builder(url);
+            assert!(b().build().is_ok(), "{url}: the default applies");
+            assert!(b().connections(1).build().is_ok(), "{url}");
+            let err = b().connections(2).build().unwrap_err().to_string();
+            assert!(err.contains("applies to a single server"), "{url}: {err}");
+        }
+        let client = redis::Client::open("redis+unix:///s.sock").unwrap();
+        assert!(
+            RedisStore::builder_with_client(client)
+                .connections(4)
+                .build()
+                .is_ok()
+        );
     }
 
     #[test]

@@ -33,8 +33,10 @@
 //!   them with [`ErrorKind::Unsupported`]: the admission's time, which
 //!   locates its units, was the server's and is not known to the caller.
 //! * **Connections** are opened lazily by the first decision, on the runtime
-//!   that makes it, and then shared: one multiplexed connection (the redis
-//!   crate's `ConnectionManager`, which reconnects on its own), a cluster
+//!   that makes it, and then shared: two multiplexed connections to a single
+//!   server, taken in turn (each the redis crate's `ConnectionManager`,
+//!   which reconnects on its own; [`RedisStoreBuilder::connections`] says
+//!   why two and sets another number), a cluster
 //!   connection for `redis+cluster://` URLs, or a connection to the master
 //!   the sentinels name for `redis+sentinel://` URLs (see
 //!   [Sentinel](#sentinel)). An application that already
@@ -244,6 +246,13 @@ pub const DEFAULT_PREFIX: &str = "ratewarden:";
 /// window is still open in the caller's time.
 pub const DEFAULT_EXPIRY_MARGIN: Duration = Duration::from_secs(1);
 
+/// How many multiplexed connections a store opens to a single server by
+/// default ([`RedisStoreBuilder::connections`]).
+pub const DEFAULT_CONNECTIONS: usize = 2;
+
+/// The most connections [`RedisStoreBuilder::connections`] accepts.
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// How often a store checks its notice subscription by default
 /// ([`RedisStoreBuilder::notice_heartbeat`]).
 pub const DEFAULT_NOTICE_HEARTBEAT: Duration = Duration::from_secs(1);
@@ -289,8 +298,12 @@ struct Inner {
     /// The listener's task, started by the first call and ended with the
     /// store.
     listener: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
-    /// The connection of a `Single` or `Cluster` target, once opened.
-    conn: OnceCell<Conn>,
+    /// The connections of a `Single` or `Cluster` target, once opened.
+    conns: OnceCell<Box<[Conn]>>,
+    /// How many a `Single` target opens.
+    connections: usize,
+    /// Which of them the next call takes.
+    next: std::sync::atomic::AtomicUsize,
     prefix: Box<[u8]>,
     timeout: Duration,
     server_clock: bool,
@@ -314,7 +327,7 @@ impl Drop for Inner {
 }
 
 /// A [`Store`] backed by Redis or Redis Cluster; cheap to clone (clones
-/// share one connection).
+/// share its connections).
 ///
 /// Build it with [`RedisStore::from_url`], [`RedisStore::builder`],
 /// [`RedisStore::builder_with_client`],
@@ -445,8 +458,8 @@ impl RedisStore {
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
-        if let Some(conn) = self.inner.conn.get() {
-            return Ok(conn.clone());
+        if let Some(conns) = self.inner.conns.get() {
+            return Ok(self.take(conns));
         }
         // Opening a connection is a future of some 3 KiB, which every
         // call's future would otherwise hold and copy (into its box, into
@@ -454,12 +467,26 @@ impl RedisStore {
         Box::pin(self.open()).await
     }
 
+    /// The next of `conns`, in turn.
+    fn take(&self, conns: &[Conn]) -> Conn {
+        let i = match conns.len() {
+            1 => 0,
+            n => {
+                self.inner
+                    .next
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    % n
+            }
+        };
+        conns[i].clone()
+    }
+
     /// [`conn`](Self::conn) when the store holds no connection yet, and
     /// for a master found through the sentinels, on every call.
     async fn open(&self) -> Result<Conn, StoreError> {
         self.listen();
         self.subscribed().await;
-        let cell = &self.inner.conn;
+        let cell = &self.inner.conns;
         match &self.inner.target {
             // Opened once, by the first call, then shared.
             Target::Single(client) => cell
@@ -471,19 +498,26 @@ impl RedisStore {
                         .set_number_of_retries(2)
                         .set_min_delay(Duration::from_millis(10))
                         .set_max_delay(t);
-                    ConnectionManager::new_with_config(redis::Client::clone(client), config)
+                    let opened = (0..self.inner.connections).map(|_| {
+                        ConnectionManager::new_with_config(
+                            redis::Client::clone(client),
+                            config.clone(),
+                        )
+                    });
+                    futures::future::try_join_all(opened)
                         .await
-                        .map(Conn::Single)
+                        .map(|managers| managers.into_iter().map(Conn::Single).collect())
                 })
                 .await
-                .cloned()
+                .map(|conns| self.take(conns))
                 .map_err(store_error),
             Target::Cluster(client) => cell
                 .get_or_try_init(|| async {
-                    client.get_async_connection().await.map(Conn::Cluster)
+                    let conn = client.get_async_connection().await?;
+                    Ok::<_, redis::RedisError>(Box::from([Conn::Cluster(conn)]))
                 })
                 .await
-                .cloned()
+                .map(|conns| self.take(conns))
                 .map_err(store_error),
             Target::Manager(manager) => Ok(Conn::Single(manager.clone())),
             // Not kept once: the master changes with each failover.

@@ -101,6 +101,10 @@ async fn url_only_options_are_refused_for_an_existing_manager() {
     let b = || RedisStore::builder_with_connection_manager(manager.clone());
     assert!(b().timeout(Duration::ZERO).build().is_err());
     assert!(b().key_prefix("a}").build().is_err());
+    // The application's manager is one connection: the store cannot open
+    // more of it.
+    assert!(b().connections(2).build().is_err());
+    assert!(b().connections(1).build().is_ok());
     let debug = format!("{:?}", b().build().unwrap());
     assert!(debug.contains("ConnectionManager"), "{debug}");
 }

@@ -8,7 +8,7 @@ use ratewarden_conformance::call;
 use std::time::Duration;
 
 use ratewarden_core::{ManualClock, Policy, Timestamp};
-use ratewarden_redis::RedisStore;
+use ratewarden_redis::{DEFAULT_CONNECTIONS, RedisStore};
 use ratewarden_test_support::policy;
 use ratewarden_test_support::redis as fixture;
 use ratewarden_test_support::stores::{Admission, refund_all_and_ghosts};
@@ -20,6 +20,10 @@ fn policies() -> Vec<Policy> {
 }
 
 async fn store_via(url: &str, what: &str) -> RedisStore {
+    builder_via(url, what).build().unwrap()
+}
+
+fn builder_via(url: &str, what: &str) -> ratewarden_redis::RedisStoreBuilder {
     RedisStore::builder(url)
         .key_prefix(fixture::unique_prefix(what))
         // Its notice subscription's heartbeats would be exchanges too:
@@ -27,8 +31,6 @@ async fn store_via(url: &str, what: &str) -> RedisStore {
         .notices(false)
         // Semantics, not latency: a loaded machine must not fail the test.
         .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +77,36 @@ async fn n_decisions_are_n_exchanges_and_n_refunds_are_n_exchanges() {
     // A refund that finds nothing to give back is one exchange too.
     let refunds = refund_all_and_ghosts(&store, &admitted, &policies()).await;
     assert_eq!(wire.exchanges() - before, refunds, "{refunds} refunds");
-    assert_eq!(wire.connections(), 1, "one multiplexed connection");
+    assert_eq!(
+        wire.connections(),
+        DEFAULT_CONNECTIONS as u64,
+        "the default multiplexed connections, and no other"
+    );
+}
+
+/// The store takes its connections in turn: with three, every one carries
+/// a third of the calls, and each call is still one exchange; with one,
+/// one connection carries them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_spread_over_the_connections_in_turn() {
+    let p = Policy::fixed_window(1_000, Duration::from_secs(60)).unwrap();
+    let now = Timestamp::from_micros(T0);
+    for n in [1usize, 3] {
+        let (wire, url) = fixture::shared_through_counter().await;
+        let store = builder_via(&url, "spread").connections(n).build().unwrap();
+        store.connect().await.unwrap();
+        assert_eq!(wire.connections(), n as u64, "connect opens every one");
+        // The script's first use may take more than one exchange.
+        call::decide(&store, b"warm-up", &p, 1, now).await.unwrap();
+        let before = wire.exchanges_by_connection();
+        let calls = 30 * n as u64;
+        for _ in 0..calls {
+            call::decide(&store, b"k", &p, 1, now).await.unwrap();
+        }
+        let after = wire.exchanges_by_connection();
+        let carried: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(carried, vec![calls / n as u64; n], "{n} connections");
+    }
 }
 
 /// The proxy itself can see more than one exchange per call: a store that

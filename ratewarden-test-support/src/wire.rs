@@ -25,6 +25,8 @@ struct Counts {
     to_server_bytes: AtomicU64,
     to_client_bytes: AtomicU64,
     connections: AtomicU64,
+    /// Exchanges on each connection, in the order they were opened.
+    by_connection: std::sync::Mutex<Vec<Arc<AtomicU64>>>,
     /// Milliseconds every chunk waits before it is forwarded.
     delay_ms: AtomicU64,
 }
@@ -56,7 +58,13 @@ impl WireCounter {
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(target).await {
                         counts.connections.fetch_add(1, Ordering::SeqCst);
-                        relay(client, server, counts).await;
+                        let mine = Arc::new(AtomicU64::new(0));
+                        counts
+                            .by_connection
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(mine.clone());
+                        relay(client, server, counts, mine).await;
                     }
                 });
             }
@@ -89,6 +97,18 @@ impl WireCounter {
         self.counts.connections.load(Ordering::SeqCst)
     }
 
+    /// Exchanges seen on each connection so far, in the order the
+    /// connections were opened: how a client spreads its calls.
+    pub fn exchanges_by_connection(&self) -> Vec<u64> {
+        self.counts
+            .by_connection
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|n| n.load(Ordering::SeqCst))
+            .collect()
+    }
+
     /// Holds every chunk read from now on, either way, for `delay` before
     /// forwarding it: a slow network (zero, the default, forwards at once).
     pub fn set_delay(&self, delay: std::time::Duration) {
@@ -105,7 +125,7 @@ async fn delayed(counts: &Counts) {
     }
 }
 
-async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Counts>) {
+async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Counts>, mine: Arc<AtomicU64>) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (mut cr, mut cw) = client.into_split();
@@ -124,6 +144,7 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Counts>) {
                     let mut l = last.lock().await;
                     if *l != Some(Direction::ToServer) {
                         counts.exchanges.fetch_add(1, Ordering::SeqCst);
+                        mine.fetch_add(1, Ordering::SeqCst);
                     }
                     *l = Some(Direction::ToServer);
                 }
@@ -188,5 +209,6 @@ mod tests {
         assert_eq!(counter.bytes_to_server(), 8);
         assert_eq!(counter.bytes_to_client(), 8);
         assert_eq!(counter.connections(), 1);
+        assert_eq!(counter.exchanges_by_connection(), [2]);
     }
 }
