@@ -124,7 +124,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// A transport bound: each call on the store's connection, connecting
+    /// A transport bound: each call on the store's connections, connecting
     /// included, ends within it as a `Timeout` error. Default
     /// [`DEFAULT_TIMEOUT`]; must be above zero. Under a `Limiter`, the
     /// rule's timeout (`Rule::with_timeout`) bounds what a request waits;

@@ -432,7 +432,7 @@ impl RedisStore {
         key::redis_key(&self.inner.prefix, key, algorithm)
     }
 
-    /// Opens the connection now (and loads nothing else), and the
+    /// Opens the connections now (and loads nothing else), and the
     /// subscription to other instances' resets ([Notices](crate#notices)),
     /// so that a misconfigured address shows at start-up; optional, since
     /// the first decision connects anyway.
