@@ -42,9 +42,9 @@ pub struct RedisStoreBuilder {
     max_key_len: usize,
     notices: bool,
     notice_heartbeat: Duration,
-    /// `None` until [`connections`](RedisStoreBuilder::connections) is
-    /// called: the default applies where the store opens its own
-    /// connections, and nowhere else is refused.
+    /// `None` unless [`connections`](RedisStoreBuilder::connections) was
+    /// called: then a single server gets the default and any other target
+    /// one connection, and nothing is refused.
     connections: Option<usize>,
     #[cfg(feature = "tls")]
     tls_root_ca: Option<Vec<u8>>,
