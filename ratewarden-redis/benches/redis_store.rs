@@ -205,6 +205,52 @@ fn main() {
     }
 }
 
+/// The store's call on the redis crate's own multiplexed connections,
+/// taken in turn as the store takes its own, with nothing of the store
+/// around it: what the store adds over its client.
+#[derive(Clone)]
+struct Bare {
+    conns: Arc<Vec<redis::aio::MultiplexedConnection>>,
+    next: Arc<std::sync::atomic::AtomicUsize>,
+    script: Arc<redis::Script>,
+    key: String,
+    policy: Policy,
+}
+
+impl Bare {
+    async fn open(client: &redis::Client, n: usize, key: String, policy: Policy) -> Bare {
+        let mut conns = Vec::with_capacity(n);
+        for _ in 0..n {
+            conns.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("a connection"),
+            );
+        }
+        Bare {
+            conns: Arc::new(conns),
+            next: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            script: Arc::new(redis::Script::new(script_source(Algorithm::FixedWindow))),
+            key,
+            policy,
+        }
+    }
+
+    fn call(&self) -> impl Future<Output = ()> + Send + use<> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.conns.len();
+        let (mut conn, script, key) =
+            (self.conns[i].clone(), self.script.clone(), self.key.clone());
+        let policy = self.policy;
+        async move {
+            invocation(&script, key, &policy)
+                .invoke_async::<redis::Value>(&mut conn)
+                .await
+                .expect("decision");
+        }
+    }
+}
+
 /// The store's call, key and arguments (expiry margin: 1000 ms), for the
 /// contenders that make it without the store.
 fn invocation<'a>(
@@ -297,55 +343,13 @@ async fn bench(ceiling: &Ceiling<'_>, url: &str, ops: usize, rounds: usize) {
             }
         }
     };
-    // The same call on the redis crate's own multiplexed connection, with
-    // nothing of the store around it: what the store adds over its client.
-    let bare_conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a connection");
     let bare = {
-        let (script, key) = (
-            Arc::new(redis::Script::new(script_source(Algorithm::FixedWindow))),
-            key.clone(),
-        );
-        move || {
-            let (mut conn, script, key) = (bare_conn.clone(), script.clone(), key.clone());
-            async move {
-                invocation(&script, key, &policy)
-                    .invoke_async::<redis::Value>(&mut conn)
-                    .await
-                    .expect("decision");
-            }
-        }
+        let bare = Bare::open(&client, 1, key.clone(), policy).await;
+        move || bare.call()
     };
-    // The same, on two bare connections taken in turn, as the store takes
-    // its two: what the store adds over its client, at its default.
     let bare_two = {
-        let mut conns = Vec::new();
-        for _ in 0..2 {
-            conns.push(
-                client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("a connection"),
-            );
-        }
-        let conns = Arc::new(conns);
-        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (script, key) = (
-            Arc::new(redis::Script::new(script_source(Algorithm::FixedWindow))),
-            key.clone(),
-        );
-        move || {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % conns.len();
-            let (mut conn, script, key) = (conns[i].clone(), script.clone(), key.clone());
-            async move {
-                invocation(&script, key, &policy)
-                    .invoke_async::<redis::Value>(&mut conn)
-                    .await
-                    .expect("decision");
-            }
-        }
+        let bare = Bare::open(&client, 2, key.clone(), policy).await;
+        move || bare.call()
     };
     // Warm up each (connects, loads the script).
     let only = std::env::var("RATEWARDEN_BENCH_ONLY").ok();
