@@ -24,7 +24,10 @@
 //! `tower_governor, HMAC` row is tower_governor keyed by this crate's
 //! client key instead of the bare address: the same identity work as the
 //! layer (the design's HMAC), so that the layer's rows differ from it by
-//! the decision and the headers alone.
+//! the decision and the headers alone. The `HMAC key` row has no limiter
+//! but computes each request's client key as the layer does: the part of
+//! the layer's cost that comes with the design's keyed digest, before any
+//! decision.
 //!
 //! Run with `cargo bench -p ratewarden --bench http` (`-- --requests N` sets
 //! the requests per row, 200,000 by default; `-- --requests 200` is a
@@ -124,6 +127,11 @@ enum Contender {
     /// with its JSON body and four headers): what the response the design
     /// asks for costs to build and send, with no key, no decision, no store.
     SameResponse,
+    /// No limiter, but each request's client key computed as the layer
+    /// computes it (the address from `X-Forwarded-For`, then its HMAC) and
+    /// dropped: what a limiter keyed by the design's HMAC pays before any
+    /// decision, and the ceiling of every such limiter.
+    KeyOnly,
 }
 
 impl Contender {
@@ -138,6 +146,7 @@ impl Contender {
             Contender::Governor => "tower_governor",
             Contender::GovernorHmac => "tower_governor, HMAC",
             Contender::SameResponse => "no limiter, same resp.",
+            Contender::KeyOnly => "no limiter, HMAC key",
         }
     }
 }
@@ -182,6 +191,12 @@ fn router(contender: Contender, traffic: Traffic) -> Router {
         Contender::Governor => governed(SmartIpKeyExtractor, limit, window),
         Contender::GovernorHmac => governed(HmacKey(identity), limit, window),
         Contender::SameResponse => same_response(traffic),
+        Contender::KeyOnly => handler().layer(tower::util::MapRequestLayer::new(
+            move |request: http::Request<Body>| {
+                std::hint::black_box(identity.key_for_request(&request));
+                request
+            },
+        )),
     }
 }
 
@@ -589,6 +604,7 @@ fn main() {
                 Contender::Governor,
                 Contender::GovernorHmac,
                 Contender::SameResponse,
+                Contender::KeyOnly,
             ]
             .into_iter()
             .filter(|c| {
