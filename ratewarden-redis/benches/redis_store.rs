@@ -238,7 +238,12 @@ impl Bare {
     }
 
     fn call(&self) -> impl Future<Output = ()> + Send + use<> {
-        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.conns.len();
+        // As `RedisStore` takes its connections: no shared counter to bump
+        // when there is one.
+        let i = match self.conns.len() {
+            1 => 0,
+            n => self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n,
+        };
         let (mut conn, script, key) =
             (self.conns[i].clone(), self.script.clone(), self.key.clone());
         let policy = self.policy;
