@@ -42,9 +42,9 @@ pub struct RedisStoreBuilder {
     max_key_len: usize,
     notices: bool,
     notice_heartbeat: Duration,
-    /// `None` unless [`connections`](RedisStoreBuilder::connections) was
-    /// called: then a single server gets the default and any other target
-    /// one connection, and nothing is refused.
+    /// `None` while [`connections`](RedisStoreBuilder::connections) has not
+    /// been called; `build` then gives a single server the default and any
+    /// other target one connection, and refuses nothing.
     connections: Option<usize>,
     #[cfg(feature = "tls")]
     tls_root_ca: Option<Vec<u8>>,
