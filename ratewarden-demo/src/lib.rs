@@ -156,6 +156,20 @@ fn login_ban(policy: Policy) -> Result<Policy, ConfigError> {
         .parse()
         .map_err(|e| ConfigError::Invalid(format!("{e}")))
 }
+/// `POST /api/login`'s policy on `stores`: it counts only failures, so a
+/// client that knows its password is never locked out, one that guesses is
+/// after [`LOGIN_FAILURES`], and one that keeps guessing is banned
+/// ([`LOGIN_BAN`]) where the store keeps bans.
+pub fn login_policy(stores: &Stores) -> Result<Policy, ConfigError> {
+    let policy = Policy::fixed_window(LOGIN_FAILURES, 15 * MINUTE)?;
+    let banned = login_ban(policy)?;
+    Ok(if stores.deciding(&banned).capabilities().bans {
+        banned
+    } else {
+        policy
+    })
+}
+
 const DAY: Duration = Duration::from_secs(86_400);
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -360,29 +374,18 @@ pub fn app(settings: &Settings) -> Result<Router, ConfigError> {
         router = router.route(endpoint.path, handler.route_layer(layer.clone()));
         layers.push((endpoint.name, admin::Limited::Layer(layer)));
     }
-    // The login route counts only failures: a client that knows its
-    // password is never locked out, one that guesses is after five, and
-    // one that keeps guessing is banned (where the store keeps bans).
-    let mut policy = Policy::fixed_window(LOGIN_FAILURES, 15 * MINUTE)?;
-    if settings
-        .stores
-        .deciding(&login_ban(policy)?)
-        .capabilities()
-        .bans
-    {
-        policy = login_ban(policy)?;
-    } else {
+    let login = Endpoint {
+        name: "login",
+        method: "POST",
+        path: "/api/login",
+        policy: login_policy(&settings.stores)?,
+    };
+    if login.policy.ban().is_none() {
         tracing::info!(
             store = settings.stores.primary.name(),
             "the store keeps no bans: POST /api/login is limited without one"
         );
     }
-    let login = Endpoint {
-        name: "login",
-        method: "POST",
-        path: "/api/login",
-        policy,
-    };
     let layer = route_layer(settings, limiter(settings, &login)?)
         .count_only(|status| status == StatusCode::UNAUTHORIZED)
         .build()?;

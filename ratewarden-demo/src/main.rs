@@ -118,8 +118,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("  {:<5}{:<15}{}", e.method, e.path, policies);
     }
     println!(
-        "  POST /api/login      {} failed attempts per 15 min (-d password=demo succeeds, and is not counted)",
-        ratewarden_demo::LOGIN_FAILURES
+        "  POST /api/login      {} (failures only: -d password=demo succeeds, and is not counted)",
+        ratewarden_demo::login_policy(&settings.stores)?
     );
     println!(
         "  GET  /api/reports    {} a minute; {} with an X-Api-Key given by --api-key KEY=pro ({} keys given)",
