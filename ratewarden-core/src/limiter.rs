@@ -776,6 +776,7 @@ impl Limiter {
                     if i < last
                         && let Some(charge) = rule.settle_one(
                             key,
+                            units,
                             (now, Ticket::NONE),
                             stored,
                             Some(Holder::Authoritative),
@@ -837,8 +838,14 @@ impl Limiter {
             };
             match rule.local_after(answer, storage_key, units, now, self.clock.as_ref()) {
                 Local::Now(decision, holder) => {
-                    let charge =
-                        rule.settle_one(key, (now, Ticket::NONE), &decision, holder, i < last);
+                    let charge = rule.settle_one(
+                        key,
+                        units,
+                        (now, Ticket::NONE),
+                        &decision,
+                        holder,
+                        i < last,
+                    );
                     if let Absorbed::Decided(d) =
                         self.absorb(&mut progress, i, decision, charge.as_slice())
                     {
@@ -902,7 +909,7 @@ impl Limiter {
                         return None;
                     }
                     for rule in self.rules.iter() {
-                        if let Some(d) = rule.cached_refusal_now(key, p.now) {
+                        if let Some(d) = rule.cached_refusal_now(key, rule.units(p.cost), p.now) {
                             return Some(d);
                         }
                     }
@@ -932,7 +939,8 @@ impl Limiter {
                         },
                     };
                     let keep = i < last || p.keep_all;
-                    let charge = rule.settle_one(key, (p.now, p.ticket), &decision, holder, keep);
+                    let charge =
+                        rule.settle_one(key, units, (p.now, p.ticket), &decision, holder, keep);
                     if let Absorbed::Decided(d) = self.absorb(p, i, decision, charge.as_slice()) {
                         return Some(d);
                     }
@@ -982,7 +990,10 @@ impl Limiter {
             match std::mem::replace(&mut p.next, Next::Step(0)) {
                 Next::Caches => {
                     for rule in self.rules.iter() {
-                        if let Some(d) = rule.cached_refusal(key, p.now, clock).await {
+                        if let Some(d) = rule
+                            .cached_refusal(key, rule.units(p.cost), p.now, clock)
+                            .await
+                        {
                             return (d, Kept::new());
                         }
                     }

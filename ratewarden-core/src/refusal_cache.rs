@@ -34,6 +34,11 @@ struct Held {
     /// Taken before the store call that refused: a give-back or reset of
     /// the key since then makes the refusal stale.
     ticket: Ticket,
+    /// The units the refused request asked for. A request of fewer may fit
+    /// what is left (a refusal of 5 with 3 left), so only a request of at
+    /// least as many is refused again: whatever keeps `units` out until
+    /// `until` keeps every larger request out as long.
+    units: u32,
     decision: Decision,
 }
 
@@ -69,9 +74,10 @@ impl RefusalCache {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The cached refusal of `key` at `now`, with its times brought to
-    /// `now`, if the store's refusal still stands.
-    pub(crate) fn get(&self, key: &[u8], now: Timestamp) -> Option<Decision> {
+    /// The cached refusal of `key` for a request of `units` at `now`, with
+    /// its times brought to `now`, if the store's refusal still stands and
+    /// was of no more units.
+    pub(crate) fn get(&self, key: &[u8], now: Timestamp, units: u32) -> Option<Decision> {
         if !self.used.load(Ordering::Relaxed) {
             return None;
         }
@@ -80,6 +86,10 @@ impl RefusalCache {
         let h = held.get(key)?;
         if t < h.at || t >= h.until || !self.notices.current(h.ticket) {
             held.remove(key);
+            return None;
+        }
+        // Kept for the requests it does answer.
+        if units < h.units {
             return None;
         }
         let mut d = h.decision.clone();
@@ -101,10 +111,17 @@ impl RefusalCache {
         }
     }
 
-    /// Remembers a refusal the store made for `key` at `now`, in a call
-    /// made after `ticket` was taken; nothing if the key was given back or
-    /// reset since (the refusal may predate that).
-    pub(crate) fn put(&self, key: &[u8], now: Timestamp, decision: &Decision, ticket: Ticket) {
+    /// Remembers a refusal the store made for `key` at `now` of a request of
+    /// `units`, in a call made after `ticket` was taken; nothing if the key
+    /// was given back or reset since (the refusal may predate that).
+    pub(crate) fn put(
+        &self,
+        key: &[u8],
+        now: Timestamp,
+        units: u32,
+        decision: &Decision,
+        ticket: Ticket,
+    ) {
         if decision.allowed || decision.retry_after.is_zero() || !self.notices.current(ticket) {
             return;
         }
@@ -114,6 +131,7 @@ impl RefusalCache {
             until: t.saturating_add(micros(decision.retry_after)),
             reset_at: t.saturating_add(micros(decision.reset_after)),
             ticket,
+            units,
             decision: decision.clone(),
         };
         self.lock().insert(key.to_vec(), held);

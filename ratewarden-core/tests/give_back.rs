@@ -377,3 +377,54 @@ async fn a_give_back_under_one_plan_reaches_another_plans_cached_refusal() {
     );
     assert!(!free.check(b"acme").await.allowed);
 }
+
+/// Ten units a minute, a request costing its size.
+fn uploads() -> Policy {
+    Policy::fixed_window(10, Duration::from_secs(60)).unwrap()
+}
+
+/// A refusal is of the units asked for: one of 5 with 3 left says nothing
+/// of a request of 3, which the store admits. The cache answers only
+/// requests of at least the refused units.
+#[tokio::test]
+async fn a_cached_refusal_of_a_dear_request_leaves_a_cheaper_one_to_the_store() {
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(Rule::new("upload", shared(), uploads()).unwrap())
+        .build()
+        .unwrap();
+    assert!(limiter.check_cost(b"alice", 7).await.unwrap().allowed);
+    assert!(!limiter.check_cost(b"alice", 5).await.unwrap().allowed);
+    let dearer = limiter.check_cost(b"alice", 6).await.unwrap();
+    assert!(
+        !dearer.allowed && limiter.stats()[0].refusals_cached == 1,
+        "a dearer request is refused from the cache: the scenario goes through it"
+    );
+    let cheaper = limiter.check_cost(b"alice", 3).await.unwrap();
+    assert!(
+        cheaper.allowed,
+        "3 units fit the 3 the store has left: {cheaper:?}"
+    );
+    assert!(!limiter.check_cost(b"alice", 1).await.unwrap().allowed);
+}
+
+#[tokio::test]
+async fn a_waiter_for_fewer_units_than_a_cached_refusal_is_admitted_at_once() {
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(Rule::new("upload", shared(), uploads()).unwrap())
+        .build()
+        .unwrap();
+    assert!(limiter.check_cost(b"alice", 7).await.unwrap().allowed);
+    assert!(!limiter.check_cost(b"alice", 5).await.unwrap().allowed);
+    let before = clock.now();
+    let waited = limiter
+        .until_ready_cost(b"alice", 2, Duration::from_secs(1))
+        .await;
+    assert!(
+        waited.is_ok_and(|d| d.allowed) && clock.now() == before,
+        "2 units fit the 3 left: admitted without a pause"
+    );
+}

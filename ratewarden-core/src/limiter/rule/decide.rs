@@ -414,12 +414,13 @@ impl Rule {
     fn settle(
         &self,
         key: &[u8],
+        units: u32,
         at: (Timestamp, Ticket),
         decision: &Decision,
         holder: Option<Holder>,
         keep: bool,
     ) -> SmallVec<[Charge; 2]> {
-        self.settle_one(key, at, decision, holder, keep)
+        self.settle_one(key, units, at, decision, holder, keep)
             .into_iter()
             .collect()
     }
@@ -430,6 +431,7 @@ impl Rule {
     pub(crate) fn settle_one(
         &self,
         key: &[u8],
+        units: u32,
         (now, ticket): (Timestamp, Ticket),
         decision: &Decision,
         holder: Option<Holder>,
@@ -445,7 +447,7 @@ impl Rule {
                 || (self.policy.ban().is_some() && !decision.source.banned),
             &self.refusals,
         ) {
-            cache.put(key, now, decision, ticket);
+            cache.put(key, now, units, decision, ticket);
         }
         match (keep, decision.allowed, holder) {
             (true, true, Some(holder)) => Some(Charge::of(holder, decision)),
@@ -603,18 +605,19 @@ impl Rule {
         }
     }
 
-    /// The refusal cache's answer for `key`, if it holds one, counted as an
-    /// abuse event like any refusal.
+    /// The refusal cache's answer for `key` and a request of `units`, if it
+    /// holds one, counted as an abuse event like any refusal.
     pub(crate) async fn cached_refusal(
         &self,
         key: &[u8],
+        units: u32,
         now: Timestamp,
         clock: &dyn Clock,
     ) -> Option<Decision> {
         if self.shadow {
             return None;
         }
-        let mut d = self.refusals.as_ref()?.get(key, now)?;
+        let mut d = self.refusals.as_ref()?.get(key, now, units)?;
         bump(&self.counters.refusals_cached);
         self.record_abuse(key, &d, now, clock).await;
         self.stamp_enforcing(&mut d);
@@ -623,12 +626,17 @@ impl Rule {
 
     /// [`cached_refusal`](Self::cached_refusal) for a rule that records no
     /// abuse events, so that nothing waits.
-    pub(crate) fn cached_refusal_now(&self, key: &[u8], now: Timestamp) -> Option<Decision> {
+    pub(crate) fn cached_refusal_now(
+        &self,
+        key: &[u8],
+        units: u32,
+        now: Timestamp,
+    ) -> Option<Decision> {
         debug_assert!(!self.records_abuse());
         if self.shadow {
             return None;
         }
-        let mut d = self.refusals.as_ref()?.get(key, now)?;
+        let mut d = self.refusals.as_ref()?.get(key, now, units)?;
         bump(&self.counters.refusals_cached);
         self.stamp_enforcing(&mut d);
         Some(d)
@@ -731,7 +739,7 @@ impl Rule {
             .local_awaited(storage_key, cost, now, clock, tried)
             .await;
         let keep = keep || self.escalation.is_some();
-        let mut charges = self.settle(key, (now, ticket), &decision, holder, keep);
+        let mut charges = self.settle(key, cost, (now, ticket), &decision, holder, keep);
         let Some(escalation) = &self.escalation else {
             return Applied { decision, charges };
         };
@@ -857,7 +865,7 @@ impl Rule {
             .refusals
             .as_ref()
             .filter(|_| !self.shadow)
-            .and_then(|c| c.get(key, now))
+            .and_then(|c| c.get(key, now, cost))
         {
             self.label(&mut d);
             return d;
@@ -1001,7 +1009,10 @@ impl Rule {
     /// following its fallback, escalation and failure policy.
     pub async fn check(&self, key: &[u8], clock: &dyn Clock) -> Decision {
         let now = clock.now();
-        if let Some(d) = self.cached_refusal(key, now, clock).await {
+        if let Some(d) = self
+            .cached_refusal(key, self.units_per_request, now, clock)
+            .await
+        {
             return d;
         }
         let mut buf = StorageKey::new();
@@ -1010,7 +1021,14 @@ impl Rule {
         let tried = match self.local_now(storage_key, self.units_per_request, now, clock) {
             Local::Now(decision, holder) if self.escalation.is_none() => {
                 // No later rule can refuse: nothing to keep for a refund.
-                self.settle_one(key, (now, ticket), &decision, holder, false);
+                self.settle_one(
+                    key,
+                    self.units_per_request,
+                    (now, ticket),
+                    &decision,
+                    holder,
+                    false,
+                );
                 let mut decision = decision;
                 self.stamp(&mut decision);
                 return decision;
