@@ -245,6 +245,13 @@ impl Ticket {
     };
 }
 
+/// [`Ticket::NONE`]: what holds no copy yet is current for nothing.
+impl Default for Ticket {
+    fn default() -> Self {
+        Ticket::NONE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -246,6 +246,11 @@ struct Lease {
 struct Hold {
     /// Until when requests of at least `cost` units are refused.
     until: u64,
+    /// Taken before the refused batch was asked for: a give-back or reset
+    /// of the key in this process since then (or, for a shared store that
+    /// hears other instances, a reset anywhere) ends the hold, since the
+    /// shared store may admit again ([`LeasedStore::entry`]).
+    ticket: Ticket,
     /// The cost of the request that was refused: a cheaper one may fit.
     cost: u32,
     /// Refusals so far while the key is asked for past its limit, less
@@ -282,6 +287,18 @@ impl Hold {
         };
         self.hot && now < self.window_end.saturating_add(more)
     }
+}
+
+/// What a batch is asked for under, taken before the call.
+#[derive(Debug, Clone, Copy)]
+struct Tickets {
+    /// For the units it buys: stale after a reset of the key (the shared
+    /// store forgot them with it), not after a give-back (which takes none
+    /// from a lease).
+    units: Ticket,
+    /// For the refusal it may get, held ([`Hold`]): stale after a give-back
+    /// too, which may leave the shared store admitting again.
+    refusal: Ticket,
 }
 
 impl Lease {
@@ -344,9 +361,11 @@ impl Lease {
 /// [module docs](self).
 pub struct LeasedStore {
     shared: Arc<dyn Store>,
-    /// The shared store's notices of resets made elsewhere, if it gives
-    /// them.
-    notices: Option<Arc<Invalidations>>,
+    /// The shared store's notices of resets made elsewhere, or, for a store
+    /// that hears no other instance, the process's table: either way the
+    /// table the rules in front of this store tell of their give-backs and
+    /// resets (`Rule::new` picks it the same way).
+    notices: Arc<Invalidations>,
     config: LeaseConfig,
     /// Per (algorithm, key). Bounded by the keys that have a live lease: an
     /// expired lease is replaced by the key's next one and dropped by
@@ -385,7 +404,9 @@ impl LeasedStore {
     /// Leases from `shared`, in batches configured by `config`.
     pub fn new(shared: Arc<dyn Store>, config: LeaseConfig) -> Self {
         LeasedStore {
-            notices: shared.invalidations(),
+            notices: shared
+                .invalidations()
+                .unwrap_or_else(Invalidations::process),
             shared,
             config,
             leases: Mutex::default(),
@@ -454,11 +475,12 @@ impl LeasedStore {
         released
     }
 
-    /// A ticket for a batch of `key` bought from now on.
-    fn ticket(&self, key: &[u8]) -> Ticket {
-        self.notices
-            .as_ref()
-            .map_or(Ticket::NONE, |n| n.lease_ticket(key))
+    /// The tickets of a batch of `key` asked for from now on.
+    fn tickets(&self, key: &[u8]) -> Tickets {
+        Tickets {
+            units: self.notices.lease_ticket(key),
+            refusal: self.notices.ticket(key),
+        }
     }
 
     /// Whether no reset of the lease's key has been heard since it was
@@ -466,13 +488,13 @@ impl LeasedStore {
     /// were forgotten by the shared store with it, and spent after it
     /// would admit more than the limit.
     fn fresh(&self, lease: &Lease) -> bool {
-        self.notices
-            .as_ref()
-            .is_none_or(|n| n.lease_current(lease.ticket))
+        self.notices.lease_current(lease.ticket)
     }
 
     /// The key's lease in `leases`, dropped first if a reset made it
-    /// stale.
+    /// stale, its hold ended first if a give-back or reset did: a refusal
+    /// the shared store made before either may no longer be its answer,
+    /// as a rule's refusal cache knows of its own copies.
     fn entry<'l>(
         &self,
         leases: &'l mut HashMap<(Algorithm, Vec<u8>), Lease>,
@@ -481,7 +503,11 @@ impl LeasedStore {
         if leases.get(map_key).is_some_and(|l| !self.fresh(l)) {
             leases.remove(map_key);
         }
-        leases.get_mut(map_key)
+        let lease = leases.get_mut(map_key)?;
+        if lease.hold.until != 0 && !self.notices.current(lease.hold.ticket) {
+            lease.hold.until = 0;
+        }
+        Some(lease)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<(Algorithm, Vec<u8>), Lease>> {
@@ -655,7 +681,7 @@ impl LeasedStore {
         cost: u32,
         now: u64,
         refusal: Decision,
-        ticket: Ticket,
+        tickets: Tickets,
     ) -> Decision {
         let retry = u64::try_from(refusal.retry_after.as_micros())
             .unwrap_or(u64::MAX)
@@ -669,7 +695,7 @@ impl LeasedStore {
         if self.entry(&mut leases, &map_key).is_none() {
             leases.insert(
                 map_key.clone(),
-                Lease::empty(*policy, refusal.remaining, now, ticket),
+                Lease::empty(*policy, refusal.remaining, now, tickets.units),
             );
         }
         let lease = leases
@@ -680,7 +706,7 @@ impl LeasedStore {
                 // Units of another policy in hand: kept, not held over.
                 return refusal;
             }
-            *lease = Lease::empty(*policy, refusal.remaining, now, ticket);
+            *lease = Lease::empty(*policy, refusal.remaining, now, tickets.units);
         }
         if now < lease.hold.until {
             // A cheaper request than the held one, refused too: the hold the
@@ -723,6 +749,7 @@ impl LeasedStore {
         lease.shared_remaining = refusal.remaining;
         lease.hold = Hold {
             until: now.saturating_add(hold),
+            ticket: tickets.refusal,
             cost,
             streak: streak.saturating_add(1),
             window_end,
@@ -796,7 +823,7 @@ impl LeasedStore {
         request: Request<'_>,
         size: u32,
         refusal: Decision,
-        ticket: Ticket,
+        tickets: Tickets,
     ) -> Result<Decision, StoreError> {
         let (key, policy, cost, now) = (
             request.key(),
@@ -821,7 +848,7 @@ impl LeasedStore {
         // The size the refusal that stands was for: its retry time is that
         // many units'.
         let (size, refusal) = match ask {
-            Some(units) => match self.buy(request, units, ticket).await? {
+            Some(units) => match self.buy(request, units, tickets.units).await? {
                 Ok(admitted) => return Ok(admitted),
                 Err(refusal) => (units, refusal),
             },
@@ -831,7 +858,7 @@ impl LeasedStore {
         Ok(if exact {
             refusal
         } else {
-            self.refused(key, policy, size, cost, t, refusal, ticket)
+            self.refused(key, policy, size, cost, t, refusal, tickets)
         })
     }
 }
@@ -945,12 +972,13 @@ impl Store for LeasedStore {
         if let Some(d) = self.spend(key, policy, cost, t) {
             return Ok(d);
         }
-        // Before the call: a reset heard after it makes what it buys stale.
-        let ticket = self.ticket(key);
+        // Before the call: a reset heard after it makes what it buys stale,
+        // a give-back or reset the refusal it may get.
+        let tickets = self.tickets(key);
         let size = self.next_size(key, policy, cost, t);
-        match self.buy(request, size, ticket).await? {
+        match self.buy(request, size, tickets.units).await? {
             Ok(admitted) => Ok(admitted),
-            Err(refusal) => self.after_refusal(request, size, refusal, ticket).await,
+            Err(refusal) => self.after_refusal(request, size, refusal, tickets).await,
         }
     }
 

@@ -428,3 +428,85 @@ async fn a_waiter_for_fewer_units_than_a_cached_refusal_is_admitted_at_once() {
         "2 units fit the 3 left: admitted without a pause"
     );
 }
+
+/// A lease's held refusal is a copy of the shared store's answer like a
+/// cached one: a reset or give-back of the key by another limiter of the
+/// process (an admin tool on the bare store, say) reaches it, on a store
+/// that hears no other instance as on one that does.
+mod lease_holds {
+    use super::*;
+    use ratewarden_core::lease::{LeaseConfig, LeasedStore};
+
+    /// Eight logins per 15 minutes.
+    fn eight() -> Policy {
+        Policy::fixed_window(8, Duration::from_secs(900)).unwrap()
+    }
+
+    /// The application's limiter, leasing batches of up to 4 from `store`,
+    /// and an admin's on `store` itself.
+    fn app_and_admin(store: Arc<dyn Store>, clock: &ManualClock) -> (Limiter, Limiter) {
+        let one = |store: Arc<dyn Store>| {
+            Limiter::builder()
+                .clock(clock.clone())
+                .rule(Rule::new("login", store, eight()).unwrap())
+                .build()
+                .unwrap()
+        };
+        let leased = Arc::new(LeasedStore::new(
+            store.clone(),
+            LeaseConfig::new(4).unwrap(),
+        ));
+        (one(leased), one(store))
+    }
+
+    /// A shared store that hears no other instance.
+    fn unheard() -> Arc<dyn Store> {
+        Arc::new(ReferenceStore::new(1_000))
+    }
+
+    async fn a_reset_by_the_admin_ends_the_apps_hold(store: Arc<dyn Store>) {
+        let clock = ManualClock::new();
+        let (app, admin) = app_and_admin(store, &clock);
+        assert_eq!(admitted(&app, b"alice", 12).await, 8);
+        admin.reset(b"alice").await.unwrap();
+        assert_eq!(
+            admitted(&app, b"alice", 12).await,
+            8,
+            "after the reset the store admits the whole limit again, and so must the app"
+        );
+    }
+
+    async fn a_give_back_by_the_admin_ends_the_apps_hold(store: Arc<dyn Store>) {
+        let clock = ManualClock::new();
+        let (app, admin) = app_and_admin(store, &clock);
+        let held = admin.check_admission(b"alice", 1).await.unwrap();
+        assert!(held.decision().allowed);
+        assert_eq!(admitted(&app, b"alice", 12).await, 7);
+        held.refund().await;
+        assert_eq!(
+            admitted(&app, b"alice", 3).await,
+            1,
+            "the unit given back is the store's again, and the app's to spend"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reset_reaches_the_hold_on_a_store_that_hears_no_one() {
+        a_reset_by_the_admin_ends_the_apps_hold(unheard()).await;
+    }
+
+    #[tokio::test]
+    async fn a_reset_reaches_the_hold_on_a_store_that_hears_the_fleet() {
+        a_reset_by_the_admin_ends_the_apps_hold(heard().0).await;
+    }
+
+    #[tokio::test]
+    async fn a_give_back_reaches_the_hold_on_a_store_that_hears_no_one() {
+        a_give_back_by_the_admin_ends_the_apps_hold(unheard()).await;
+    }
+
+    #[tokio::test]
+    async fn a_give_back_reaches_the_hold_on_a_store_that_hears_the_fleet() {
+        a_give_back_by_the_admin_ends_the_apps_hold(heard().0).await;
+    }
+}
