@@ -70,7 +70,11 @@
 //!   the few units left;
 //! * a caller that waits the retry time it was told is asked for the batch
 //!   that was refused, which by then has come free unless other instances
-//!   took it.
+//!   took it;
+//! * a give-back or reset of the key through any limiter of this process
+//!   (and, on a shared store that hears other instances, a reset anywhere)
+//!   ends the hold at once, as it lifts a rule's cached refusal: the shared
+//!   store may admit again.
 //!
 //! Holding is the strict side: a sliding window's key may be refused
 //! for longer than the shared store alone would say (its exact retry time
