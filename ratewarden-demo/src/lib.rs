@@ -614,7 +614,7 @@ pub fn cli() -> Command {
                 .env("RATEWARDEN_LEASE")
                 .value_name("UNITS")
                 .value_parser(value_parser!(u32))
-                .help("Buy the shared --store's units in batches of up to UNITS, for the routes on a fixed or sliding window: login and checkout, and search, feedback or contact when --config puts them on one"),
+                .help("Buy the shared --store's units in batches of up to UNITS, for the routes on a fixed or sliding window without a ban: checkout, and search, feedback or contact when --config puts them on one (login keeps its ban, which only the shared store can count)"),
         )
         .arg(
             Arg::new("secret")

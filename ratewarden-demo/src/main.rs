@@ -12,6 +12,16 @@ use ratewarden_demo::prometheus::Metrics;
 use ratewarden_demo::server::ServerLimits;
 use ratewarden_demo::{Config, FileLimits, Settings, app, check_names, cli, load_limits};
 
+/// `println!` that ignores a closed standard output: the server goes on
+/// serving when its banner is piped into `head` or its terminal is gone,
+/// where `println!` would panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match run().await {
@@ -79,21 +89,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
 
-    println!("ratewarden-demo listening on http://{addr}");
+    say!("ratewarden-demo listening on http://{addr}");
     let store = ratewarden::store::redact(&config.store);
     if settings.stores.local_tier.is_some() {
-        println!("  store: memory:// in front of {store}");
+        say!("  store: memory:// in front of {store}");
     } else {
-        println!("  store: {store}");
+        say!("  store: {store}");
     }
     if let Some(units) = config.lease {
-        println!(
-            "  leases: batches of up to {units} units, for routes on a fixed or sliding window"
+        say!(
+            "  leases: batches of up to {units} units, for routes on a fixed or sliding window without a ban"
         );
     }
-    println!("  client address: {}", config.address_source);
+    say!("  client address: {}", config.address_source);
     if let Some(file) = &config.config_file {
-        println!(
+        say!(
             "  limits: {} (flags override; kill -HUP {} reloads it)",
             file.display(),
             std::process::id()
@@ -115,13 +125,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .join(", then "),
             None => e.policy.to_string(),
         };
-        println!("  {:<5}{:<15}{}", e.method, e.path, policies);
+        say!("  {:<5}{:<15}{}", e.method, e.path, policies);
     }
-    println!(
+    say!(
         "  POST /api/login      {} (failures only: -d password=demo succeeds, and is not counted)",
         ratewarden_demo::login_policy(&settings.stores)?
     );
-    println!(
+    say!(
         "  GET  /api/reports    {} a minute; {} with an X-Api-Key given by --api-key KEY=pro ({} keys given)",
         ratewarden_demo::plans::REPORT_PLANS[0]
             .1
@@ -131,42 +141,42 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .trim_end_matches("/min"),
         config.api_keys.len()
     );
-    println!(
+    say!(
         "  POST /api/checkout   {} payments per hour; -d card=declined is answered 402 and costs {} more",
         ratewarden_demo::CHECKOUTS,
         ratewarden_demo::DECLINE_PENALTY
     );
     if !config.shadow.is_empty() {
-        println!(
+        say!(
             "  in shadow mode (counted, never refused; X-RateLimit-Shadow: refused where they \
              would refuse): {}",
             config.shadow.join(", ")
         );
     }
-    println!("  GET  /api/quota      your quota on ?route=NAME (search), spending nothing");
+    say!("  GET  /api/quota      your quota on ?route=NAME (search), spending nothing");
     if settings.admin_token.is_some() {
-        println!("  POST /admin/reset    ?client=ADDR[&route=NAME], Authorization: Bearer <token>");
+        say!("  POST /admin/reset    ?client=ADDR[&route=NAME], Authorization: Bearer <token>");
     }
     if config.secret.is_none() {
-        println!(
+        say!(
             "  secret: none given (--secret / RATEWARDEN_SECRET), so a random one was drawn for \
              this process; client keys change on restart"
         );
     }
     let base = format!("http://{}", reachable(addr));
-    println!("Try:");
-    println!(
+    say!("Try:");
+    say!(
         "  for i in $(seq 1 {}); do curl -s -o /dev/null -w '%{{http_code}}\\n' '{base}/api/search?q=rust'; done",
         endpoints[2].policy.limit().saturating_add(5)
     );
-    println!("  curl -i '{base}/api/search?q=rust'");
-    println!("  curl -i '{base}/api/quota'");
-    println!("  curl '{base}/metrics'");
-    println!("Ctrl-C stops the server.");
+    say!("  curl -i '{base}/api/search?q=rust'");
+    say!("  curl -i '{base}/api/quota'");
+    say!("  curl '{base}/metrics'");
+    say!("Ctrl-C stops the server.");
 
     ratewarden_demo::server::serve(listener, router, ServerLimits::default(), async {
         shutdown_signal().await;
-        println!("shutting down");
+        say!("shutting down");
     })
     .await?;
     // Units bought and not spent would be lost to the fleet until their
@@ -177,8 +187,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         // ends, the strict side.
         let release = leased.release(settings.clock.now());
         match tokio::time::timeout(std::time::Duration::from_secs(5), release).await {
-            Ok(units) => println!("handed {units} leased units back to the shared store"),
-            Err(_) => println!("gave up handing leased units back after 5 s"),
+            Ok(units) => say!("handed {units} leased units back to the shared store"),
+            Err(_) => say!("gave up handing leased units back after 5 s"),
         }
     }
     Ok(())
@@ -219,7 +229,7 @@ fn reload_on_hangup(
     path: std::path::PathBuf,
 ) -> std::io::Result<()> {
     reloader.reload_on_sighup_with(move |outcome| match outcome {
-        Ok(()) => println!("limits reloaded from {}", path.display()),
+        Ok(()) => say!("limits reloaded from {}", path.display()),
         Err(e) => eprintln!("limits not reloaded, the old ones stay: {e}"),
     })?;
     Ok(())
