@@ -156,9 +156,10 @@ fn login_ban(policy: Policy) -> Result<Policy, ConfigError> {
         .parse()
         .map_err(|e| ConfigError::Invalid(format!("{e}")))
 }
+
 /// `POST /api/login`'s policy on `stores`: it counts only failures, so a
-/// client that knows its password is never locked out, one that guesses is
-/// after [`LOGIN_FAILURES`], and one that keeps guessing is banned
+/// right password spends nothing, a client that guesses is locked out after
+/// [`LOGIN_FAILURES`], and one that keeps guessing is banned
 /// ([`LOGIN_BAN`]) where the store keeps bans.
 pub fn login_policy(stores: &Stores) -> Result<Policy, ConfigError> {
     let policy = Policy::fixed_window(LOGIN_FAILURES, 15 * MINUTE)?;
