@@ -383,12 +383,9 @@ fn uploads() -> Policy {
     Policy::fixed_window(10, Duration::from_secs(60)).unwrap()
 }
 
-/// A refusal is of the units asked for: one of 5 with 3 left says nothing
-/// of a request of 3, which the store admits. The cache answers only
-/// requests of at least the refused units.
-#[tokio::test]
-async fn a_cached_refusal_of_a_dear_request_leaves_a_cheaper_one_to_the_store() {
-    let clock = ManualClock::new();
+/// A limiter of [`uploads`] on which `alice` has spent 7 units, and was
+/// then refused 5 (3 are left).
+async fn refused_five_of_three(clock: &ManualClock) -> Limiter {
     let limiter = Limiter::builder()
         .clock(clock.clone())
         .rule(Rule::new("upload", shared(), uploads()).unwrap())
@@ -396,6 +393,16 @@ async fn a_cached_refusal_of_a_dear_request_leaves_a_cheaper_one_to_the_store() 
         .unwrap();
     assert!(limiter.check_cost(b"alice", 7).await.unwrap().allowed);
     assert!(!limiter.check_cost(b"alice", 5).await.unwrap().allowed);
+    limiter
+}
+
+/// A refusal is of the units asked for: one of 5 with 3 left says nothing
+/// of a request of 3, which the store admits. The cache answers only
+/// requests of at least the refused units.
+#[tokio::test]
+async fn a_cached_refusal_of_a_dear_request_leaves_a_cheaper_one_to_the_store() {
+    let clock = ManualClock::new();
+    let limiter = refused_five_of_three(&clock).await;
     let dearer = limiter.check_cost(b"alice", 6).await.unwrap();
     assert!(
         !dearer.allowed && limiter.stats()[0].refusals_cached == 1,
@@ -412,13 +419,7 @@ async fn a_cached_refusal_of_a_dear_request_leaves_a_cheaper_one_to_the_store() 
 #[tokio::test]
 async fn a_waiter_for_fewer_units_than_a_cached_refusal_is_admitted_at_once() {
     let clock = ManualClock::new();
-    let limiter = Limiter::builder()
-        .clock(clock.clone())
-        .rule(Rule::new("upload", shared(), uploads()).unwrap())
-        .build()
-        .unwrap();
-    assert!(limiter.check_cost(b"alice", 7).await.unwrap().allowed);
-    assert!(!limiter.check_cost(b"alice", 5).await.unwrap().allowed);
+    let limiter = refused_five_of_three(&clock).await;
     let before = clock.now();
     let waited = limiter
         .until_ready_cost(b"alice", 2, Duration::from_secs(1))
