@@ -28,10 +28,13 @@
 //! rule (which copies a give-back invalidates, and the race it closes), in
 //! a few dozen lines of atomics.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use tokio::sync::Notify;
 
 /// How many stripes of epochs a table keeps: 128 KiB for each kind. With a thousand
 /// give-backs a second spread over it, a given stripe is bumped about once
@@ -77,6 +80,12 @@ pub struct Invalidations {
     /// there is none to invalidate, and an in-process store's give-back
     /// costs one load instead of a hash.
     stamped: AtomicBool,
+    /// The waiters paused on a refusal ([`Limiter::until_ready`](crate::Limiter::until_ready)),
+    /// by stripe, while any is: a pause is a copy of a refusal too, made
+    /// stale by a give-back or reset of its key.
+    wakers: Mutex<HashMap<usize, Arc<Notify>>>,
+    /// How many [`Watch`]es there are: none, and a give-back takes no lock.
+    watches: AtomicUsize,
 }
 
 impl fmt::Debug for Invalidations {
@@ -105,6 +114,8 @@ impl Invalidations {
             generation: AtomicU64::new(0),
             vouched: AtomicBool::new(true),
             stamped: AtomicBool::new(false),
+            wakers: Mutex::default(),
+            watches: AtomicUsize::new(0),
         }
     }
 
@@ -140,6 +151,10 @@ impl Invalidations {
         if self.stamped.load(Ordering::SeqCst) {
             self.epochs[self.stripe(key)].fetch_add(1, Ordering::SeqCst);
         }
+        // A give-back returns some units: one waiter asks for them, and
+        // the next is woken by the next give-back, not all of them at once
+        // to a store that has a few units for them.
+        self.wake(key, Notify::notify_one);
     }
 
     /// The storage key `key` was reset: every copy of its state made before
@@ -151,12 +166,50 @@ impl Invalidations {
         let stripe = self.stripe(key);
         self.resets[stripe].fetch_add(1, Ordering::SeqCst);
         self.epochs[stripe].fetch_add(1, Ordering::SeqCst);
+        // The whole limit is back: every waiter asks.
+        self.wake(key, Notify::notify_waiters);
     }
 
     /// Makes every copy made before now stale, whatever its key: for a
     /// notice that cannot name its key (one too long for the channel).
     pub fn invalidate_all(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
+        if self.watches.load(Ordering::SeqCst) > 0 {
+            for notify in self.lock_wakers().values() {
+                notify.notify_waiters();
+            }
+        }
+    }
+
+    fn lock_wakers(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Arc<Notify>>> {
+        // A map of handles, whole after any panic.
+        self.wakers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tells the waiters paused on `key`'s stripe, if any, with `how`.
+    fn wake(&self, key: &[u8], how: fn(&Notify)) {
+        // SeqCst with the increment in `watch`: a waiter whose count this
+        // load misses registered after the change, and asks the store after
+        // it too.
+        if self.watches.load(Ordering::SeqCst) > 0
+            && let Some(notify) = self.lock_wakers().get(&self.stripe(key))
+        {
+            how(notify);
+        }
+    }
+
+    /// Registers a waiter paused on a refusal of the storage key `key`
+    /// until the returned [`Watch`] is dropped: a give-back or reset of the
+    /// key from then on ends its pause ([`Watch::notify`]).
+    pub(crate) fn watch(self: &Arc<Self>, key: &[u8]) -> Watch {
+        let stripe = self.stripe(key);
+        let notify = Arc::clone(self.lock_wakers().entry(stripe).or_default());
+        self.watches.fetch_add(1, Ordering::SeqCst);
+        Watch {
+            table: Arc::clone(self),
+            stripe,
+            notify: Some(notify),
+        }
     }
 
     /// Notices may be missed from now on: every copy is stale, and none is
@@ -228,6 +281,43 @@ impl Invalidations {
     }
 }
 
+/// A waiter's registration for the give-backs and resets of one key
+/// ([`Invalidations::watch`]).
+pub(crate) struct Watch {
+    table: Arc<Invalidations>,
+    stripe: usize,
+    /// Taken when the watch drops, under the table's lock, so that every
+    /// count of the handle changes under it.
+    notify: Option<Arc<Notify>>,
+}
+
+impl Watch {
+    /// What a give-back or reset of the key notifies: enable the
+    /// [`Notified`](tokio::sync::futures::Notified) before asking the
+    /// store, so that one made between the answer and the pause is not
+    /// missed.
+    pub(crate) fn notify(&self) -> &Notify {
+        self.notify
+            .as_deref()
+            .expect("a watch holds its handle until dropped")
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.table.watches.fetch_sub(1, Ordering::SeqCst);
+        let mut wakers = self.table.lock_wakers();
+        drop(self.notify.take());
+        // Only the map's handle is left: this was the stripe's last waiter.
+        if wakers
+            .get(&self.stripe)
+            .is_some_and(|n| Arc::strong_count(n) == 1)
+        {
+            wakers.remove(&self.stripe);
+        }
+    }
+}
+
 /// When a copy of a store's answer for a key was asked for: before the
 /// store call whose answer it will hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,6 +345,21 @@ impl Default for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stripes_waker_lives_while_a_waiter_watches_it() {
+        let table = Arc::new(Invalidations::new());
+        let (a, b) = (table.watch(b"api:k"), table.watch(b"api:k"));
+        assert!(std::ptr::eq(a.notify(), b.notify()), "one handle a stripe");
+        drop(a);
+        assert_eq!(table.lock_wakers().len(), 1, "b still waits");
+        drop(b);
+        assert!(
+            table.lock_wakers().is_empty(),
+            "nothing kept once no one waits"
+        );
+        assert_eq!(table.watches.load(Ordering::SeqCst), 0);
+    }
 
     #[test]
     fn a_ticket_is_current_until_its_key_is_invalidated() {

@@ -476,3 +476,78 @@ async fn gcra_lets_its_burst_then_its_rate_through_in_the_first_second_a_sliding
     // 600, 800 ms, and 1 s). The log: 5, and its 5 again when they expire.
     assert_eq!(first_second, [9, 10, 5, 10]);
 }
+
+/// A waiter's pause is a copy of a refusal: a give-back of the key made
+/// after the store refused it (here, while its answer was on the way) ends
+/// the pause at once, rather than at the retry time of a refusal the store
+/// no longer stands by.
+#[tokio::test]
+async fn a_give_back_after_a_waiters_refusal_ends_its_pause() {
+    let store = ratewarden_conformance::composition::Late::new(Arc::new(
+        ratewarden_conformance::broken::ReferenceStore::new(100),
+    ));
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new(
+                "api",
+                store.clone(),
+                Policy::fixed_window(1, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let held = limiter.check_admission(b"k", 1).await.unwrap();
+    let start = clock.now();
+    store.hold_next();
+    let waiter = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.until_ready(b"k", Duration::from_secs(120)).await }
+    });
+    store.decided().await;
+    held.refund().await;
+    store.release();
+    let admitted = waiter.await.unwrap().unwrap();
+    assert!(admitted.allowed);
+    assert_eq!(
+        elapsed(&clock, start),
+        Duration::ZERO,
+        "the unit given back is the waiter's at once, not a minute later"
+    );
+}
+
+/// The same for a reset (which wakes every waiter of the key, where a
+/// give-back wakes one).
+#[tokio::test]
+async fn a_reset_after_a_waiters_refusal_ends_its_pause() {
+    let store = ratewarden_conformance::composition::Late::new(Arc::new(
+        ratewarden_conformance::broken::ReferenceStore::new(100),
+    ));
+    let clock = ManualClock::new();
+    let limiter = Limiter::builder()
+        .clock(clock.clone())
+        .rule(
+            Rule::new(
+                "api",
+                store.clone(),
+                Policy::fixed_window(2, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(take_now(&limiter, 2).await, 2);
+    let start = clock.now();
+    store.hold_next();
+    let first = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.until_ready(b"k", Duration::from_secs(120)).await }
+    });
+    store.decided().await;
+    limiter.reset(b"k").await.unwrap();
+    store.release();
+    assert!(first.await.unwrap().unwrap().allowed);
+    assert_eq!(elapsed(&clock, start), Duration::ZERO);
+}

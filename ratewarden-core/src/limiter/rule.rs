@@ -15,7 +15,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
 use crate::failure::{Breaker, BreakerConfig};
 use crate::intern::{intern, intern_policy};
-use crate::invalidation::{Invalidations, Ticket};
+use crate::invalidation::{Invalidations, Ticket, Watch};
 use crate::policy::Policy;
 use crate::refusal_cache::{REFUSAL_CACHE_KEYS, RefusalCache};
 use crate::store::Store;
@@ -673,6 +673,13 @@ impl Rule {
     pub fn storage_key(&self, key: &[u8]) -> Vec<u8> {
         let mut buf = StorageKey::new();
         self.fill_storage_key(&mut buf, key).to_vec()
+    }
+
+    /// Registers a waiter for `key`'s give-backs and resets through this
+    /// rule's table of notices, while the [`Watch`] lives.
+    pub(crate) fn watch(&self, key: &[u8]) -> Watch {
+        let mut buf = StorageKey::new();
+        self.notices.watch(self.fill_storage_key(&mut buf, key))
     }
 }
 

@@ -3,8 +3,13 @@
 //! shared store) instead of refusing its own clients.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::sync::futures::Notified;
 
 use super::{Admission, Limiter};
 use crate::decision::Decision;
@@ -107,7 +112,7 @@ impl Limiter {
         cost: u32,
         max_wait: Duration,
     ) -> Result<Decision, WaitError> {
-        self.waiting(max_wait, || self.check_cost(key, cost), |d| d)
+        self.waiting(key, max_wait, || self.check_cost(key, cost), |d| d)
             .await
     }
 
@@ -151,6 +156,7 @@ impl Limiter {
     ) -> Result<Permit, WaitError> {
         let admission = self
             .waiting(
+                key,
                 max_wait,
                 || self.check_admission(key, cost),
                 Admission::decision,
@@ -161,9 +167,12 @@ impl Limiter {
         })
     }
 
-    /// Attempts until one is admitted, pausing after each refusal.
+    /// Attempts until one is admitted, pausing after each refusal until its
+    /// retry time, or until a give-back or reset of `key` in this process
+    /// (or one heard from the fleet) makes the refusal stale.
     async fn waiting<T, Fut>(
         &self,
+        key: &[u8],
         max_wait: Duration,
         mut attempt: impl FnMut() -> Fut,
         decision: impl Fn(&T) -> &Decision,
@@ -174,6 +183,17 @@ impl Limiter {
         let clock = self.clock().clone();
         let started = clock.monotonic();
         loop {
+            // Registered before the stores are asked, so that a give-back
+            // or reset after their answer ends the pause that answer sets.
+            let watches: SmallVec<[_; 2]> = self.rules().iter().map(|r| r.watch(key)).collect();
+            let mut stale: SmallVec<[Pin<Box<Notified<'_>>>; 2]> = watches
+                .iter()
+                .map(|w| {
+                    let mut notified = Box::pin(w.notify().notified());
+                    notified.as_mut().enable();
+                    notified
+                })
+                .collect();
             let outcome = attempt().await?;
             let refusal = decision(&outcome);
             if refusal.allowed {
@@ -192,7 +212,19 @@ impl Limiter {
             }
             // The chance is within the deadline: the jitter may delay the
             // next try up to the deadline, never past it.
-            clock.sleep(pause_after(refusal).min(left)).await;
+            let mut pause = clock.sleep(pause_after(refusal).min(left));
+            std::future::poll_fn(|cx| {
+                // The notice first: a manual clock's pause, once polled
+                // again, moves the clock to its end.
+                if stale.iter_mut().any(|n| n.as_mut().poll(cx).is_ready())
+                    || pause.as_mut().poll(cx).is_ready()
+                {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
         }
     }
 }
