@@ -66,7 +66,10 @@ impl Limiter {
     /// time (at least [`MIN_RETRY`]) plus a jitter of up to a quarter of it
     /// (at most one second), drawn per pause so that waiters refused
     /// together do not all come back at the same instant, and the pause
-    /// ends at the deadline if it would end later. A refusal whose retry
+    /// ends at the deadline if it would end later. A give-back of the key
+    /// in this process (a refund, a released permit) ends one waiter's
+    /// pause at once, and a reset (here, or heard from the fleet) every
+    /// waiter's: the refusal they paused on no longer stands. A refusal whose retry
     /// time ends after the deadline, or one made at the deadline, ends the
     /// wait at once, with that refusal.
     ///
