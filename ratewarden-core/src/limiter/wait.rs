@@ -69,9 +69,9 @@ impl Limiter {
     /// ends at the deadline if it would end later. A give-back of the key
     /// in this process (a refund, a released permit) ends one waiter's
     /// pause at once, and a reset (here, or heard from the fleet) every
-    /// waiter's: the refusal they paused on no longer stands. A refusal whose retry
-    /// time ends after the deadline, or one made at the deadline, ends the
-    /// wait at once, with that refusal.
+    /// waiter's: the refusal they paused on no longer stands. A refusal
+    /// whose retry time ends after the deadline, or one made at the
+    /// deadline, ends the wait at once, with that refusal.
     ///
     /// Pauses are [`Clock::sleep`](crate::Clock::sleep)s on the limiter's
     /// clock: a [`ManualClock`](crate::ManualClock) moves itself forward
