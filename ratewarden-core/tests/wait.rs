@@ -477,12 +477,15 @@ async fn gcra_lets_its_burst_then_its_rate_through_in_the_first_second_a_sliding
     assert_eq!(first_second, [9, 10, 5, 10]);
 }
 
-/// A waiter's pause is a copy of a refusal: a give-back of the key made
-/// after the store refused it (here, while its answer was on the way) ends
-/// the pause at once, rather than at the retry time of a refusal the store
-/// no longer stands by.
-#[tokio::test]
-async fn a_give_back_after_a_waiters_refusal_ends_its_pause() {
+/// A limiter of `limit` per minute on a store whose next answer can be
+/// held back ([`Late`](ratewarden_conformance::composition::Late)).
+fn on_a_late_store(
+    limit: u32,
+) -> (
+    Limiter,
+    Arc<ratewarden_conformance::composition::Late>,
+    ManualClock,
+) {
     let store = ratewarden_conformance::composition::Late::new(Arc::new(
         ratewarden_conformance::broken::ReferenceStore::new(100),
     ));
@@ -493,20 +496,42 @@ async fn a_give_back_after_a_waiters_refusal_ends_its_pause() {
             Rule::new(
                 "api",
                 store.clone(),
-                Policy::fixed_window(1, Duration::from_secs(60)).unwrap(),
+                Policy::fixed_window(limit, Duration::from_secs(60)).unwrap(),
             )
             .unwrap(),
         )
         .build()
         .unwrap();
-    let held = limiter.check_admission(b"k", 1).await.unwrap();
-    let start = clock.now();
+    (limiter, store, clock)
+}
+
+/// A waiter for `k`, started once the store has refused it and while the
+/// refusal is held back: the moment between the store's answer and the
+/// waiter's pause. [`Late::release`](ratewarden_conformance::composition::Late::release)
+/// lets the answer through.
+async fn refused_on_the_way(
+    limiter: &Limiter,
+    store: &ratewarden_conformance::composition::Late,
+) -> tokio::task::JoinHandle<Result<Decision, WaitError>> {
     store.hold_next();
     let waiter = tokio::spawn({
         let limiter = limiter.clone();
         async move { limiter.until_ready(b"k", Duration::from_secs(120)).await }
     });
     store.decided().await;
+    waiter
+}
+
+/// A waiter's pause is a copy of a refusal: a give-back of the key made
+/// after the store refused it (here, while its answer was on the way) ends
+/// the pause at once, rather than at the retry time of a refusal the store
+/// no longer stands by.
+#[tokio::test]
+async fn a_give_back_after_a_waiters_refusal_ends_its_pause() {
+    let (limiter, store, clock) = on_a_late_store(1);
+    let held = limiter.check_admission(b"k", 1).await.unwrap();
+    let start = clock.now();
+    let waiter = refused_on_the_way(&limiter, &store).await;
     held.refund().await;
     store.release();
     let admitted = waiter.await.unwrap().unwrap();
@@ -522,32 +547,12 @@ async fn a_give_back_after_a_waiters_refusal_ends_its_pause() {
 /// give-back wakes one).
 #[tokio::test]
 async fn a_reset_after_a_waiters_refusal_ends_its_pause() {
-    let store = ratewarden_conformance::composition::Late::new(Arc::new(
-        ratewarden_conformance::broken::ReferenceStore::new(100),
-    ));
-    let clock = ManualClock::new();
-    let limiter = Limiter::builder()
-        .clock(clock.clone())
-        .rule(
-            Rule::new(
-                "api",
-                store.clone(),
-                Policy::fixed_window(2, Duration::from_secs(60)).unwrap(),
-            )
-            .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let (limiter, store, clock) = on_a_late_store(2);
     assert_eq!(take_now(&limiter, 2).await, 2);
     let start = clock.now();
-    store.hold_next();
-    let first = tokio::spawn({
-        let limiter = limiter.clone();
-        async move { limiter.until_ready(b"k", Duration::from_secs(120)).await }
-    });
-    store.decided().await;
+    let waiter = refused_on_the_way(&limiter, &store).await;
     limiter.reset(b"k").await.unwrap();
     store.release();
-    assert!(first.await.unwrap().unwrap().allowed);
+    assert!(waiter.await.unwrap().unwrap().allowed);
     assert_eq!(elapsed(&clock, start), Duration::ZERO);
 }
