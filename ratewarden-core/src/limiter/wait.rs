@@ -185,10 +185,13 @@ impl Limiter {
     {
         let clock = self.clock().clone();
         let started = clock.monotonic();
+        // Registered once, before the stores are first asked, and held for
+        // the whole wait: a give-back or reset after any of their answers
+        // ends the pause that answer sets.
+        let watches: SmallVec<[_; 2]> = self.rules().iter().map(|r| r.watch(key)).collect();
         loop {
-            // Registered before the stores are asked, so that a give-back
-            // or reset after their answer ends the pause that answer sets.
-            let watches: SmallVec<[_; 2]> = self.rules().iter().map(|r| r.watch(key)).collect();
+            // Enabled before each attempt, so that a notice between the
+            // answer and the pause is not missed.
             let mut stale: SmallVec<[Pin<Box<Notified<'_>>>; 2]> = watches
                 .iter()
                 .map(|w| {
